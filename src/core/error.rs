@@ -1,0 +1,170 @@
+//! The core's one error type. Each variant has a stable `code` that the Node glue puts on
+//! the JavaScript error, and a kind that chooses between `TypeError`, `RangeError` and
+//! `Error`.
+
+use std::time::Duration;
+
+/// Everything a lease operation can fail with.
+///
+/// "Not the owner" is never an error: it is a result (`false`, `{ acquired: false }`).
+/// These are the failures: bad input, a closed provider, or Redis not answering.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// An argument of a lease call is unusable; nothing was sent anywhere.
+    #[error("{message}")]
+    InvalidArgument {
+        /// Which argument: `key`, `owner` or `ttlMs`.
+        argument: Argument,
+        /// `TypeError` when the value has the wrong type, `RangeError` when it is out of range.
+        kind: InputErrorKind,
+        /// A sentence naming the argument and what was wrong with it.
+        message: String,
+    },
+    /// A constructor option is unusable.
+    #[error("{message}")]
+    InvalidOption {
+        /// `TypeError` or `RangeError`, as for arguments.
+        kind: InputErrorKind,
+        /// A sentence naming the option and what was wrong with it.
+        message: String,
+    },
+    /// `close()` was called; the provider takes no more calls.
+    #[error("the lease provider is closed")]
+    Closed,
+    /// Redis did not answer within `commandTimeoutMs`.
+    #[error("Redis did not answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// Redis could not be reached, or the connection broke during the call.
+    #[error("cannot reach Redis: {0}")]
+    Connection(#[source] redis::RedisError),
+    /// Redis refused the credentials or the ACL user may not run the command.
+    #[error("Redis refused access: {0}")]
+    Auth(#[source] redis::RedisError),
+    /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
+    #[error("Redis returned an error: {0}")]
+    Server(#[source] redis::RedisError),
+    /// A bug in this library (for example a caught panic); never the caller's fault.
+    #[error("internal error in mastra-lease: {0}")]
+    Internal(String),
+}
+
+/// The argument an [`LeaseError::InvalidArgument`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Argument {
+    /// The lease key.
+    Key,
+    /// An owner: `owner`, `fromOwner` or `toOwner`.
+    Owner,
+    /// The time to live in milliseconds.
+    Ttl,
+}
+
+/// Whether bad input had the wrong type or a value out of range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputErrorKind {
+    /// Becomes a JavaScript `TypeError`.
+    Type,
+    /// Becomes a JavaScript `RangeError`.
+    Range,
+}
+
+/// The JavaScript error class a [`LeaseError`] becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// `TypeError`
+    Type,
+    /// `RangeError`
+    Range,
+    /// `Error`
+    Error,
+}
+
+/// Result of every core operation.
+pub type Result<T> = std::result::Result<T, LeaseError>;
+
+impl LeaseError {
+    /// The stable string that becomes `err.code` in JavaScript.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument { argument, .. } => match argument {
+                Argument::Key => "ERR_LEASE_INVALID_KEY",
+                Argument::Owner => "ERR_LEASE_INVALID_OWNER",
+                Argument::Ttl => "ERR_LEASE_INVALID_TTL",
+            },
+            Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",
+            Self::Closed => "ERR_LEASE_CLOSED",
+            Self::Timeout(_) => "ERR_LEASE_TIMEOUT",
+            Self::Connection(_) => "ERR_LEASE_CONNECTION",
+            Self::Auth(_) => "ERR_LEASE_AUTH",
+            Self::Server(_) => "ERR_LEASE_REDIS",
+            Self::Internal(_) => "ERR_LEASE_INTERNAL",
+        }
+    }
+
+    /// The JavaScript error class this error becomes.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::InvalidArgument { kind, .. } | Self::InvalidOption { kind, .. } => match kind {
+                InputErrorKind::Type => ErrorClass::Type,
+                InputErrorKind::Range => ErrorClass::Range,
+            },
+            _ => ErrorClass::Error,
+        }
+    }
+
+    /// The message with its whole `source()` chain, so nothing the transport said is lost.
+    pub fn full_message(&self) -> String {
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = cause.source();
+        }
+        message
+    }
+
+    pub(crate) fn argument(argument: Argument, kind: InputErrorKind, message: String) -> Self {
+        Self::InvalidArgument {
+            argument,
+            kind,
+            message,
+        }
+    }
+
+    pub(crate) fn option(kind: InputErrorKind, message: impl Into<String>) -> Self {
+        Self::InvalidOption {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Sorts a redis-rs error into the variant a caller can act on.
+    pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
+        if err.is_timeout() {
+            return Self::Timeout(timeout);
+        }
+        if matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+            || matches!(
+                err.kind(),
+                redis::ErrorKind::AuthenticationFailed
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            )
+        {
+            return Self::Auth(err);
+        }
+        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+            return Self::Connection(err);
+        }
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+        ) {
+            return Self::Server(err);
+        }
+        Self::Connection(err)
+    }
+}

@@ -1,0 +1,10 @@
+-- Release a lease, only on behalf of its holder.
+-- KEYS[1]  the lease key
+-- ARGV[1]  owner
+-- Returns  1 when the lease was deleted, 0 when the owner did not hold it (a no-op).
+-- Atomically: the ownership check and the delete are one step, so a lease another owner
+-- acquired or renewed in between is never deleted.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0

@@ -1,0 +1,102 @@
+//! Turning JavaScript arguments into Rust values, rejecting wrong types before any work.
+//! Ranges (empty strings, byte caps, TTL bounds) are the core's to check (`Limits`).
+
+use napi::sys::ValueType;
+
+use super::js::{self, Env, Value};
+use crate::core::{Argument, InputErrorKind, LeaseError, Result};
+
+/// A key: a string of well-formed UTF-16.
+pub fn key(env: Env, value: Value) -> Result<String> {
+    text(env, value, "key", Argument::Key)
+}
+
+/// An owner (`owner`, `fromOwner` or `toOwner`): a string of well-formed UTF-16.
+pub fn owner(env: Env, value: Value, name: &str) -> Result<String> {
+    text(env, value, name, Argument::Owner)
+}
+
+/// A TTL: a number that is a safe integer and at least 1 (the upper bound is `Limits`').
+pub fn ttl(env: Env, value: Value) -> Result<u64> {
+    let kind = js::type_of(env, value);
+    if kind != ValueType::napi_number {
+        return Err(LeaseError::argument(
+            Argument::Ttl,
+            InputErrorKind::Type,
+            format!(
+                "ttlMs must be a number of milliseconds, got {}",
+                type_name(kind)
+            ),
+        ));
+    }
+    let ms = js::number(env, value);
+    safe_integer(ms).filter(|&ms| ms >= 1).ok_or_else(|| {
+        LeaseError::argument(
+            Argument::Ttl,
+            InputErrorKind::Range,
+            format!("ttlMs must be a whole number of milliseconds of at least 1, got {ms}"),
+        )
+    })
+}
+
+/// `Some(n)` when `value` is an integer within JavaScript's safe range and not negative.
+pub fn safe_integer(value: f64) -> Option<u64> {
+    const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+    (value.is_finite() && value.fract() == 0.0 && (0.0..=MAX_SAFE_INTEGER).contains(&value))
+        .then_some(value as u64)
+}
+
+fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String> {
+    let kind = js::type_of(env, value);
+    if kind != ValueType::napi_string {
+        return Err(LeaseError::argument(
+            argument,
+            InputErrorKind::Type,
+            format!("{name} must be a string, got {}", type_name(kind)),
+        ));
+    }
+    let units = js::utf16(env, value).ok_or_else(|| {
+        LeaseError::Internal(format!("could not read the {name} string from JavaScript"))
+    })?;
+    // A lone surrogate would become U+FFFD in UTF-8, so two different owners could turn
+    // into the same bytes and one could renew or release the other's lease.
+    String::from_utf16(&units).map_err(|_| {
+        LeaseError::argument(
+            argument,
+            InputErrorKind::Type,
+            format!("{name} must be well-formed UTF-16 (it contains a lone surrogate)"),
+        )
+    })
+}
+
+/// The name `typeof` gives a value's type.
+pub fn type_name(kind: napi::sys::napi_valuetype) -> &'static str {
+    match kind {
+        ValueType::napi_undefined => "undefined",
+        ValueType::napi_null => "null",
+        ValueType::napi_boolean => "boolean",
+        ValueType::napi_number => "number",
+        ValueType::napi_string => "string",
+        ValueType::napi_symbol => "symbol",
+        ValueType::napi_object => "object",
+        ValueType::napi_function => "function",
+        ValueType::napi_bigint => "bigint",
+        _ => "an unsupported value",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_integer;
+
+    #[test]
+    fn only_non_negative_safe_integers_pass() {
+        assert_eq!(safe_integer(15_000.0), Some(15_000));
+        assert_eq!(safe_integer(0.0), Some(0));
+        assert_eq!(safe_integer(1.5), None);
+        assert_eq!(safe_integer(-1.0), None);
+        assert_eq!(safe_integer(f64::NAN), None);
+        assert_eq!(safe_integer(f64::INFINITY), None);
+        assert_eq!(safe_integer(2f64.powi(60)), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! The few N-API calls the glue makes by hand: reading arguments without coercion, making
+//! results, and promises that are settled later from a batch (see `bridge.rs`).
+//!
+//! Every function takes the raw `napi_env` of the JavaScript thread it runs on; none may be
+//! called from another thread.
+
+use std::ptr;
+
+use napi::sys;
+
+use crate::core::{ErrorClass, LeaseError};
+
+pub type Env = sys::napi_env;
+pub type Value = sys::napi_value;
+
+/// A promise's resolver, carried through other threads as an opaque token and used only
+/// back on the JavaScript thread that made it.
+pub struct Deferred(sys::napi_deferred);
+
+// SAFETY: the pointer is never dereferenced off the JavaScript thread; other threads only
+// move it around until `bridge.rs` hands it back to that thread.
+unsafe impl Send for Deferred {}
+
+/// The JavaScript type of a value, as `typeof` would name it.
+pub fn type_of(env: Env, value: Value) -> sys::napi_valuetype {
+    let mut kind = sys::ValueType::napi_undefined;
+    // SAFETY: env and value come from the current call on the JavaScript thread.
+    unsafe { sys::napi_typeof(env, value, &mut kind) };
+    kind
+}
+
+/// The string's exact UTF-16 code units, so lone surrogates stay visible to the caller
+/// instead of being replaced by U+FFFD.
+pub fn utf16(env: Env, value: Value) -> Option<Vec<u16>> {
+    let mut len = 0usize;
+    // SAFETY: a null buffer asks only for the length; value was checked to be a string.
+    let status =
+        unsafe { sys::napi_get_value_string_utf16(env, value, ptr::null_mut(), 0, &mut len) };
+    if status != sys::Status::napi_ok {
+        return None;
+    }
+    let mut units = vec![0u16; len + 1];
+    let mut written = 0usize;
+    // SAFETY: the buffer holds len units plus the terminator N-API writes.
+    let status = unsafe {
+        sys::napi_get_value_string_utf16(env, value, units.as_mut_ptr(), len + 1, &mut written)
+    };
+    if status != sys::Status::napi_ok {
+        return None;
+    }
+    units.truncate(written);
+    Some(units)
+}
+
+/// A number's value (the caller checked the type).
+pub fn number(env: Env, value: Value) -> f64 {
+    let mut out = f64::NAN;
+    // SAFETY: value was checked to be a number.
+    unsafe { sys::napi_get_value_double(env, value, &mut out) };
+    out
+}
+
+/// `object[name]`, or `undefined` when reading it fails (a throwing getter).
+pub fn property(env: Env, object: Value, name: &std::ffi::CStr) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: object was checked to be an object; name is NUL-terminated.
+    let status = unsafe { sys::napi_get_named_property(env, object, name.as_ptr(), &mut out) };
+    if status != sys::Status::napi_ok || out.is_null() {
+        clear_exception(env);
+        return undefined(env);
+    }
+    out
+}
+
+pub fn undefined(env: Env) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain value creation on the JavaScript thread.
+    unsafe { sys::napi_get_undefined(env, &mut out) };
+    out
+}
+
+pub fn boolean(env: Env, value: bool) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain value creation on the JavaScript thread.
+    unsafe { sys::napi_get_boolean(env, value, &mut out) };
+    out
+}
+
+pub fn string(env: Env, text: &str) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: the pointer and length describe valid UTF-8 (NUL bytes included).
+    unsafe {
+        sys::napi_create_string_utf8(env, text.as_ptr().cast(), text.len() as isize, &mut out)
+    };
+    out
+}
+
+/// `undefined` for `None` (never `null`: Mastra checks `=== undefined`).
+pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
+    match text {
+        Some(text) => string(env, text),
+        None => undefined(env),
+    }
+}
+
+/// `{ acquired, owner }`, the answer of `acquireLease`.
+pub fn grant(env: Env, acquired: bool, owner: Option<&str>) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain object creation and property writes on the JavaScript thread.
+    unsafe {
+        sys::napi_create_object(env, &mut out);
+        sys::napi_set_named_property(env, out, c"acquired".as_ptr(), boolean(env, acquired));
+        sys::napi_set_named_property(env, out, c"owner".as_ptr(), string_or_undefined(env, owner));
+    }
+    out
+}
+
+/// A `TypeError`, `RangeError` or `Error` with `err.code` set to the error's stable code.
+pub fn error(env: Env, err: &LeaseError) -> Value {
+    let code = string(env, err.code());
+    let message = string(env, &err.full_message());
+    let mut out = ptr::null_mut();
+    // SAFETY: code and message are strings made just above.
+    unsafe {
+        match err.class() {
+            ErrorClass::Type => sys::napi_create_type_error(env, code, message, &mut out),
+            ErrorClass::Range => sys::napi_create_range_error(env, code, message, &mut out),
+            ErrorClass::Error => sys::napi_create_error(env, code, message, &mut out),
+        };
+    }
+    out
+}
+
+/// Throws `err` (for constructors, which cannot answer with a promise).
+pub fn throw(env: Env, err: &LeaseError) {
+    let value = error(env, err);
+    // SAFETY: value is an error object made on this thread.
+    unsafe { sys::napi_throw(env, value) };
+}
+
+/// A new pending promise and its resolver.
+pub fn promise(env: Env) -> (Deferred, Value) {
+    let mut deferred = ptr::null_mut();
+    let mut promise = ptr::null_mut();
+    // SAFETY: plain promise creation on the JavaScript thread.
+    unsafe { sys::napi_create_promise(env, &mut deferred, &mut promise) };
+    (Deferred(deferred), promise)
+}
+
+/// Settles a promise made by [`promise`] on this same thread. Consumes the resolver, as
+/// N-API frees it on settlement.
+pub fn settle(env: Env, deferred: Deferred, outcome: Result<Value, Value>) {
+    // SAFETY: the resolver was made on this thread and is settled exactly once (it is moved
+    // in, and `Deferred` is not `Clone`).
+    unsafe {
+        match outcome {
+            Ok(value) => sys::napi_resolve_deferred(env, deferred.0, value),
+            Err(error) => sys::napi_reject_deferred(env, deferred.0, error),
+        };
+    }
+}
+
+fn clear_exception(env: Env) {
+    let mut pending = false;
+    // SAFETY: exception inspection on the JavaScript thread.
+    unsafe {
+        sys::napi_is_exception_pending(env, &mut pending);
+        if pending {
+            let mut discarded = ptr::null_mut();
+            sys::napi_get_and_clear_last_exception(env, &mut discarded);
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! `MemoryLeaseProvider`: leases in this process's memory, the embedded default.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use napi::bindgen_prelude::{Env, Unknown};
+use napi::JsValue;
+use napi_derive::napi;
+
+use super::args;
+use super::js;
+use super::options::MemoryLeaseProviderOptions;
+use super::redis::settled;
+use super::reply::{catching, Reply};
+use super::runtime;
+use crate::core::{LeaseError, MemoryStore, Result};
+
+/// How often expired leases nobody touches are swept out of memory.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// Leases reclaimed per hold of the table's lock during a sweep.
+const SWEEP_CHUNK: usize = 10_000;
+
+/// Leases in this process's memory: correct for one process (all its async callers and
+/// `worker_threads` that share the object), not across processes.
+///
+/// Same five methods as `RedisLeaseProvider`; calls are answered on the spot, with no
+/// thread hop. Time is a monotonic clock, so wall-clock changes never move a deadline.
+#[napi]
+pub struct MemoryLeaseProvider {
+    store: Option<Arc<MemoryStore>>,
+}
+
+#[napi]
+impl MemoryLeaseProvider {
+    /// Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options.
+    #[napi(
+        constructor,
+        ts_args_type = "options?: MemoryLeaseProviderOptions | undefined | null"
+    )]
+    pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
+        let raw = env.raw();
+        let built =
+            MemoryLeaseProviderOptions::read(raw, options.map(|o| o.raw())).and_then(|options| {
+                let store = Arc::new(MemoryStore::new(options.limits()));
+                runtime()?.spawn(sweep(Arc::downgrade(&store)));
+                Ok(store)
+            });
+        match built {
+            Ok(store) => Ok(Self { store: Some(store) }),
+            Err(err) => {
+                js::throw(raw, &err);
+                Err(napi::Error::from_status(napi::Status::PendingException))
+            }
+        }
+    }
+
+    /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds
+    /// it. Resolves `{ acquired: true, owner }`, or `{ acquired: false, owner: holder }`.
+    #[napi(
+        ts_args_type = "key: string, owner: string, ttlMs: number",
+        ts_return_type = "Promise<LeaseGrant>"
+    )]
+    pub fn acquire_lease<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        owner: Unknown<'env>,
+        ttl_ms: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        self.call(env, |store| {
+            let key = args::key(e, key.raw())?;
+            let owner = args::owner(e, owner.raw(), "owner")?;
+            let ttl = args::ttl(e, ttl_ms.raw())?;
+            store.acquire(&key, &owner, ttl).map(Reply::Grant)
+        })
+    }
+
+    /// The owner holding a live lease on `key`, or `undefined`.
+    #[napi(
+        ts_args_type = "key: string",
+        ts_return_type = "Promise<string | undefined>"
+    )]
+    pub fn get_lease_owner<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
+        let e = env.raw();
+        self.call(env, |store| {
+            let key = args::key(e, key.raw())?;
+            store.owner(&key).map(Reply::Owner)
+        })
+    }
+
+    /// Releases the lease if `owner` holds it; otherwise does nothing.
+    #[napi(
+        ts_args_type = "key: string, owner: string",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn release_lease<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        owner: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        self.call(env, |store| {
+            let key = args::key(e, key.raw())?;
+            let owner = args::owner(e, owner.raw(), "owner")?;
+            store.release(&key, &owner).map(|_| Reply::Nothing)
+        })
+    }
+
+    /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when
+    /// it was lost. Never brings an expired lease back.
+    #[napi(
+        ts_args_type = "key: string, owner: string, ttlMs: number",
+        ts_return_type = "Promise<boolean>"
+    )]
+    pub fn renew_lease<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        owner: Unknown<'env>,
+        ttl_ms: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        self.call(env, |store| {
+            let key = args::key(e, key.raw())?;
+            let owner = args::owner(e, owner.raw(), "owner")?;
+            let ttl = args::ttl(e, ttl_ms.raw())?;
+            store.renew(&key, &owner, ttl).map(Reply::Done)
+        })
+    }
+
+    /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically:
+    /// `true`; `false` when `fromOwner` no longer held it.
+    #[napi(
+        ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
+        ts_return_type = "Promise<boolean>"
+    )]
+    pub fn transfer_lease<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        from_owner: Unknown<'env>,
+        to_owner: Unknown<'env>,
+        ttl_ms: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        self.call(env, |store| {
+            let key = args::key(e, key.raw())?;
+            let from = args::owner(e, from_owner.raw(), "fromOwner")?;
+            let to = args::owner(e, to_owner.raw(), "toOwner")?;
+            let ttl = args::ttl(e, ttl_ms.raw())?;
+            store.transfer(&key, &from, &to, ttl).map(Reply::Done)
+        })
+    }
+
+    /// Drops every lease and stops taking calls; later calls reject with
+    /// `ERR_LEASE_CLOSED`. Idempotent.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
+        if let Some(store) = self.store.take() {
+            store.clear();
+        }
+        settled(env, Ok(Reply::Nothing))
+    }
+
+    /// Leases resident in memory, expired ones not yet swept included (0 once closed).
+    #[napi(getter)]
+    pub fn size(&self) -> u32 {
+        self.store.as_ref().map_or(0, |store| {
+            u32::try_from(store.resident()).unwrap_or(u32::MAX)
+        })
+    }
+
+    fn call<'env>(
+        &self,
+        env: &'env Env,
+        op: impl FnOnce(&MemoryStore) -> Result<Reply>,
+    ) -> Unknown<'env> {
+        let outcome = match &self.store {
+            Some(store) => catching(|| op(store)),
+            None => Err(LeaseError::Closed),
+        };
+        settled(env, outcome)
+    }
+}
+
+/// Sweeps expired leases out of `store` until it is dropped.
+async fn sweep(store: Weak<MemoryStore>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        while store.reclaim_expired(SWEEP_CHUNK) == SWEEP_CHUNK {
+            tokio::task::yield_now().await;
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The napi glue: one file per JavaScript class, plus the shared plumbing. Checks and
+//! converts arguments, then hands the work to the core; no lease logic lives here.
+
+mod args;
+mod bridge;
+mod js;
+pub mod memory;
+pub mod options;
+pub mod redis;
+pub mod reply;
+
+use std::sync::LazyLock;
+
+use tokio::runtime::{Builder, Runtime};
+
+use crate::core::LeaseError;
+
+/// One Tokio runtime for every provider in the process. A single worker thread: the work
+/// per call is tiny, and Node's own thread needs the other core.
+static RUNTIME: LazyLock<std::io::Result<Runtime>> = LazyLock::new(|| {
+    Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("mastra-lease")
+        .enable_all()
+        .build()
+});
+
+fn runtime() -> Result<&'static Runtime, LeaseError> {
+    RUNTIME
+        .as_ref()
+        .map_err(|err| LeaseError::Internal(format!("could not start the Tokio runtime: {err}")))
+}

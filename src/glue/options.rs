@@ -1,0 +1,194 @@
+//! Constructor options: read by hand, so a wrong type or value becomes a coded
+//! `TypeError`/`RangeError` instead of a generic conversion error. The `#[napi(object)]`
+//! structs give `index.d.ts` its documented interfaces.
+
+use std::ffi::CStr;
+use std::time::Duration;
+
+use napi::sys::ValueType;
+use napi_derive::napi;
+
+use super::args::{safe_integer, type_name};
+use super::js::{self, Env, Value};
+use crate::core::lease::TTL_CEILING_MS;
+use crate::core::{InputErrorKind, LeaseError, Limits, RedisOptions, Result};
+
+/// Options of `new MemoryLeaseProvider(options?)`.
+#[napi(object)]
+pub struct MemoryLeaseProviderOptions {
+    /// Longest key accepted, in UTF-8 bytes. Default 4096.
+    pub max_key_bytes: Option<u32>,
+    /// Longest owner accepted, in UTF-8 bytes. Default 1024.
+    pub max_owner_bytes: Option<u32>,
+    /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
+    pub max_ttl_ms: Option<f64>,
+}
+
+/// Options of `new RedisLeaseProvider(options?)`.
+#[napi(object)]
+pub struct RedisLeaseProviderOptions {
+    /// `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
+    /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
+    pub url: Option<String>,
+    /// Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's own
+    /// Redis backend, so both can share a fleet's leases.
+    pub key_prefix: Option<String>,
+    /// Bound on one attempt to open the connection, in milliseconds. Default 2000.
+    pub connect_timeout_ms: Option<f64>,
+    /// Bound on every call, connecting included, in milliseconds: a call settles within it
+    /// whatever Redis does. Default 2000 (well under Mastra's 5 s renewal interval).
+    pub command_timeout_ms: Option<f64>,
+    /// Longest key accepted, in UTF-8 bytes. Default 4096.
+    pub max_key_bytes: Option<u32>,
+    /// Longest owner accepted, in UTF-8 bytes. Default 1024.
+    pub max_owner_bytes: Option<u32>,
+    /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
+    pub max_ttl_ms: Option<f64>,
+}
+
+/// The longest timeout option accepted: ten minutes.
+const MAX_TIMEOUT_MS: u64 = 600_000;
+/// The largest byte cap accepted for keys and owners.
+const MAX_TEXT_BYTES: u64 = 1 << 26;
+
+impl MemoryLeaseProviderOptions {
+    /// Reads the options object (`undefined` and `null` mean all defaults).
+    pub fn read(env: Env, value: Option<Value>) -> Result<Self> {
+        let reader = Reader::new(env, value)?;
+        Ok(Self {
+            max_key_bytes: reader.count(c"maxKeyBytes")?,
+            max_owner_bytes: reader.count(c"maxOwnerBytes")?,
+            max_ttl_ms: reader.millis(c"maxTtlMs", TTL_CEILING_MS)?,
+        })
+    }
+
+    /// The core's limits, defaults filled in.
+    pub fn limits(&self) -> Limits {
+        limits(self.max_key_bytes, self.max_owner_bytes, self.max_ttl_ms)
+    }
+}
+
+impl RedisLeaseProviderOptions {
+    /// Reads the options object (`undefined` and `null` mean all defaults).
+    pub fn read(env: Env, value: Option<Value>) -> Result<Self> {
+        let reader = Reader::new(env, value)?;
+        Ok(Self {
+            url: reader.string(c"url")?,
+            key_prefix: reader.string(c"keyPrefix")?,
+            connect_timeout_ms: reader.millis(c"connectTimeoutMs", MAX_TIMEOUT_MS)?,
+            command_timeout_ms: reader.millis(c"commandTimeoutMs", MAX_TIMEOUT_MS)?,
+            max_key_bytes: reader.count(c"maxKeyBytes")?,
+            max_owner_bytes: reader.count(c"maxOwnerBytes")?,
+            max_ttl_ms: reader.millis(c"maxTtlMs", TTL_CEILING_MS)?,
+        })
+    }
+
+    /// The core's options, defaults filled in.
+    pub fn into_core(self) -> RedisOptions {
+        let defaults = RedisOptions::default();
+        let ms = |value: Option<f64>, default: Duration| {
+            value.map_or(default, |ms| Duration::from_millis(ms as u64))
+        };
+        RedisOptions {
+            limits: limits(self.max_key_bytes, self.max_owner_bytes, self.max_ttl_ms),
+            url: self.url.unwrap_or(defaults.url),
+            key_prefix: self.key_prefix.unwrap_or(defaults.key_prefix),
+            connect_timeout: ms(self.connect_timeout_ms, defaults.connect_timeout),
+            command_timeout: ms(self.command_timeout_ms, defaults.command_timeout),
+        }
+    }
+}
+
+fn limits(key: Option<u32>, owner: Option<u32>, ttl: Option<f64>) -> Limits {
+    let defaults = Limits::default();
+    Limits {
+        max_key_bytes: key.map_or(defaults.max_key_bytes, |n| n as usize),
+        max_owner_bytes: owner.map_or(defaults.max_owner_bytes, |n| n as usize),
+        max_ttl_ms: ttl.map_or(defaults.max_ttl_ms, |ms| ms as u64),
+    }
+}
+
+/// Reads optional properties of an options object, checking each.
+struct Reader {
+    env: Env,
+    object: Option<Value>,
+}
+
+impl Reader {
+    fn new(env: Env, value: Option<Value>) -> Result<Self> {
+        let object = match value.map(|v| (v, js::type_of(env, v))) {
+            None => None,
+            Some((_, ValueType::napi_undefined | ValueType::napi_null)) => None,
+            Some((v, ValueType::napi_object)) => Some(v),
+            Some((_, kind)) => {
+                return Err(LeaseError::option(
+                    InputErrorKind::Type,
+                    format!("options must be an object, got {}", type_name(kind)),
+                ))
+            }
+        };
+        Ok(Self { env, object })
+    }
+
+    /// The property's value and type, or `None` when absent or `undefined`.
+    fn get(&self, name: &CStr) -> Option<(Value, napi::sys::napi_valuetype)> {
+        let object = self.object?;
+        let value = js::property(self.env, object, name);
+        let kind = js::type_of(self.env, value);
+        (kind != ValueType::napi_undefined).then_some((value, kind))
+    }
+
+    fn string(&self, name: &CStr) -> Result<Option<String>> {
+        let Some((value, kind)) = self.get(name) else {
+            return Ok(None);
+        };
+        let label = name.to_string_lossy();
+        if kind != ValueType::napi_string {
+            return Err(LeaseError::option(
+                InputErrorKind::Type,
+                format!("{label} must be a string, got {}", type_name(kind)),
+            ));
+        }
+        js::utf16(self.env, value)
+            .and_then(|units| String::from_utf16(&units).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                LeaseError::option(
+                    InputErrorKind::Type,
+                    format!("{label} must be well-formed UTF-16"),
+                )
+            })
+    }
+
+    /// A whole number of milliseconds from 1 to `max`.
+    fn millis(&self, name: &CStr, max: u64) -> Result<Option<f64>> {
+        self.whole(name, max).map(|n| n.map(|n| n as f64))
+    }
+
+    /// A byte count from 1 to 64 MiB.
+    fn count(&self, name: &CStr) -> Result<Option<u32>> {
+        self.whole(name, MAX_TEXT_BYTES)
+            .map(|n| n.map(|n| n as u32))
+    }
+
+    fn whole(&self, name: &CStr, max: u64) -> Result<Option<u64>> {
+        let Some((value, kind)) = self.get(name) else {
+            return Ok(None);
+        };
+        let label = name.to_string_lossy();
+        if kind != ValueType::napi_number {
+            return Err(LeaseError::option(
+                InputErrorKind::Type,
+                format!("{label} must be a number, got {}", type_name(kind)),
+            ));
+        }
+        let number = js::number(self.env, value);
+        match safe_integer(number) {
+            Some(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(LeaseError::option(
+                InputErrorKind::Range,
+                format!("{label} must be a whole number from 1 to {max}, got {number}"),
+            )),
+        }
+    }
+}
