@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// "Not the owner" is never an error: it is a result (`false`, `{ acquired: false }`).
 /// These are the failures: bad input, a closed provider, or Redis not answering.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LeaseError {
     /// An argument of a lease call is unusable; nothing was sent anywhere.
     #[error("{message}")]

@@ -6,4 +6,4 @@ pub mod lease;
 pub use error::{Argument, ErrorClass, InputErrorKind, LeaseError, Result};
 pub use lease::memory::MemoryStore;
 pub use lease::redis::{RedisOptions, RedisStore};
-pub use lease::{Grant, LeaseStore, Limits};
+pub use lease::{Answer, Call, Grant, LeaseStore, Limits};

@@ -4,7 +4,50 @@
 use napi::sys::ValueType;
 
 use super::js::{self, Env, Value};
-use crate::core::{Argument, InputErrorKind, LeaseError, Result};
+use crate::core::{Argument, Call, InputErrorKind, LeaseError, Result};
+
+/// `acquireLease(key, owner, ttlMs)`.
+pub fn acquire(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+    Ok(Call::Acquire {
+        key: self::key(env, key)?,
+        owner: self::owner(env, owner, "owner")?,
+        ttl_ms: ttl(env, ttl_ms)?,
+    })
+}
+
+/// `getLeaseOwner(key)`.
+pub fn owner_of(env: Env, key: Value) -> Result<Call> {
+    Ok(Call::Owner {
+        key: self::key(env, key)?,
+    })
+}
+
+/// `releaseLease(key, owner)`.
+pub fn release(env: Env, key: Value, owner: Value) -> Result<Call> {
+    Ok(Call::Release {
+        key: self::key(env, key)?,
+        owner: self::owner(env, owner, "owner")?,
+    })
+}
+
+/// `renewLease(key, owner, ttlMs)`.
+pub fn renew(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+    Ok(Call::Renew {
+        key: self::key(env, key)?,
+        owner: self::owner(env, owner, "owner")?,
+        ttl_ms: ttl(env, ttl_ms)?,
+    })
+}
+
+/// `transferLease(key, fromOwner, toOwner, ttlMs)`.
+pub fn transfer(env: Env, key: Value, from: Value, to: Value, ttl_ms: Value) -> Result<Call> {
+    Ok(Call::Transfer {
+        key: self::key(env, key)?,
+        from: owner(env, from, "fromOwner")?,
+        to: owner(env, to, "toOwner")?,
+        ttl_ms: ttl(env, ttl_ms)?,
+    })
+}
 
 /// A key: a string of well-formed UTF-16.
 pub fn key(env: Env, value: Value) -> Result<String> {

@@ -1,10 +1,11 @@
-//! The crossing back from the Tokio runtime to JavaScript, batched.
+//! The crossing between Node's thread and the Tokio runtime, batched both ways.
 //!
-//! A napi `async fn` pays for a thread-safe function and a wake-up of Node's event loop per
-//! call; at 64 calls in flight that crossing, not Redis, is the bottleneck. Here each provider
-//! owns one thread-safe function. Finished calls queue their outcome; the first to queue
-//! wakes the JavaScript thread once, and that wake-up settles every promise queued by then.
-//! Under load one wake-up settles hundreds of calls.
+//! A napi `async fn` pays, per call, for a hop onto the runtime and a thread-safe function
+//! that wakes Node's event loop to settle it; at 64 calls in flight that crossing, not Redis,
+//! is the bottleneck. Here the calls made in one turn of JavaScript (before its microtasks
+//! run out) wait in an outbox; one microtask hands them all to the runtime at once, where
+//! the store pipelines them into one write. On the way back, outcomes queue up and the first
+//! to queue wakes JavaScript once; that wake-up settles every promise queued by then.
 //!
 //! The thread-safe function keeps Node's event loop alive only while calls are in flight,
 //! so a process whose providers are idle or closed exits by itself.
@@ -12,22 +13,29 @@
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use futures::FutureExt;
 use napi::sys;
 
 use super::js::{self, Deferred, Env, Value};
-use super::reply::{IntoJs, Outcome};
+use super::reply::{panic_message, to_js};
+use super::runtime;
+use crate::core::{Answer, Call, LeaseError, LeaseStore, Result};
 
-/// One provider's way back to JavaScript.
-pub struct Bridge {
+type Outcome = Result<Answer>;
+
+/// One provider's two-way crossing, and the store its calls run on.
+pub struct Bridge<S> {
+    store: Arc<S>,
     tsfn: Tsfn,
+    /// Calls made since the last flush, waiting for the end of this turn of JavaScript.
+    outbox: Mutex<Vec<(Deferred, Call)>>,
     /// Outcomes waiting for the JavaScript thread.
-    queue: Mutex<Vec<(Deferred, Outcome)>>,
-    /// A wake-up is on its way; later outcomes ride along with it.
-    scheduled: AtomicBool,
-    /// Calls in flight, counted on the JavaScript thread; while non-zero the event loop stays
-    /// alive.
+    inbox: Mutex<Vec<(Deferred, Outcome)>>,
+    /// A wake-up of the JavaScript thread is on its way; later outcomes ride along with it.
+    wake_scheduled: AtomicBool,
+    /// Calls in flight; while non-zero the event loop stays alive. Changed on the JS thread.
     in_flight: AtomicUsize,
 }
 
@@ -39,13 +47,13 @@ struct Tsfn {
 }
 
 // SAFETY: N-API thread-safe functions are made to be called and released from any thread;
-// the lock keeps every such call before Node's finalizer.
+// the lock orders every such call before Node's finalizer.
 unsafe impl Send for Tsfn {}
 unsafe impl Sync for Tsfn {}
 
-impl Bridge {
+impl<S: LeaseStore + 'static> Bridge<S> {
     /// Makes the provider's thread-safe function, not keeping the event loop alive.
-    pub fn new(env: Env) -> napi::Result<Arc<Self>> {
+    pub fn new(env: Env, store: S) -> napi::Result<Arc<Self>> {
         let finalized = Arc::new(RwLock::new(false));
         let finalize_data = Arc::into_raw(finalized.clone()) as *mut c_void;
         let name = js::string(env, "mastra-lease");
@@ -63,7 +71,7 @@ impl Bridge {
                 finalize_data,
                 Some(on_finalize),
                 ptr::null_mut(),
-                Some(call_js),
+                Some(call_js::<S>),
                 &mut raw,
             )
         };
@@ -77,28 +85,78 @@ impl Bridge {
         // SAFETY: raw was just created on this thread.
         unsafe { sys::napi_unref_threadsafe_function(env, raw) };
         Ok(Arc::new(Self {
+            store: Arc::new(store),
             tsfn: Tsfn { raw, finalized },
-            queue: Mutex::new(Vec::new()),
-            scheduled: AtomicBool::new(false),
+            outbox: Mutex::new(Vec::new()),
+            inbox: Mutex::new(Vec::new()),
+            wake_scheduled: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
         }))
     }
 
-    /// On the JavaScript thread, before a call leaves for the runtime: keeps the event loop
-    /// alive until its outcome comes back.
-    pub fn begin(&self, env: Env) {
+    /// On the JavaScript thread: queues `call` and answers its promise. The first call of a
+    /// turn schedules the flush that sends the whole turn's calls together.
+    pub fn submit(self: &Arc<Self>, env: Env, call: Call) -> Value {
+        let (deferred, promise) = js::promise(env);
         if self.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
-            // SAFETY: on the JavaScript thread that made the function, which is not finalized
+            // SAFETY: on the JavaScript thread that made the function; it is not finalized
             // while this provider is reachable.
             unsafe { sys::napi_ref_threadsafe_function(env, self.tsfn.raw) };
         }
+        let first = {
+            let mut outbox = lock(&self.outbox);
+            outbox.push((deferred, call));
+            outbox.len() == 1
+        };
+        if first && !self.schedule_flush(env) {
+            self.flush();
+        }
+        promise
     }
 
-    /// From any thread: queues a finished call's outcome and wakes JavaScript if no wake-up
-    /// is already on its way.
-    pub fn complete(self: &Arc<Self>, deferred: Deferred, outcome: Outcome) {
-        self.lock_queue().push((deferred, outcome));
-        if self.scheduled.swap(true, Ordering::AcqRel) {
+    /// Asks JavaScript to run [`Bridge::flush`] as a microtask, after the code that is
+    /// running now and the continuations already queued. Answers `false` if it could not.
+    fn schedule_flush(self: &Arc<Self>, env: Env) -> bool {
+        let data = Arc::into_raw(self.clone()) as *mut c_void;
+        let scheduled = js::queue_microtask(env, c"mastraLeaseFlush", flush_js::<S>, data);
+        if !scheduled {
+            // SAFETY: the microtask was not queued, so `flush_js` will not take it back.
+            drop(unsafe { Arc::from_raw(data as *const Self) });
+        }
+        scheduled
+    }
+
+    /// Sends everything in the outbox to the runtime as one batch.
+    fn flush(self: &Arc<Self>) {
+        let batch = std::mem::take(&mut *lock(&self.outbox));
+        if batch.is_empty() {
+            return;
+        }
+        let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.into_iter().unzip();
+        let count = calls.len();
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => return self.complete(deferreds, vec![Err(err); count]),
+        };
+        let bridge = self.clone();
+        runtime.spawn(async move {
+            let answers = std::panic::AssertUnwindSafe(bridge.store.execute(calls))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    vec![Err(LeaseError::Internal(panic_message(panic.as_ref()))); count]
+                });
+            bridge.complete(deferreds, answers);
+        });
+    }
+
+    /// From any thread: queues outcomes and wakes JavaScript unless a wake-up is on its way.
+    fn complete(self: &Arc<Self>, deferreds: Vec<Deferred>, mut answers: Vec<Outcome>) {
+        answers.resize_with(deferreds.len(), || {
+            Err(LeaseError::Internal("a call went unanswered".into()))
+        });
+        lock(&self.inbox).extend(deferreds.into_iter().zip(answers));
+        if self.wake_scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
         let data = Arc::into_raw(self.clone()) as *mut c_void;
@@ -122,32 +180,26 @@ impl Bridge {
         if status != sys::Status::napi_ok {
             // Node is shutting down: nothing is left to settle the promises for.
             // SAFETY: the call was refused, so `call_js` will not take this `Arc` back.
-            drop(unsafe { Arc::from_raw(data as *const Bridge) });
+            drop(unsafe { Arc::from_raw(data as *const Self) });
         }
     }
 
-    /// On the JavaScript thread: settles everything queued so far.
-    fn drain(&self, env: Env) {
-        self.scheduled.store(false, Ordering::Release);
-        let batch = std::mem::take(&mut *self.lock_queue());
+    /// On the JavaScript thread: settles everything in the inbox.
+    fn settle_inbox(&self, env: Env) {
+        self.wake_scheduled.store(false, Ordering::Release);
+        let batch = std::mem::take(&mut *lock(&self.inbox));
         let settled = batch.len();
         for (deferred, outcome) in batch {
-            let value: Result<Value, Value> = outcome.into_js(env);
-            js::settle(env, deferred, value);
+            js::settle(env, deferred, to_js(env, outcome));
         }
         if settled > 0 && self.in_flight.fetch_sub(settled, Ordering::Relaxed) == settled {
             // SAFETY: on the JavaScript thread, inside this function's own callback.
             unsafe { sys::napi_unref_threadsafe_function(env, self.tsfn.raw) };
         }
     }
-
-    fn lock_queue(&self) -> std::sync::MutexGuard<'_, Vec<(Deferred, Outcome)>> {
-        // Only pushes and a swap happen under this lock; poisoning cannot corrupt it.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
-impl Drop for Bridge {
+impl<S> Drop for Bridge<S> {
     fn drop(&mut self) {
         let finalized = self
             .tsfn
@@ -166,17 +218,40 @@ impl Drop for Bridge {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only pushes and swaps happen under these locks; poisoning cannot leave them torn.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The flush microtask. `data` is the `Arc<Bridge>` that `schedule_flush` leaked for it.
+unsafe extern "C" fn flush_js<S: LeaseStore + 'static>(
+    env: Env,
+    info: sys::napi_callback_info,
+) -> Value {
+    let data = js::callback_data(env, info);
+    if !data.is_null() {
+        // SAFETY: `schedule_flush` leaked exactly one `Arc` for this one microtask.
+        let bridge = unsafe { Arc::from_raw(data as *const Bridge<S>) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bridge.flush()));
+    }
+    ptr::null_mut()
+}
+
 /// Runs on the JavaScript thread for each wake-up. `data` is the `Arc<Bridge>` that
 /// `complete` leaked for it.
-unsafe extern "C" fn call_js(env: Env, _callback: Value, _context: *mut c_void, data: *mut c_void) {
-    // SAFETY: `complete` leaked exactly one `Arc` per successful call; take it back.
-    let bridge = unsafe { Arc::from_raw(data as *const Bridge) };
+unsafe extern "C" fn call_js<S: LeaseStore + 'static>(
+    env: Env,
+    _callback: Value,
+    _context: *mut c_void,
+    data: *mut c_void,
+) {
+    // SAFETY: `complete` leaked exactly one `Arc` per accepted call; take it back.
+    let bridge = unsafe { Arc::from_raw(data as *const Bridge<S>) };
     if env.is_null() {
         // The environment is being torn down; there is no JavaScript left to answer.
         return;
     }
-    // A panic must not unwind into Node; `drain` does not panic, but be sure.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bridge.drain(env)));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bridge.settle_inbox(env)));
 }
 
 unsafe extern "C" fn on_finalize(_env: Env, data: *mut c_void, _hint: *mut c_void) {

@@ -10,10 +10,9 @@ use napi_derive::napi;
 use super::args;
 use super::js;
 use super::options::MemoryLeaseProviderOptions;
-use super::redis::settled;
-use super::reply::{catching, Reply};
-use super::runtime;
-use crate::core::{LeaseError, MemoryStore, Result};
+use super::reply::{catching, resolved, settled};
+use super::{runtime, unknown};
+use crate::core::{Call, LeaseError, MemoryStore, Result};
 
 /// How often expired leases nobody touches are swept out of memory.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -67,13 +66,8 @@ impl MemoryLeaseProvider {
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
     ) -> Unknown<'env> {
-        let e = env.raw();
-        self.call(env, |store| {
-            let key = args::key(e, key.raw())?;
-            let owner = args::owner(e, owner.raw(), "owner")?;
-            let ttl = args::ttl(e, ttl_ms.raw())?;
-            store.acquire(&key, &owner, ttl).map(Reply::Grant)
-        })
+        let call = args::acquire(env.raw(), key.raw(), owner.raw(), ttl_ms.raw());
+        self.submit(env, call)
     }
 
     /// The owner holding a live lease on `key`, or `undefined`.
@@ -82,11 +76,8 @@ impl MemoryLeaseProvider {
         ts_return_type = "Promise<string | undefined>"
     )]
     pub fn get_lease_owner<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
-        let e = env.raw();
-        self.call(env, |store| {
-            let key = args::key(e, key.raw())?;
-            store.owner(&key).map(Reply::Owner)
-        })
+        let call = args::owner_of(env.raw(), key.raw());
+        self.submit(env, call)
     }
 
     /// Releases the lease if `owner` holds it; otherwise does nothing.
@@ -100,12 +91,8 @@ impl MemoryLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
     ) -> Unknown<'env> {
-        let e = env.raw();
-        self.call(env, |store| {
-            let key = args::key(e, key.raw())?;
-            let owner = args::owner(e, owner.raw(), "owner")?;
-            store.release(&key, &owner).map(|_| Reply::Nothing)
-        })
+        let call = args::release(env.raw(), key.raw(), owner.raw());
+        self.submit(env, call)
     }
 
     /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when
@@ -121,17 +108,12 @@ impl MemoryLeaseProvider {
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
     ) -> Unknown<'env> {
-        let e = env.raw();
-        self.call(env, |store| {
-            let key = args::key(e, key.raw())?;
-            let owner = args::owner(e, owner.raw(), "owner")?;
-            let ttl = args::ttl(e, ttl_ms.raw())?;
-            store.renew(&key, &owner, ttl).map(Reply::Done)
-        })
+        let call = args::renew(env.raw(), key.raw(), owner.raw(), ttl_ms.raw());
+        self.submit(env, call)
     }
 
-    /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically:
-    /// `true`; `false` when `fromOwner` no longer held it.
+    /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically and
+    /// without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
     #[napi(
         ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
         ts_return_type = "Promise<boolean>"
@@ -145,13 +127,8 @@ impl MemoryLeaseProvider {
         ttl_ms: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        self.call(env, |store| {
-            let key = args::key(e, key.raw())?;
-            let from = args::owner(e, from_owner.raw(), "fromOwner")?;
-            let to = args::owner(e, to_owner.raw(), "toOwner")?;
-            let ttl = args::ttl(e, ttl_ms.raw())?;
-            store.transfer(&key, &from, &to, ttl).map(Reply::Done)
-        })
+        let call = args::transfer(e, key.raw(), from_owner.raw(), to_owner.raw(), ttl_ms.raw());
+        self.submit(env, call)
     }
 
     /// Drops every lease and stops taking calls; later calls reject with
@@ -161,7 +138,7 @@ impl MemoryLeaseProvider {
         if let Some(store) = self.store.take() {
             store.clear();
         }
-        settled(env, Ok(Reply::Nothing))
+        unknown(env, resolved(env.raw()))
     }
 
     /// Leases resident in memory, expired ones not yet swept included (0 once closed).
@@ -172,16 +149,13 @@ impl MemoryLeaseProvider {
         })
     }
 
-    fn call<'env>(
-        &self,
-        env: &'env Env,
-        op: impl FnOnce(&MemoryStore) -> Result<Reply>,
-    ) -> Unknown<'env> {
+    /// Answers a checked call on the spot; a closed provider or bad input is answered too.
+    fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let outcome = match &self.store {
-            Some(store) => catching(|| op(store)),
             None => Err(LeaseError::Closed),
+            Some(store) => call.and_then(|call| catching(|| store.apply(&call))),
         };
-        settled(env, outcome)
+        unknown(env, settled(env.raw(), outcome))
     }
 }
 

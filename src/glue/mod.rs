@@ -30,3 +30,9 @@ fn runtime() -> Result<&'static Runtime, LeaseError> {
         .as_ref()
         .map_err(|err| LeaseError::Internal(format!("could not start the Tokio runtime: {err}")))
 }
+
+/// Hands a value made on this thread back to napi-rs as the method's return value.
+fn unknown<'env>(env: &'env napi::Env, value: js::Value) -> napi::bindgen_prelude::Unknown<'env> {
+    // SAFETY: value was made on this thread during the current call.
+    unsafe { napi::bindgen_prelude::Unknown::from_raw_unchecked(env.raw(), value) }
+}

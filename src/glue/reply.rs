@@ -1,42 +1,36 @@
 //! What a finished lease call hands back to JavaScript.
 
 use super::js::{self, Env, Value};
-use crate::core::{Grant, LeaseError};
+use crate::core::{Answer, LeaseError, Result};
 
-/// The result of one of the five operations, before it becomes a JavaScript value.
-pub enum Reply {
-    /// `acquireLease`: `{ acquired, owner }`.
-    Grant(Grant),
-    /// `getLeaseOwner`: a string or `undefined`.
-    Owner(Option<String>),
-    /// `renewLease`, `transferLease`: a boolean.
-    Done(bool),
-    /// `releaseLease`, `close`: `undefined`.
-    Nothing,
-}
-
-/// A finished call: its reply, or the error to reject with.
-pub type Outcome = Result<Reply, LeaseError>;
-
-/// Turns an outcome into the value to resolve or reject with (on the JavaScript thread).
-pub trait IntoJs {
-    fn into_js(self, env: Env) -> Result<Value, Value>;
-}
-
-impl IntoJs for Outcome {
-    fn into_js(self, env: Env) -> Result<Value, Value> {
-        match self {
-            Ok(Reply::Grant(grant)) => Ok(js::grant(env, grant.acquired, grant.owner.as_deref())),
-            Ok(Reply::Owner(owner)) => Ok(js::string_or_undefined(env, owner.as_deref())),
-            Ok(Reply::Done(done)) => Ok(js::boolean(env, done)),
-            Ok(Reply::Nothing) => Ok(js::undefined(env)),
-            Err(err) => Err(js::error(env, &err)),
-        }
+/// Turns a call's outcome into the value to resolve or reject with (on the JavaScript
+/// thread). `releaseLease` resolves `undefined`, as Mastra's contract says.
+pub fn to_js(env: Env, outcome: Result<Answer>) -> std::result::Result<Value, Value> {
+    match outcome {
+        Ok(Answer::Grant(grant)) => Ok(js::grant(env, grant.acquired, grant.owner.as_deref())),
+        Ok(Answer::Owner(owner)) => Ok(js::string_or_undefined(env, owner.as_deref())),
+        Ok(Answer::Released(_)) => Ok(js::undefined(env)),
+        Ok(Answer::Renewed(done) | Answer::Transferred(done)) => Ok(js::boolean(env, done)),
+        Err(err) => Err(js::error(env, &err)),
     }
 }
 
+/// A promise already settled with `outcome`.
+pub fn settled(env: Env, outcome: Result<Answer>) -> Value {
+    let (deferred, promise) = js::promise(env);
+    js::settle(env, deferred, to_js(env, outcome));
+    promise
+}
+
+/// A promise already resolved with `undefined` (what `close()` answers).
+pub fn resolved(env: Env) -> Value {
+    let (deferred, promise) = js::promise(env);
+    js::settle(env, deferred, Ok(js::undefined(env)));
+    promise
+}
+
 /// Runs `f`, turning a panic into an internal error so it never unwinds into Node.
-pub fn catching(f: impl FnOnce() -> Outcome) -> Outcome {
+pub fn catching<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
         .unwrap_or_else(|panic| Err(LeaseError::Internal(panic_message(panic.as_ref()))))
 }

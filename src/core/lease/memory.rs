@@ -11,7 +11,7 @@ use std::future::{ready, Future};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Grant, LeaseStore, Limits};
+use super::{Answer, Call, Grant, LeaseStore, Limits};
 use crate::core::error::Result;
 
 /// How many expired leases each call reclaims on its way, so no single call pays for a
@@ -49,29 +49,9 @@ impl MemoryStore {
         }
     }
 
-    /// Claims `key` for `owner`, or refreshes the TTL if `owner` already holds it.
-    pub fn acquire(&self, key: &str, owner: &str, ttl_ms: u64) -> Result<Grant> {
-        self.acquire_at(Instant::now(), key, owner, ttl_ms)
-    }
-
-    /// The live holder of `key`.
-    pub fn owner(&self, key: &str) -> Result<Option<String>> {
-        self.owner_at(Instant::now(), key)
-    }
-
-    /// Deletes the lease if `owner` holds it.
-    pub fn release(&self, key: &str, owner: &str) -> Result<bool> {
-        self.release_at(Instant::now(), key, owner)
-    }
-
-    /// Extends the lease if `owner` still holds it.
-    pub fn renew(&self, key: &str, owner: &str, ttl_ms: u64) -> Result<bool> {
-        self.renew_at(Instant::now(), key, owner, ttl_ms)
-    }
-
-    /// Hands the lease from `from` to `to` with a fresh TTL.
-    pub fn transfer(&self, key: &str, from: &str, to: &str, ttl_ms: u64) -> Result<bool> {
-        self.transfer_at(Instant::now(), key, from, to, ttl_ms)
+    /// Executes one call on the spot: arguments checked first, then the operation.
+    pub fn apply(&self, call: &Call) -> Result<Answer> {
+        self.apply_at(Instant::now(), call)
     }
 
     /// Leases resident in memory, including expired ones not yet reclaimed.
@@ -90,74 +70,25 @@ impl MemoryStore {
         self.lock().reclaim(Instant::now(), budget)
     }
 
-    fn acquire_at(&self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> Result<Grant> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        self.limits.check_ttl(ttl_ms)?;
+    fn apply_at(&self, now: Instant, call: &Call) -> Result<Answer> {
+        call.check(&self.limits)?;
         let mut table = self.lock_at(now);
-        if let Some(holder) = table.live(key, now) {
-            if holder.owner != owner {
-                let holder = Some(holder.owner.clone());
-                return Ok(Grant {
-                    acquired: false,
-                    owner: holder,
-                });
+        Ok(match call {
+            Call::Acquire { key, owner, ttl_ms } => {
+                Answer::Grant(table.acquire(now, key, owner, *ttl_ms))
             }
-        }
-        table.put(key, owner, now + ms(ttl_ms));
-        Ok(Grant {
-            acquired: true,
-            owner: Some(owner.to_owned()),
+            Call::Owner { key } => Answer::Owner(table.live(key, now).map(|l| l.owner.clone())),
+            Call::Release { key, owner } => Answer::Released(table.release(now, key, owner)),
+            Call::Renew { key, owner, ttl_ms } => {
+                Answer::Renewed(table.renew(now, key, owner, *ttl_ms))
+            }
+            Call::Transfer {
+                key,
+                from,
+                to,
+                ttl_ms,
+            } => Answer::Transferred(table.transfer(now, key, from, to, *ttl_ms)),
         })
-    }
-
-    fn owner_at(&self, now: Instant, key: &str) -> Result<Option<String>> {
-        self.limits.check_key(key)?;
-        let mut table = self.lock_at(now);
-        Ok(table.live(key, now).map(|lease| lease.owner.clone()))
-    }
-
-    fn release_at(&self, now: Instant, key: &str, owner: &str) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        let mut table = self.lock_at(now);
-        if table.holds(key, owner, now) {
-            table.leases.remove(key);
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
-    fn renew_at(&self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        self.limits.check_ttl(ttl_ms)?;
-        let mut table = self.lock_at(now);
-        if table.holds(key, owner, now) {
-            table.put(key, owner, now + ms(ttl_ms));
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
-    fn transfer_at(
-        &self,
-        now: Instant,
-        key: &str,
-        from: &str,
-        to: &str,
-        ttl_ms: u64,
-    ) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(from, "fromOwner")?;
-        self.limits.check_owner(to, "toOwner")?;
-        self.limits.check_ttl(ttl_ms)?;
-        let mut table = self.lock_at(now);
-        if table.holds(key, from, now) {
-            table.put(key, to, now + ms(ttl_ms));
-            return Ok(true);
-        }
-        Ok(false)
     }
 
     /// Locks the table and reclaims a few expired leases on the way in.
@@ -177,6 +108,46 @@ impl MemoryStore {
 }
 
 impl Table {
+    fn acquire(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> Grant {
+        if let Some(holder) = self.live(key, now) {
+            if holder.owner != owner {
+                return Grant {
+                    acquired: false,
+                    owner: Some(holder.owner.clone()),
+                };
+            }
+        }
+        self.put(key, owner, now + ms(ttl_ms));
+        Grant {
+            acquired: true,
+            owner: Some(owner.to_owned()),
+        }
+    }
+
+    fn release(&mut self, now: Instant, key: &str, owner: &str) -> bool {
+        let held = self.holds(key, owner, now);
+        if held {
+            self.leases.remove(key);
+        }
+        held
+    }
+
+    fn renew(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> bool {
+        let held = self.holds(key, owner, now);
+        if held {
+            self.put(key, owner, now + ms(ttl_ms));
+        }
+        held
+    }
+
+    fn transfer(&mut self, now: Instant, key: &str, from: &str, to: &str, ttl_ms: u64) -> bool {
+        let held = self.holds(key, from, now);
+        if held {
+            self.put(key, to, now + ms(ttl_ms));
+        }
+        held
+    }
+
     fn live(&mut self, key: &str, now: Instant) -> Option<&Lease> {
         self.leases.get(key).filter(|lease| lease.expires > now)
     }
@@ -234,30 +205,8 @@ fn ms(ttl_ms: u64) -> Duration {
 }
 
 impl LeaseStore for MemoryStore {
-    fn acquire(&self, key: &str, owner: &str, ttl_ms: u64) -> impl Future<Output = Result<Grant>> {
-        ready(MemoryStore::acquire(self, key, owner, ttl_ms))
-    }
-
-    fn owner(&self, key: &str) -> impl Future<Output = Result<Option<String>>> {
-        ready(MemoryStore::owner(self, key))
-    }
-
-    fn release(&self, key: &str, owner: &str) -> impl Future<Output = Result<bool>> {
-        ready(MemoryStore::release(self, key, owner))
-    }
-
-    fn renew(&self, key: &str, owner: &str, ttl_ms: u64) -> impl Future<Output = Result<bool>> {
-        ready(MemoryStore::renew(self, key, owner, ttl_ms))
-    }
-
-    fn transfer(
-        &self,
-        key: &str,
-        from: &str,
-        to: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<bool>> {
-        ready(MemoryStore::transfer(self, key, from, to, ttl_ms))
+    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> {
+        ready(calls.iter().map(|call| self.apply(call)).collect())
     }
 }
 
@@ -265,80 +214,130 @@ impl LeaseStore for MemoryStore {
 mod tests {
     use super::*;
 
-    fn store() -> MemoryStore {
-        MemoryStore::new(Limits::default())
-    }
-
     fn at(base: Instant, ms: u64) -> Instant {
         base + Duration::from_millis(ms)
     }
 
+    fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
+        Call::Acquire {
+            key: key.into(),
+            owner: owner.into(),
+            ttl_ms,
+        }
+    }
+
+    fn renew(key: &str, owner: &str, ttl_ms: u64) -> Call {
+        Call::Renew {
+            key: key.into(),
+            owner: owner.into(),
+            ttl_ms,
+        }
+    }
+
+    fn owner(key: &str) -> Call {
+        Call::Owner { key: key.into() }
+    }
+
+    fn holder(s: &MemoryStore, now: Instant, key: &str) -> Option<String> {
+        match s.apply_at(now, &owner(key)).unwrap() {
+            Answer::Owner(owner) => owner,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn granted(answer: Answer) -> Grant {
+        match answer {
+            Answer::Grant(grant) => grant,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
     #[test]
     fn a_lease_is_free_again_exactly_when_its_ttl_runs_out() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
-        assert!(s.acquire_at(t0, "k", "a", 100).unwrap().acquired);
-        let lost = s.acquire_at(at(t0, 99), "k", "b", 100).unwrap();
-        assert_eq!(lost.owner.as_deref(), Some("a"));
-        assert!(!lost.acquired);
-        assert!(s.acquire_at(at(t0, 100), "k", "b", 100).unwrap().acquired);
+        assert!(granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).acquired);
+        let lost = granted(s.apply_at(at(t0, 99), &acquire("k", "b", 100)).unwrap());
+        assert_eq!((lost.acquired, lost.owner.as_deref()), (false, Some("a")));
+        assert!(granted(s.apply_at(at(t0, 100), &acquire("k", "b", 100)).unwrap()).acquired);
     }
 
     #[test]
     fn renew_after_expiry_returns_false_and_does_not_resurrect_the_lease() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.acquire_at(t0, "k", "a", 50).unwrap();
-        assert!(!s.renew_at(at(t0, 50), "k", "a", 1000).unwrap());
-        assert_eq!(s.owner_at(at(t0, 51), "k").unwrap(), None);
+        s.apply_at(t0, &acquire("k", "a", 50)).unwrap();
+        let renewed = s.apply_at(at(t0, 50), &renew("k", "a", 1000)).unwrap();
+        assert_eq!(renewed, Answer::Renewed(false));
+        assert_eq!(holder(&s, at(t0, 51), "k"), None);
     }
 
     #[test]
     fn transfer_moves_the_lease_with_a_fresh_ttl_and_only_from_the_holder() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.acquire_at(t0, "k", "a", 100).unwrap();
-        assert!(!s.transfer_at(at(t0, 10), "k", "x", "b", 100).unwrap());
-        assert!(s.transfer_at(at(t0, 90), "k", "a", "b", 100).unwrap());
-        assert_eq!(s.owner_at(at(t0, 180), "k").unwrap().as_deref(), Some("b"));
-        assert_eq!(s.owner_at(at(t0, 190), "k").unwrap(), None);
+        let transfer = |from: &str| Call::Transfer {
+            key: "k".into(),
+            from: from.into(),
+            to: "b".into(),
+            ttl_ms: 100,
+        };
+        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
+        let by_stranger = s.apply_at(at(t0, 10), &transfer("x")).unwrap();
+        assert_eq!(by_stranger, Answer::Transferred(false));
+        let by_holder = s.apply_at(at(t0, 90), &transfer("a")).unwrap();
+        assert_eq!(by_holder, Answer::Transferred(true));
+        assert_eq!(holder(&s, at(t0, 180), "k").as_deref(), Some("b"));
+        assert_eq!(holder(&s, at(t0, 190), "k"), None);
     }
 
     #[test]
     fn release_by_another_owner_changes_nothing() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.acquire_at(t0, "k", "a", 100).unwrap();
-        assert!(!s.release_at(t0, "k", "b").unwrap());
-        assert!(s.release_at(t0, "k", "a").unwrap());
-        assert_eq!(s.owner_at(t0, "k").unwrap(), None);
+        let release = |owner: &str| Call::Release {
+            key: "k".into(),
+            owner: owner.into(),
+        };
+        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
+        assert_eq!(
+            s.apply_at(t0, &release("b")).unwrap(),
+            Answer::Released(false)
+        );
+        assert_eq!(holder(&s, t0, "k").as_deref(), Some("a"));
+        assert_eq!(
+            s.apply_at(t0, &release("a")).unwrap(),
+            Answer::Released(true)
+        );
+        assert_eq!(holder(&s, t0, "k"), None);
     }
 
     #[test]
     fn bad_input_is_rejected_and_leaves_the_holder_in_place() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.acquire_at(t0, "k", "a", 100).unwrap();
-        assert!(s.renew_at(t0, "k", "a", 0).is_err());
-        assert!(s.acquire_at(t0, "k", "", 100).is_err());
-        assert!(s.transfer_at(t0, "k", "a", "", 100).is_err());
-        assert_eq!(s.owner_at(at(t0, 99), "k").unwrap().as_deref(), Some("a"));
+        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
+        assert!(s.apply_at(t0, &renew("k", "a", 0)).is_err());
+        assert!(s.apply_at(t0, &acquire("k", "", 100)).is_err());
+        assert!(s.apply_at(t0, &acquire("", "b", 100)).is_err());
+        assert_eq!(holder(&s, at(t0, 99), "k").as_deref(), Some("a"));
     }
 
     #[test]
     fn expired_leases_are_reclaimed_and_stale_deadlines_do_not_pile_up() {
-        let s = store();
+        let s = MemoryStore::default();
         let t0 = Instant::now();
         for i in 0..10_000 {
-            s.acquire_at(t0, &format!("k{i}"), "a", 10).unwrap();
+            s.apply_at(t0, &acquire(&format!("k{i}"), "a", 10)).unwrap();
         }
         assert_eq!(s.resident(), 10_000);
         while s.lock().reclaim(at(t0, 10), 1000) > 0 {}
         assert_eq!(s.resident(), 0);
 
-        s.acquire_at(t0, "held", "a", 1_000_000).unwrap();
+        s.apply_at(t0, &acquire("held", "a", 1_000_000)).unwrap();
         for i in 0..100_000 {
-            s.renew_at(at(t0, i), "held", "a", 1_000_000).unwrap();
+            s.apply_at(at(t0, i), &renew("held", "a", 1_000_000))
+                .unwrap();
         }
         let one_lease_bound = 2 + 1024 + 1;
         assert!(s.lock().deadlines.len() <= one_lease_bound);

@@ -17,42 +17,99 @@ pub struct Grant {
     pub owner: Option<String>,
 }
 
-/// A place leases live. Every operation is atomic on its own.
+/// One lease operation and its arguments. Calls are what stores execute, alone or in
+/// batches (Redis pipelines a batch into one write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Claim a free or expired key, or refresh the TTL when `owner` already holds it.
+    Acquire {
+        key: String,
+        owner: String,
+        ttl_ms: u64,
+    },
+    /// Read the holder of a live lease.
+    Owner { key: String },
+    /// Delete the lease if `owner` holds it; otherwise do nothing.
+    Release { key: String, owner: String },
+    /// Extend the TTL if `owner` still holds the lease; never bring an expired one back.
+    Renew {
+        key: String,
+        owner: String,
+        ttl_ms: u64,
+    },
+    /// Move a lease `from` holds to `to` with a fresh TTL, never leaving the key free.
+    Transfer {
+        key: String,
+        from: String,
+        to: String,
+        ttl_ms: u64,
+    },
+}
+
+/// What a [`Call`] answers, variant for variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// From [`Call::Acquire`].
+    Grant(Grant),
+    /// From [`Call::Owner`]: the live holder, if any.
+    Owner(Option<String>),
+    /// From [`Call::Release`]: whether a lease was deleted.
+    Released(bool),
+    /// From [`Call::Renew`]: whether the owner still held the lease.
+    Renewed(bool),
+    /// From [`Call::Transfer`]: whether the lease moved.
+    Transferred(bool),
+}
+
+impl Call {
+    /// Checks the call's arguments against `limits`; a failing call is never executed.
+    pub fn check(&self, limits: &Limits) -> Result<()> {
+        match self {
+            Call::Acquire { key, owner, ttl_ms } | Call::Renew { key, owner, ttl_ms } => {
+                limits.check_key(key)?;
+                limits.check_owner(owner, "owner")?;
+                limits.check_ttl(*ttl_ms)
+            }
+            Call::Owner { key } => limits.check_key(key),
+            Call::Release { key, owner } => {
+                limits.check_key(key)?;
+                limits.check_owner(owner, "owner")
+            }
+            Call::Transfer {
+                key,
+                from,
+                to,
+                ttl_ms,
+            } => {
+                limits.check_key(key)?;
+                limits.check_owner(from, "fromOwner")?;
+                limits.check_owner(to, "toOwner")?;
+                limits.check_ttl(*ttl_ms)
+            }
+        }
+    }
+}
+
+/// A place leases live. Every call is atomic on its own; calls in one batch are independent
+/// (each gets its own answer or error), in order.
 ///
 /// Owners are opaque strings; a key is held by at most one live owner at a time; expiry is
 /// decided by the store's own clock (Redis' for Redis, a monotonic clock in memory).
 pub trait LeaseStore: Send + Sync {
-    /// Claims a free or expired key, or refreshes the TTL when `owner` already holds it.
-    /// When another owner holds it, answers `acquired: false` with that holder.
-    fn acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Grant>> + Send;
+    /// Executes `calls`, answering each in order. Arguments are checked first: a call with
+    /// bad arguments is answered with its error and never reaches the store.
+    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> + Send;
 
-    /// The current holder of a live lease, if any.
-    fn owner(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
-
-    /// Deletes the lease if `owner` holds it; otherwise does nothing. Answers whether it did.
-    fn release(&self, key: &str, owner: &str) -> impl Future<Output = Result<bool>> + Send;
-
-    /// Extends the TTL if `owner` still holds the lease. Never brings an expired lease back.
-    fn renew(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<bool>> + Send;
-
-    /// Moves a lease `from` holds to `to` with a fresh TTL, never leaving the key free.
-    fn transfer(
-        &self,
-        key: &str,
-        from: &str,
-        to: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    /// Runs one call.
+    fn execute_one(&self, call: Call) -> impl Future<Output = Result<Answer>> + Send {
+        let answers = self.execute(vec![call]);
+        async move {
+            answers
+                .await
+                .pop()
+                .unwrap_or_else(|| Err(LeaseError::Internal("a call went unanswered".into())))
+        }
+    }
 }
 
 /// Upper bounds on input, checked before any work so a bad call changes nothing.

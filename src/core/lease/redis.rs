@@ -6,19 +6,23 @@
 //! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock, Mutex, Once};
+use std::sync::{LazyLock, Mutex, Once};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, FromRedisValue, Script};
+use redis::{Client, FromRedisValue, Pipeline, Script, Value};
 
-use super::{Grant, LeaseStore, Limits};
+use super::{Answer, Call, Grant, LeaseStore, Limits};
 use crate::core::error::{InputErrorKind, LeaseError, Result};
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
-static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("transfer.lua")));
+const ACQUIRE_LUA: &str = include_str!("acquire.lua");
+const RENEW_LUA: &str = include_str!("renew.lua");
+const RELEASE_LUA: &str = include_str!("release.lua");
+const TRANSFER_LUA: &str = include_str!("transfer.lua");
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_LUA));
 
 /// How to reach Redis and where the leases live there.
 #[derive(Debug, Clone)]
@@ -119,85 +123,123 @@ impl RedisStore {
         full
     }
 
-    /// Claims the key for `owner`, or refreshes it when `owner` already holds it.
-    pub async fn acquire(&self, key: &str, owner: &str, ttl_ms: u64) -> Result<Grant> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        self.limits.check_ttl(ttl_ms)?;
-        let mut call = ACQUIRE.prepare_invoke();
-        call.key(self.redis_key(key)).arg(owner).arg(ttl_ms);
-        let (acquired, holder): (i64, Vec<u8>) = self.run(&call).await?;
-        Ok(Grant {
-            acquired: acquired == 1,
-            owner: Some(text(holder)),
-        })
-    }
-
-    /// The holder of a live lease. A plain GET: a single read is already atomic, and Redis
-    /// never returns a key whose PX expiry has passed.
-    pub async fn owner(&self, key: &str) -> Result<Option<String>> {
-        self.limits.check_key(key)?;
-        let mut connection = self.connection()?;
-        let mut get = redis::cmd("GET");
-        get.arg(self.redis_key(key));
-        let holder: Option<Vec<u8>> = self.bounded(get.query_async(&mut connection)).await?;
-        Ok(holder.map(text))
-    }
-
-    /// Deletes the lease if `owner` holds it; answers whether it did.
-    pub async fn release(&self, key: &str, owner: &str) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        let mut call = RELEASE.prepare_invoke();
-        call.key(self.redis_key(key)).arg(owner);
-        let deleted: i64 = self.run(&call).await?;
-        Ok(deleted == 1)
-    }
-
-    /// Extends the lease if `owner` still holds it.
-    pub async fn renew(&self, key: &str, owner: &str, ttl_ms: u64) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(owner, "owner")?;
-        self.limits.check_ttl(ttl_ms)?;
-        let mut call = RENEW.prepare_invoke();
-        call.key(self.redis_key(key)).arg(owner).arg(ttl_ms);
-        let renewed: i64 = self.run(&call).await?;
-        Ok(renewed == 1)
-    }
-
-    /// Hands the lease from `from` to `to` with a fresh TTL, in place.
-    pub async fn transfer(&self, key: &str, from: &str, to: &str, ttl_ms: u64) -> Result<bool> {
-        self.limits.check_key(key)?;
-        self.limits.check_owner(from, "fromOwner")?;
-        self.limits.check_owner(to, "toOwner")?;
-        self.limits.check_ttl(ttl_ms)?;
-        let mut call = TRANSFER.prepare_invoke();
-        call.key(self.redis_key(key)).arg(from).arg(to).arg(ttl_ms);
-        let moved: i64 = self.run(&call).await?;
-        Ok(moved == 1)
-    }
-
-    /// Runs one script by SHA (loading it on NOSCRIPT) within the command timeout.
-    async fn run<T: FromRedisValue>(&self, call: &redis::ScriptInvocation<'_>) -> Result<T> {
-        let mut connection = self.connection()?;
-        self.bounded(call.invoke_async(&mut connection)).await
-    }
-
-    /// Bounds a Redis call by the command timeout and sorts its error.
-    async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T> {
-        match tokio::time::timeout(self.command_timeout, call).await {
-            Err(_) => Err(LeaseError::Timeout(self.command_timeout)),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => {
-                let err = LeaseError::from_redis(err, self.command_timeout);
-                if matches!(err, LeaseError::Auth(_)) {
-                    // The manager keeps a connection that failed its handshake; drop it so
-                    // the next call tries again (the password or ACL may have been fixed).
-                    self.slot().take();
+    /// Executes a batch of calls in one round trip: every call with good arguments becomes
+    /// one command (EVALSHA of its script, or GET) in one pipelined write. Each call gets
+    /// its own answer or error; the whole batch is bounded by the command timeout.
+    pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
+        let mut answers: Vec<Option<Result<Answer>>> = calls
+            .iter()
+            .map(|call| call.check(&self.limits).err().map(Err))
+            .collect();
+        let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
+        if !sent.is_empty() {
+            match self.round_trip(&calls, &sent).await {
+                Ok(replies) => {
+                    for (&i, reply) in sent.iter().zip(replies) {
+                        answers[i] = Some(decode(&calls[i], reply).map_err(|e| self.sort(e)));
+                    }
                 }
-                Err(err)
+                Err(err) => {
+                    for &i in &sent {
+                        answers[i] = Some(Err(err.clone()));
+                    }
+                }
             }
         }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(LeaseError::Internal("a call went unanswered".into())))
+            })
+            .collect()
+    }
+
+    /// Sends the calls at `sent` as one pipeline and reads their replies. Scripts Redis does
+    /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and those calls sent
+    /// again in a second round trip, invisibly to callers.
+    async fn round_trip(&self, calls: &[Call], sent: &[usize]) -> Result<Vec<Value>> {
+        let work = async {
+            let mut connection = self.connection()?;
+            let mut pipe = redis::pipe();
+            for &i in sent {
+                self.encode(&calls[i], &mut pipe);
+            }
+            let mut replies = connection
+                .send_packed_commands(&pipe, 0, sent.len())
+                .await
+                .map_err(|e| self.sort(e))?;
+            let missing: Vec<usize> = (0..replies.len())
+                .filter(|&j| is_noscript(&replies[j]))
+                .collect();
+            if missing.is_empty() {
+                return Ok(replies);
+            }
+            let mut retry = redis::pipe();
+            let mut loaded: Vec<&'static str> = Vec::new();
+            for &j in &missing {
+                if let Some(source) = lua(&calls[sent[j]]).map(|(source, _)| source) {
+                    if !loaded.contains(&source) {
+                        retry.cmd("SCRIPT").arg("LOAD").arg(source);
+                        loaded.push(source);
+                    }
+                }
+            }
+            for &j in &missing {
+                self.encode(&calls[sent[j]], &mut retry);
+            }
+            let again = connection
+                .send_packed_commands(&retry, loaded.len(), missing.len())
+                .await
+                .map_err(|e| self.sort(e))?;
+            for (&j, reply) in missing.iter().zip(again) {
+                replies[j] = reply;
+            }
+            Ok(replies)
+        };
+        match tokio::time::timeout(self.command_timeout, work).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(LeaseError::Timeout(self.command_timeout)),
+        }
+    }
+
+    /// Appends the one command that performs `call`.
+    fn encode(&self, call: &Call, pipe: &mut Pipeline) {
+        match call {
+            Call::Owner { key } => {
+                // A plain GET: one read is already atomic, and Redis never returns a key
+                // whose PX expiry has passed.
+                pipe.cmd("GET").arg(self.redis_key(key));
+            }
+            Call::Acquire { key, owner, ttl_ms } | Call::Renew { key, owner, ttl_ms } => {
+                self.evalsha(pipe, call, key).arg(owner).arg(*ttl_ms);
+            }
+            Call::Release { key, owner } => {
+                self.evalsha(pipe, call, key).arg(owner);
+            }
+            Call::Transfer {
+                key,
+                from,
+                to,
+                ttl_ms,
+            } => {
+                self.evalsha(pipe, call, key).arg(from).arg(to).arg(*ttl_ms);
+            }
+        }
+    }
+
+    fn evalsha<'p>(&self, pipe: &'p mut Pipeline, call: &Call, key: &str) -> &'p mut Pipeline {
+        let sha = lua(call).map_or("", |(_, script)| script.get_hash());
+        pipe.cmd("EVALSHA").arg(sha).arg(1).arg(self.redis_key(key))
+    }
+
+    /// Sorts a redis-rs error; forgets a connection Redis refused to authenticate, since the
+    /// manager keeps such a connection and would answer every later call with its error.
+    fn sort(&self, err: redis::RedisError) -> LeaseError {
+        let err = LeaseError::from_redis(err, self.command_timeout);
+        if matches!(err, LeaseError::Auth(_)) {
+            self.slot().take();
+        }
+        err
     }
 
     fn connection(&self) -> Result<ConnectionManager> {
@@ -222,31 +264,46 @@ impl RedisStore {
 }
 
 impl LeaseStore for RedisStore {
-    fn acquire(&self, key: &str, owner: &str, ttl_ms: u64) -> impl Future<Output = Result<Grant>> {
-        RedisStore::acquire(self, key, owner, ttl_ms)
+    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> {
+        RedisStore::execute(self, calls)
     }
+}
 
-    fn owner(&self, key: &str) -> impl Future<Output = Result<Option<String>>> {
-        RedisStore::owner(self, key)
+/// The Lua source and script behind a call (`None` for reads, which are a plain GET).
+fn lua(call: &Call) -> Option<(&'static str, &'static Script)> {
+    match call {
+        Call::Acquire { .. } => Some((ACQUIRE_LUA, &ACQUIRE)),
+        Call::Renew { .. } => Some((RENEW_LUA, &RENEW)),
+        Call::Release { .. } => Some((RELEASE_LUA, &RELEASE)),
+        Call::Transfer { .. } => Some((TRANSFER_LUA, &TRANSFER)),
+        Call::Owner { .. } => None,
     }
+}
 
-    fn release(&self, key: &str, owner: &str) -> impl Future<Output = Result<bool>> {
-        RedisStore::release(self, key, owner)
-    }
+/// Reads a call's reply. A server error in the reply (OOM, WRONGTYPE, NOPERM, ...) is that
+/// call's error alone.
+fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
+    Ok(match call {
+        Call::Acquire { .. } => {
+            let (acquired, holder): (i64, Vec<u8>) = parse(reply)?;
+            Answer::Grant(Grant {
+                acquired: acquired == 1,
+                owner: Some(text(holder)),
+            })
+        }
+        Call::Owner { .. } => Answer::Owner(parse::<Option<Vec<u8>>>(reply)?.map(text)),
+        Call::Release { .. } => Answer::Released(parse::<i64>(reply)? == 1),
+        Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
+        Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),
+    })
+}
 
-    fn renew(&self, key: &str, owner: &str, ttl_ms: u64) -> impl Future<Output = Result<bool>> {
-        RedisStore::renew(self, key, owner, ttl_ms)
-    }
+fn parse<T: FromRedisValue>(reply: Value) -> redis::RedisResult<T> {
+    redis::from_redis_value::<redis::RedisResult<T>>(reply)?
+}
 
-    fn transfer(
-        &self,
-        key: &str,
-        from: &str,
-        to: &str,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<bool>> {
-        RedisStore::transfer(self, key, from, to, ttl_ms)
-    }
+fn is_noscript(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(err) if err.code() == "NOSCRIPT")
 }
 
 /// Owners we write are valid UTF-8; a foreign writer's bytes are shown, not rejected.
@@ -271,6 +328,3 @@ fn install_tls_provider() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
 }
-
-/// Shared handle used by the glue.
-pub type SharedRedisStore = Arc<RedisStore>;
