@@ -328,3 +328,7 @@ fn install_tls_provider() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
 }
+
+#[cfg(test)]
+#[path = "redis_tests.rs"]
+mod tests;

@@ -1,0 +1,185 @@
+//! The Redis store against a real `redis-server` each test starts on its own unix socket.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{RedisOptions, RedisStore};
+use crate::core::{Answer, Call, Grant, LeaseStore};
+
+struct Server {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("mastra-lease-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--save", "", "--appendonly", "no"])
+            .arg("--unixsocket")
+            .arg(dir.join("redis.sock"))
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on the PATH");
+        let server = Self { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.cli(&["PING"]) != "PONG" {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("redis+unix://{}", self.dir.join("redis.sock").display())
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .arg("-s")
+            .arg(self.dir.join("redis.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn signal(&self, signal: &str) {
+        Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+
+    fn store(&self, command_timeout: Duration) -> RedisStore {
+        RedisStore::new(RedisOptions {
+            url: self.url(),
+            key_prefix: "t".into(),
+            command_timeout,
+            ..RedisOptions::default()
+        })
+        .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
+    Call::Acquire {
+        key: key.into(),
+        owner: owner.into(),
+        ttl_ms,
+    }
+}
+
+fn grant(acquired: bool, owner: &str) -> Answer {
+    Answer::Grant(Grant {
+        acquired,
+        owner: Some(owner.into()),
+    })
+}
+
+#[tokio::test]
+async fn a_batch_answers_each_call_in_order_and_bad_calls_never_reach_redis() {
+    let server = Server::start("batch");
+    let store = server.store(Duration::from_secs(2));
+    let answers = store
+        .execute(vec![
+            acquire("k", "a", 10_000),
+            acquire("k", "b", 10_000),
+            acquire("k", "", 10_000),
+            Call::Owner { key: "k".into() },
+            acquire("k\0x", "b", 0),
+        ])
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap(), &grant(true, "a"));
+    assert_eq!(answers[1].as_ref().unwrap(), &grant(false, "a"));
+    assert_eq!(
+        answers[2].as_ref().unwrap_err().code(),
+        "ERR_LEASE_INVALID_OWNER"
+    );
+    assert_eq!(
+        answers[3].as_ref().unwrap(),
+        &Answer::Owner(Some("a".into()))
+    );
+    assert_eq!(
+        answers[4].as_ref().unwrap_err().code(),
+        "ERR_LEASE_INVALID_TTL"
+    );
+    assert_eq!(server.cli(&["GET", "t:lease:k"]), "a");
+    assert_eq!(
+        server.cli(&["DBSIZE"]),
+        "1",
+        "only the good acquire wrote a key"
+    );
+}
+
+#[tokio::test]
+async fn script_flush_is_invisible_to_callers() {
+    let server = Server::start("noscript");
+    let store = server.store(Duration::from_secs(2));
+    assert_eq!(
+        store.execute_one(acquire("k", "a", 10_000)).await.unwrap(),
+        grant(true, "a")
+    );
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let renew = Call::Renew {
+        key: "k".into(),
+        owner: "a".into(),
+        ttl_ms: 10_000,
+    };
+    let answers = store.execute(vec![renew, acquire("j", "b", 500)]).await;
+    assert_eq!(answers[0].as_ref().unwrap(), &Answer::Renewed(true));
+    assert_eq!(answers[1].as_ref().unwrap(), &grant(true, "b"));
+}
+
+#[tokio::test]
+async fn a_frozen_server_makes_calls_time_out_and_a_thawed_one_answers_again() {
+    let server = Server::start("frozen");
+    let store = server.store(Duration::from_millis(300));
+    store.execute_one(acquire("k", "a", 10_000)).await.unwrap();
+    server.signal("-STOP");
+    let started = Instant::now();
+    let err = store
+        .execute_one(Call::Owner { key: "k".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "ERR_LEASE_TIMEOUT");
+    assert!(started.elapsed() < Duration::from_millis(900));
+    server.signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match store.execute_one(Call::Owner { key: "k".into() }).await {
+            Ok(answer) => {
+                assert_eq!(answer, Answer::Owner(Some("a".into())));
+                break;
+            }
+            Err(err) => assert!(Instant::now() < deadline, "no recovery: {err}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
+    let store = RedisStore::new(RedisOptions {
+        url: "redis+unix:///nonexistent/mastra-lease.sock".into(),
+        ..RedisOptions::default()
+    })
+    .unwrap();
+    let err = store
+        .execute_one(acquire("k", "a", 1000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "ERR_LEASE_CONNECTION");
+}
