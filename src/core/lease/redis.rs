@@ -155,8 +155,8 @@ impl RedisStore {
     }
 
     /// Sends the calls at `sent` as one pipeline and reads their replies. Scripts Redis does
-    /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and those calls sent
-    /// again in a second round trip, invisibly to callers.
+    /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and the calls that
+    /// did not run are sent again in a second round trip, invisibly to callers.
     async fn round_trip(&self, calls: &[Call], sent: &[usize]) -> Result<Vec<Value>> {
         let work = async {
             let mut connection = self.connection()?;
@@ -168,12 +168,15 @@ impl RedisStore {
                 .send_packed_commands(&pipe, 0, sent.len())
                 .await
                 .map_err(|e| self.sort(e))?;
-            let missing: Vec<usize> = (0..replies.len())
-                .filter(|&j| is_noscript(&replies[j]))
-                .collect();
-            if missing.is_empty() {
+            // A script call answered NOSCRIPT did not run. To keep the batch's order, the
+            // retry also repeats the reads after the first one (reads are safe to repeat),
+            // so a read never reports a state from before a write that precedes it.
+            let Some(first) = replies.iter().position(is_noscript) else {
                 return Ok(replies);
-            }
+            };
+            let missing: Vec<usize> = (first..replies.len())
+                .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]]).is_none())
+                .collect();
             let mut retry = redis::pipe();
             let mut loaded: Vec<&'static str> = Vec::new();
             for &j in &missing {
