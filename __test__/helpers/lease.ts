@@ -1,0 +1,101 @@
+import { randomUUID } from 'node:crypto'
+import { expect } from 'vitest'
+
+/** The surface both native providers share (what Mastra sees, plus close()). */
+export interface LeaseApi {
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }>
+  getLeaseOwner(key: string): Promise<string | undefined>
+  releaseLease(key: string, owner: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
+  close(): Promise<void>
+}
+
+export interface LeaseLimitsOptions {
+  maxKeyBytes?: unknown
+  maxOwnerBytes?: unknown
+  maxTtlMs?: unknown
+}
+
+export const LEASE_METHODS = ['acquireLease', 'getLeaseOwner', 'releaseLease', 'renewLease', 'transferLease'] as const
+export type LeaseMethod = (typeof LEASE_METHODS)[number]
+
+/** The provider seen without its types, to pass what TypeScript would refuse. */
+export type Untyped = Record<LeaseMethod | 'close', (...args: unknown[]) => unknown>
+export const untyped = (p: LeaseApi): Untyped => p as unknown as Untyped
+
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
+
+const run = randomUUID().slice(0, 8)
+let counter = 0
+/** A key no other test (or earlier run against a shared REDIS_URL) uses. */
+export const uniqueKey = (label: string) => `test:${run}:${++counter}:${label}`
+
+type ErrorClass = typeof TypeError | typeof RangeError | typeof Error
+
+/**
+ * Call `fn` and check it returns a promise (no synchronous throw) that rejects with
+ * `cls` and `code`. Returns the error for further checks.
+ */
+export async function expectRejection(fn: () => unknown, cls: ErrorClass, code: string): Promise<Error & { code?: unknown }> {
+  let result: unknown
+  try {
+    result = fn()
+  } catch (err) {
+    throw new Error(`expected a rejected promise, but the call threw synchronously: ${String(err)}`)
+  }
+  expect(result, 'the call must return a promise').toBeInstanceOf(Promise)
+  let error: unknown
+  const outcome = await (result as Promise<unknown>).then(
+    (value) => ({ settled: 'resolved' as const, value }),
+    (err: unknown) => {
+      error = err
+      return { settled: 'rejected' as const }
+    },
+  )
+  expect(outcome, `expected rejection with ${code}`).toEqual({ settled: 'rejected' })
+  expect(error).toBeInstanceOf(cls)
+  expect((error as { code?: unknown }).code).toBe(code)
+  return error as Error & { code?: unknown }
+}
+
+/** Run a synchronous constructor call and check it throws `cls` with `code`. */
+export function expectThrow(fn: () => unknown, cls: ErrorClass | ErrorClass[], code: string) {
+  let error: unknown
+  try {
+    fn()
+  } catch (err) {
+    error = err
+  }
+  expect(error, `expected a synchronous throw with ${code}`).toBeDefined()
+  const classes = Array.isArray(cls) ? cls : [cls]
+  expect(
+    classes.some((c) => error instanceof c),
+    `expected ${classes.map((c) => c.name).join(' or ')}, got ${String(error)}`,
+  ).toBe(true)
+  expect((error as { code?: unknown }).code).toBe(code)
+}
+
+/** Await `p`, failing if it has not settled within `ms`. Returns the outcome and elapsed time. */
+export async function settleWithin<T>(
+  p: Promise<T>,
+  ms: number,
+): Promise<{ status: 'fulfilled'; value: T; elapsed: number } | { status: 'rejected'; reason: unknown; elapsed: number }> {
+  const start = performance.now()
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<'timeout'>((r) => {
+    timer = setTimeout(() => r('timeout'), ms)
+  })
+  const outcome = await Promise.race([
+    p.then(
+      (value) => ({ status: 'fulfilled' as const, value }),
+      (reason: unknown) => ({ status: 'rejected' as const, reason }),
+    ),
+    timeout,
+  ])
+  clearTimeout(timer)
+  if (outcome === 'timeout') throw new Error(`call did not settle within ${ms} ms`)
+  return { ...outcome, elapsed: performance.now() - start }
+}
+
+export const errorCode = (err: unknown): unknown => (err as { code?: unknown } | undefined)?.code

@@ -1,0 +1,556 @@
+// What only the Redis provider promises: the wire layout Mastra's own backend uses,
+// bounded calls whatever the server does, coded transport errors, one shared
+// connection, URL forms (auth, /db, unix sockets) and no handle left open.
+import { spawn } from 'node:child_process'
+import { randomUUID } from 'node:crypto'
+import net from 'node:net'
+import path from 'node:path'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisLeaseProvider } from '../index.js'
+import { errorCode, expectRejection, expectThrow, settleWithin, sleep, uniqueKey, untyped, type LeaseApi } from './helpers/lease.js'
+import { EXTERNAL_REDIS, freePort, RespClient, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+
+const LONG = 60_000
+type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
+
+const providers: LeaseApi[] = []
+const servers: RedisServer[] = []
+const extraClients: RespClient[] = []
+
+function provider(options: RedisOptions): RedisLeaseProvider {
+  const p = new RedisLeaseProvider(options)
+  providers.push(p)
+  return p
+}
+
+/** A server of this test's own (or the REDIS_URL one, for tests that leave it alone). */
+async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
+  const s = await startRedis(opts)
+  servers.push(s)
+  return s
+}
+
+afterEach(async () => {
+  await Promise.allSettled(providers.splice(0).map((p) => p.close()))
+  for (const c of extraClients.splice(0)) c.close()
+  // stop() thaws a frozen server first: nothing is ever left SIGSTOPped.
+  await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
+})
+
+/** Every method once, against `key`, as thunks (so each is a fresh call). */
+function everyCall(p: LeaseApi, key: string): Array<[string, () => Promise<unknown>]> {
+  return [
+    ['acquireLease', () => p.acquireLease(key, 'A', LONG)],
+    ['getLeaseOwner', () => p.getLeaseOwner(key)],
+    ['releaseLease', () => p.releaseLease(key, 'A')],
+    ['renewLease', () => p.renewLease(key, 'A', LONG)],
+    ['transferLease', () => p.transferLease(key, 'A', 'B', LONG)],
+  ]
+}
+
+/** Poll `fn` until it resolves, each attempt bounded; fails after `ms`. */
+async function eventually<T>(fn: () => Promise<T>, ms: number, attemptMs = 3_000): Promise<T> {
+  const deadline = Date.now() + ms
+  let last: unknown
+  while (Date.now() < deadline) {
+    const r = await settleWithin(fn(), attemptMs)
+    if (r.status === 'fulfilled') return r.value
+    last = r.reason
+    await sleep(50)
+  }
+  throw new Error(`did not succeed within ${ms} ms; last error: ${String(last)} (${String(errorCode(last))})`)
+}
+
+describe('RedisLeaseProvider', () => {
+  describe('wire layout (compatible with Mastra’s own Redis backend)', () => {
+    let server: RedisServer
+    beforeAll(async () => {
+      server = await startRedis()
+    })
+    afterAll(async () => {
+      await server?.stop()
+    })
+
+    it('stores a lease at mastra:topic:lease:<key> as the plain owner string with a PX expiry', async () => {
+      const p = provider({ url: server.url })
+      const key = `${uniqueKey('wire')}\0thread`
+      const redisKey = `mastra:topic:lease:${key}`
+      await p.acquireLease(key, 'owner-1', 10_000)
+      expect(await server.cli('TYPE', redisKey)).toBe('string')
+      expect(await server.cli('GET', redisKey)).toBe('owner-1')
+      const pttl = Number(await server.cli('PTTL', redisKey))
+      expect(pttl).toBeGreaterThan(9_000)
+      expect(pttl).toBeLessThanOrEqual(10_000)
+
+      expect(await p.renewLease(key, 'owner-1', 30_000)).toBe(true)
+      expect(Number(await server.cli('PTTL', redisKey))).toBeGreaterThan(29_000)
+
+      await p.acquireLease(key, 'owner-1', 40_000) // same-owner re-acquire refreshes the TTL
+      expect(Number(await server.cli('PTTL', redisKey))).toBeGreaterThan(39_000)
+
+      expect(await p.transferLease(key, 'owner-1', 'owner-2', 20_000)).toBe(true)
+      expect(await server.cli('GET', redisKey)).toBe('owner-2')
+      const after = Number(await server.cli('PTTL', redisKey))
+      expect(after).toBeGreaterThan(19_000)
+      expect(after).toBeLessThanOrEqual(20_000)
+
+      await p.releaseLease(key, 'owner-2')
+      expect(await server.cli('EXISTS', redisKey)).toBe(0)
+    })
+
+    it('uses a custom keyPrefix verbatim', async () => {
+      const prefix = `custom:${randomUUID()}`
+      const p = provider({ url: server.url, keyPrefix: prefix })
+      const key = uniqueKey('prefixed')
+      await p.acquireLease(key, 'A', 10_000)
+      expect(await server.cli('GET', `${prefix}:lease:${key}`)).toBe('A')
+      expect(await server.cli('EXISTS', `mastra:topic:lease:${key}`)).toBe(0)
+      // A provider with the default prefix does not see it.
+      const other = provider({ url: server.url })
+      expect(await other.getLeaseOwner(key)).toBeUndefined()
+    })
+
+    it('respects a lease written by a plain SET ... PX, as Mastra’s own backend writes them', async () => {
+      const prefix = `interop:${randomUUID()}`
+      const p = provider({ url: server.url, keyPrefix: prefix })
+      const key = `${uniqueKey('interop')}\0thread`
+      const redisKey = `${prefix}:lease:${key}`
+      expect(await server.cli('SET', redisKey, 'their-owner', 'PX', 10_000)).toBe('OK')
+      expect(await p.getLeaseOwner(key)).toBe('their-owner')
+      expect(await p.acquireLease(key, 'us', LONG)).toEqual({ acquired: false, owner: 'their-owner' })
+      expect(await p.renewLease(key, 'us', LONG)).toBe(false)
+      await p.releaseLease(key, 'us')
+      expect(await server.cli('GET', redisKey)).toBe('their-owner')
+      // The same owner, from another process using this package, can carry on.
+      expect(await p.renewLease(key, 'their-owner', 30_000)).toBe(true)
+      expect(Number(await server.cli('PTTL', redisKey))).toBeGreaterThan(29_000)
+      expect(await p.transferLease(key, 'their-owner', 'us', 30_000)).toBe(true)
+      expect(await server.cli('GET', redisKey)).toBe('us')
+      await p.releaseLease(key, 'us')
+      expect(await server.cli('EXISTS', redisKey)).toBe(0)
+    })
+
+    it('sees a lease expire when Redis expires it', async () => {
+      const p = provider({ url: server.url })
+      const key = uniqueKey('px')
+      await server.cli('SET', `mastra:topic:lease:${key}`, 'A', 'PX', 100)
+      expect(await p.getLeaseOwner(key)).toBe('A')
+      await sleep(250)
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+      expect(await p.renewLease(key, 'A', LONG)).toBe(false)
+      expect(await server.cli('EXISTS', `mastra:topic:lease:${key}`)).toBe(0)
+    })
+
+    it('two providers on one server coordinate: 200 owners racing through 4 providers, one winner', async () => {
+      const ps = Array.from({ length: 4 }, () => provider({ url: server.url }))
+      const key = uniqueKey('distributed')
+      const results = await Promise.all(
+        Array.from({ length: 200 }, (_, i) => ps[i % 4]!.acquireLease(key, `owner-${i}`, LONG)),
+      )
+      const winners = results.filter((r) => r.acquired)
+      expect(winners).toHaveLength(1)
+      for (const r of results) expect(r.owner).toBe(winners[0]!.owner)
+      for (const q of ps) expect(await q.getLeaseOwner(key)).toBe(winners[0]!.owner)
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe(winners[0]!.owner)
+    })
+
+    it('renewLease(key, owner, 0) rejects with a RangeError and the lease is still there', async () => {
+      const p = provider({ url: server.url })
+      const key = uniqueKey('renew-zero')
+      const redisKey = `mastra:topic:lease:${key}`
+      await p.acquireLease(key, 'A', 10_000)
+      await expectRejection(() => p.renewLease(key, 'A', 0), RangeError, 'ERR_LEASE_INVALID_TTL')
+      expect(await server.cli('GET', redisKey)).toBe('A')
+      expect(Number(await server.cli('PTTL', redisKey))).toBeGreaterThan(9_000)
+      expect(await p.getLeaseOwner(key)).toBe('A')
+    })
+
+    it('SCRIPT FLUSH between calls is invisible: every call keeps working', async () => {
+      const p = provider({ url: server.url })
+      const key = uniqueKey('noscript')
+      const steps: Array<() => Promise<unknown>> = [
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' }),
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' }),
+        async () => expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' }),
+        async () => expect(await p.getLeaseOwner(key)).toBe('A'),
+        async () => expect(await p.renewLease(key, 'A', LONG)).toBe(true),
+        async () => expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true),
+        async () => expect(await p.releaseLease(key, 'B')).toBeUndefined(),
+        async () => expect(await p.getLeaseOwner(key)).toBeUndefined(),
+      ]
+      for (const step of steps) {
+        await server.flushScripts()
+        await step()
+      }
+      // And many concurrent calls right after a flush.
+      await server.flushScripts()
+      const keys = Array.from({ length: 50 }, (_, i) => uniqueKey(`noscript-${i}`))
+      const res = await Promise.all(keys.map((k) => p.acquireLease(k, 'C', LONG)))
+      expect(res.every((r) => r.acquired)).toBe(true)
+    })
+
+    it('a Redis error (WRONGTYPE) rejects every call with ERR_LEASE_REDIS and leaves the key alone', async () => {
+      const p = provider({ url: server.url })
+      const key = uniqueKey('wrongtype')
+      const redisKey = `mastra:topic:lease:${key}`
+      await server.cli('HSET', redisKey, 'field', 'value')
+      for (const [name, call] of everyCall(p, key)) {
+        const err = await expectRejection(call, Error, 'ERR_LEASE_REDIS').catch((e: unknown) => {
+          throw new Error(`${name}: ${String(e)}`)
+        })
+        expect(err.message).toMatch(/WRONGTYPE/)
+      }
+      expect(await server.cli('TYPE', redisKey)).toBe('hash')
+      expect(await server.cli('HGET', redisKey, 'field')).toBe('value')
+    })
+  })
+
+  describe('bad input and connections', () => {
+    it.skipIf(EXTERNAL_REDIS)('bad input sends no command to Redis', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url })
+      const key = uniqueKey('no-io')
+      await p.acquireLease(key, 'A', LONG) // connected and scripts loaded
+      const before = await server.commandCalls()
+      const u = untyped(p)
+      const bad: Array<() => unknown> = [
+        () => u.acquireLease('', 'A', LONG),
+        () => u.acquireLease(key, 'A', 0),
+        () => u.acquireLease(key, 'A', '100'),
+        () => u.acquireLease(key, '\uD800', LONG),
+        () => u.acquireLease('k'.repeat(4097), 'A', LONG),
+        () => u.getLeaseOwner(null),
+        () => u.getLeaseOwner(key + '\uDC00'),
+        () => u.releaseLease(key, ''),
+        () => u.releaseLease(key, 'o'.repeat(1025)),
+        () => u.renewLease(key, 'A', 0),
+        () => u.renewLease(key, 'A', 1.5),
+        () => u.renewLease(key, 'A', 100n),
+        () => u.transferLease(key, 'A', '', LONG),
+        () => u.transferLease(key, 'A', 'B', Number.NaN),
+        () => u.transferLease(key, 123, 'B', LONG),
+      ]
+      for (const call of bad) {
+        const r = await settleWithin(Promise.resolve().then(call), 2_000)
+        expect(r.status).toBe('rejected')
+      }
+      const after = await server.commandCalls()
+      const changed = Object.keys(after).filter((cmd) => cmd !== 'info' && after[cmd] !== (before[cmd] ?? 0))
+      expect(changed, 'commands sent for bad input').toEqual([])
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+    })
+
+    it.skipIf(EXTERNAL_REDIS)('the first calls, made all at once, share one connection; close() drops it', async () => {
+      const server = await ownServer()
+      const clients = async () => Number((await server.info('clients')).connected_clients)
+      const baseline = await clients()
+      const p = provider({ url: server.url })
+      const key = uniqueKey('one-conn')
+      const calls = Array.from({ length: 30 }, (_, i) => everyCall(p, `${key}:${i % 3}`)[i % 5]![1]())
+      await Promise.all(calls)
+      expect(await clients()).toBe(baseline + 1)
+      // Steady use does not open more.
+      await Promise.all(Array.from({ length: 100 }, (_, i) => p.acquireLease(`${key}:more:${i}`, 'A', LONG)))
+      expect(await clients()).toBe(baseline + 1)
+      await p.close()
+      const deadline = Date.now() + 2_000
+      while ((await clients()) !== baseline && Date.now() < deadline) await sleep(20)
+      expect(await clients()).toBe(baseline)
+    })
+
+    it('rejects invalid constructor options synchronously with ERR_LEASE_INVALID_OPTION', () => {
+      const make = (o: unknown) => () => new RedisLeaseProvider(o as RedisOptions)
+      expectThrow(make({ commandTimeoutMs: 0 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: -5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: 1.5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: Number.NaN }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: 'x' }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ connectTimeoutMs: 0 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ connectTimeoutMs: '100' }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ keyPrefix: 5 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 5 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 'http://x' }), [TypeError, RangeError], 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 'not a url' }), [TypeError, RangeError], 'ERR_LEASE_INVALID_OPTION')
+    })
+
+    it('accepts every documented url form without connecting in the constructor', async () => {
+      for (const url of [
+        'redis://127.0.0.1:1',
+        'redis://user:pass@127.0.0.1:1/3',
+        'redis://:pass@127.0.0.1:1',
+        'rediss://127.0.0.1:1',
+        'redis+unix:///nonexistent/redis.sock',
+        'unix:///nonexistent/redis.sock',
+      ]) {
+        const p = provider({ url, connectTimeoutMs: 200, commandTimeoutMs: 200 })
+        expect(p, url).toBeInstanceOf(RedisLeaseProvider)
+      }
+    })
+
+    it('nothing listening at start: calls reject fast with a coded error, again and again', async () => {
+      const port = await freePort()
+      const p = provider({ url: `redis://127.0.0.1:${port}` })
+      for (const [name, call] of everyCall(p, uniqueKey('refused'))) {
+        const r = await settleWithin(call(), 2_500)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT'], name).toContain(errorCode(r.reason))
+      }
+    })
+
+    it('a server that accepts but never answers: calls reject within connect + command timeout', async () => {
+      const sockets = new Set<net.Socket>()
+      const silent = net.createServer((s) => {
+        sockets.add(s)
+        s.on('error', () => {})
+      })
+      await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
+      try {
+        const port = (silent.address() as net.AddressInfo).port
+        const p = provider({ url: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300, commandTimeoutMs: 300 })
+        const results = await Promise.all(everyCall(p, uniqueKey('silent')).map(([, call]) => settleWithin(call(), 2_000)))
+        for (const r of results) {
+          expect(r.status).toBe('rejected')
+          if (r.status === 'rejected') expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION']).toContain(errorCode(r.reason))
+        }
+      } finally {
+        for (const s of sockets) s.destroy()
+        await new Promise((r) => silent.close(r))
+      }
+    })
+
+    it('a child process that uses both providers and closes them exits by itself', async () => {
+      const server = await ownServer()
+      const script = `
+        const { MemoryLeaseProvider, RedisLeaseProvider } = require(${JSON.stringify(path.resolve(__dirname, '..', 'index.js'))});
+        (async () => {
+          const memory = new MemoryLeaseProvider();
+          const redis = new RedisLeaseProvider({ url: ${JSON.stringify(server.url)}, keyPrefix: ${JSON.stringify(`child:${randomUUID()}`)} });
+          const unreachable = new RedisLeaseProvider({ url: 'redis://127.0.0.1:${await freePort()}', connectTimeoutMs: 200, commandTimeoutMs: 200 });
+          const a = await memory.acquireLease('k', 'child', 60000);
+          const b = await redis.acquireLease('k', 'child', 60000);
+          const c = await redis.getLeaseOwner('k');
+          const d = await unreachable.getLeaseOwner('k').then(() => 'resolved', (e) => e.code);
+          await memory.close();
+          await redis.close();
+          await unreachable.close();
+          process.stdout.write(JSON.stringify({ a, b, c, d }));
+        })().catch((e) => { console.error(e); process.exit(2); });
+      `
+      const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+      let out = ''
+      let err = ''
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()))
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()))
+      const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
+      try {
+        const r = await settleWithin(exit, 8_000)
+        expect(r.status === 'fulfilled' ? r.value : r.reason, err).toBe(0)
+      } catch (e) {
+        throw new Error(`child did not exit by itself (a handle is left open): ${String(e)}; stderr: ${err}`)
+      } finally {
+        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+      }
+      expect(JSON.parse(out)).toEqual({
+        a: { acquired: true, owner: 'child' },
+        b: { acquired: true, owner: 'child' },
+        c: 'child',
+        d: expect.stringMatching(/^ERR_LEASE_(CONNECTION|TIMEOUT)$/),
+      })
+    })
+  })
+
+  describe.skipIf(EXTERNAL_REDIS)('when the server misbehaves', () => {
+    it('a frozen server: every call rejects with ERR_LEASE_TIMEOUT within commandTimeoutMs, and works again after SIGCONT', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, commandTimeoutMs: 300 })
+      const key = uniqueKey('frozen')
+      await p.acquireLease(key, 'A', LONG)
+      server.freeze()
+      try {
+        const results = await Promise.all(everyCall(p, key).map(([name, call]) => settleWithin(call(), 1_000).then((r) => ({ name, ...r }))))
+        for (const r of results) {
+          expect(r.status, r.name).toBe('rejected')
+          if (r.status === 'rejected') expect(errorCode(r.reason), r.name).toBe('ERR_LEASE_TIMEOUT')
+          expect(r.elapsed, r.name).toBeLessThan(1_000)
+        }
+        // Still bounded on later calls while frozen.
+        const again = await settleWithin(p.getLeaseOwner(key), 1_000)
+        expect(again.status).toBe('rejected')
+      } finally {
+        server.thaw()
+      }
+      const other = uniqueKey('after-thaw')
+      expect(await eventually(() => p.acquireLease(other, 'A', LONG), 3_000)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.getLeaseOwner(other)).toBe('A')
+      expect(await server.cli('GET', `mastra:topic:lease:${other}`)).toBe('A')
+    })
+
+    it('a provider whose first call meets a frozen server still settles in bounded time', async () => {
+      const server = await ownServer()
+      server.freeze()
+      try {
+        // The kernel still accepts the TCP connection; the handshake never completes.
+        const p = provider({ url: server.url, connectTimeoutMs: 300, commandTimeoutMs: 300 })
+        const r = await settleWithin(p.acquireLease(uniqueKey('frozen-first'), 'A', LONG), 1_500)
+        expect(r.status).toBe('rejected')
+        if (r.status === 'rejected') expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION']).toContain(errorCode(r.reason))
+      } finally {
+        server.thaw()
+      }
+    })
+
+    it('a killed server: calls reject with a coded error and never resolve false', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, connectTimeoutMs: 500, commandTimeoutMs: 500 })
+      const key = uniqueKey('killed')
+      await p.acquireLease(key, 'A', LONG)
+      await server.kill()
+      for (let round = 0; round < 2; round++) {
+        for (const [name, call] of everyCall(p, key)) {
+          const r = await settleWithin(call(), 2_000)
+          expect(r.status, `${name} resolved ${JSON.stringify(r.status === 'fulfilled' ? r.value : null)}`).toBe('rejected')
+          if (r.status === 'rejected') expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT'], name).toContain(errorCode(r.reason))
+        }
+      }
+    })
+
+    it('after a restart on the same port the provider recovers by itself', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, connectTimeoutMs: 500, commandTimeoutMs: 500 })
+      await p.acquireLease(uniqueKey('before-restart'), 'A', LONG)
+      await server.kill()
+      const down = await settleWithin(p.getLeaseOwner(uniqueKey('down')), 2_000)
+      expect(down.status).toBe('rejected')
+      await server.restart()
+      // A restarted server has no scripts cached: recovery includes reloading them.
+      const key = uniqueKey('after-restart')
+      expect(await eventually(() => p.acquireLease(key, 'A', LONG), 5_000)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('B')
+      await p.releaseLease(key, 'B')
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+    })
+
+    it('an out-of-memory server rejects acquire with ERR_LEASE_REDIS, and works once memory is back', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url })
+      const held = uniqueKey('oom-held')
+      await p.acquireLease(held, 'A', LONG)
+      await server.cli('CONFIG', 'SET', 'maxmemory', '1')
+      try {
+        await expectRejection(() => p.acquireLease(uniqueKey('oom'), 'A', LONG), Error, 'ERR_LEASE_REDIS')
+        expect(await p.getLeaseOwner(held)).toBe('A')
+      } finally {
+        await server.cli('CONFIG', 'SET', 'maxmemory', '0')
+      }
+      const key = uniqueKey('oom-after')
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+    })
+  })
+
+  describe.skipIf(EXTERNAL_REDIS)('url forms', () => {
+    const PASSWORD = 'S3cret-pa55word-Zq9'
+
+    async function authServer() {
+      const server = await ownServer({ args: ['--requirepass', PASSWORD], password: PASSWORD })
+      // An ACL user with a password that needs URL encoding, and one that may not touch lease keys.
+      await server.cli('ACL', 'SETUSER', 'alice', 'on', '>p@ss w:rd/%', '~*', '+@all')
+      await server.cli('ACL', 'SETUSER', 'limited', 'on', `>${PASSWORD}`, '~other:*', '+@all')
+      return server
+    }
+    const hostPort = (s: RedisServer) => `127.0.0.1:${s.port}`
+
+    it('a url with :password@ authenticates the default user', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://:${PASSWORD}@${hostPort(server)}` })
+      const key = uniqueKey('auth-default')
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+    })
+
+    it('a url with user:password@ authenticates an ACL user, with URL-encoded characters', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://alice:${encodeURIComponent('p@ss w:rd/%')}@${hostPort(server)}` })
+      const key = uniqueKey('auth-acl')
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+    })
+
+    it('a wrong password rejects with ERR_LEASE_AUTH and the error does not reveal the password', async () => {
+      const server = await authServer()
+      const wrong = 'Wr0ng-pa55word-Xy7'
+      for (const url of [`redis://:${wrong}@${hostPort(server)}`, `redis://alice:${wrong}@${hostPort(server)}`]) {
+        const p = provider({ url, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000 })
+        const r = await settleWithin(p.acquireLease(uniqueKey('wrong-pass'), 'A', LONG), 3_000)
+        expect(r.status, url).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), url).toBe('ERR_LEASE_AUTH')
+          const text = `${String((r.reason as Error).message)}\n${String((r.reason as Error).stack)}`
+          expect(text).not.toContain(wrong)
+          expect(text).not.toContain(PASSWORD)
+        }
+      }
+    })
+
+    it('no password against a server that requires one rejects with ERR_LEASE_AUTH', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://${hostPort(server)}`, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000 })
+      const r = await settleWithin(p.getLeaseOwner(uniqueKey('noauth')), 3_000)
+      expect(r.status).toBe('rejected')
+      if (r.status === 'rejected') expect(errorCode(r.reason)).toBe('ERR_LEASE_AUTH')
+    })
+
+    it('an ACL user without access to the lease keys gets ERR_LEASE_AUTH (NOPERM) on every call', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://limited:${PASSWORD}@${hostPort(server)}` })
+      for (const [name, call] of everyCall(p, uniqueKey('noperm'))) {
+        const r = await settleWithin(call(), 3_000)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), name).toBe('ERR_LEASE_AUTH')
+          expect(String((r.reason as Error).message)).not.toContain(PASSWORD)
+        }
+      }
+    })
+
+    it('a connection error does not reveal the password in the url either', async () => {
+      const port = await freePort()
+      const p = provider({ url: `redis://bob:${PASSWORD}@127.0.0.1:${port}`, connectTimeoutMs: 300, commandTimeoutMs: 300 })
+      const r = await settleWithin(p.getLeaseOwner(uniqueKey('leak')), 2_500)
+      expect(r.status).toBe('rejected')
+      if (r.status === 'rejected') {
+        expect(String((r.reason as Error).message)).not.toContain(PASSWORD)
+        expect(String((r.reason as Error).stack)).not.toContain(PASSWORD)
+      }
+    })
+
+    it('a /db path selects that database', async () => {
+      const server = await ownServer()
+      const p = provider({ url: `${server.url}/5` })
+      const key = uniqueKey('db5')
+      await p.acquireLease(key, 'A', LONG)
+      const db5 = new RespClient({ host: '127.0.0.1', port: server.port, db: 5 })
+      extraClients.push(db5)
+      expect(await db5.command('GET', `mastra:topic:lease:${key}`)).toBe('A')
+      expect(await server.cli('EXISTS', `mastra:topic:lease:${key}`)).toBe(0)
+      // A provider on db 0 does not see it.
+      const p0 = provider({ url: server.url })
+      expect(await p0.getLeaseOwner(key)).toBeUndefined()
+    })
+
+    it('unix socket urls (redis+unix:// and unix://) work', async () => {
+      const server = await ownServer({ unixSocket: true })
+      const socketPath = server.socketPath!
+      for (const url of [`redis+unix://${socketPath}`, `unix://${socketPath}`]) {
+        const p = provider({ url })
+        const key = uniqueKey('unix')
+        expect(await p.acquireLease(key, 'A', LONG), url).toEqual({ acquired: true, owner: 'A' })
+        expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+        expect(await p.getLeaseOwner(key)).toBe('A')
+      }
+    })
+  })
+})

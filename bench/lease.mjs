@@ -1,0 +1,297 @@
+// Lease benchmark: mastra-lease (Rust/napi) vs node-redis peers, redis-benchmark and Mastra's
+// in-memory EventEmitterPubSub. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
+// BENCH_SCALE=0.2 shrinks every op count; REDIS_URL=redis://... uses an existing server;
+// BENCH_NATIVE=/abs/path.js loads another build instead of ../index.js.
+import { spawn, execFile } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir, cpus } from 'node:os';
+import { join } from 'node:path';
+import { createServer } from 'node:net';
+import { promisify } from 'node:util';
+import { createClient } from 'redis';
+import { EventEmitterPubSub } from '@mastra/core/events';
+
+const hr = process.hrtime.bigint;
+const SCALE = Number(process.env.BENCH_SCALE ?? 1);
+const n = (x) => Math.max(1000, Math.round(x * SCALE));
+const TTL = 60_000; // longer than any run, so nothing expires mid-workload
+const PREFIX = 'bench';
+
+// ---------- redis-server -------------------------------------------------------------------
+let server = null, tmp = null;
+const freePort = () => new Promise((res, rej) => {
+  const s = createServer().once('error', rej).listen(0, '127.0.0.1', () => {
+    const { port } = s.address(); s.close(() => res(port));
+  });
+});
+async function startRedis() {
+  let port; do port = await freePort(); while (port === 6379);
+  tmp = mkdtempSync(join(tmpdir(), 'lease-bench-'));
+  server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '',
+    '--appendonly', 'no', '--dir', tmp], { stdio: ['ignore', 'pipe', 'pipe'] });
+  await new Promise((res, rej) => {
+    const t = setTimeout(() => rej(new Error('redis-server did not start')), 10_000);
+    server.once('error', rej).once('exit', (c) => rej(new Error(`redis-server exited (${c})`)));
+    server.stdout.on('data', (d) => { if (/Ready to accept connections/.test(d)) { clearTimeout(t); res(); } });
+  });
+  return port;
+}
+function stopRedis() {
+  if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGTERM');
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+  server = tmp = null;
+}
+process.on('exit', stopRedis);
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { stopRedis(); process.exit(130); });
+
+const ownServer = !process.env.REDIS_URL;
+const port = ownServer ? await startRedis() : null;
+const url = process.env.REDIS_URL ?? `redis://127.0.0.1:${port}`;
+const admin = createClient({ url });
+admin.on('error', (e) => console.error('admin redis error', e));
+await admin.connect();
+
+// ---------- scripts (same work per call as ours) -------------------------------------------
+const LUA = {
+  acquire: `local cur = redis.call('GET', KEYS[1])
+if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return {1, ARGV[1]} end
+if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, cur} end
+return {0, cur}`,
+  renew: `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end return 0`,
+  release: `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`,
+  transfer: `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0`,
+};
+const SHA = {};
+for (const [k, src] of Object.entries(LUA)) SHA[k] = await admin.scriptLoad(src);
+
+// ---------- contestants ---------------------------------------------------------------------
+// Peer 1: node-redis, one EVALSHA (or GET) per call, i.e. the same round trips as ours.
+class NodeRedisOneRT {
+  constructor(client, prefix) { this.c = client; this.p = `${prefix}:lease:`; }
+  async acquireLease(key, owner, ttl) {
+    const [ok, cur] = await this.c.evalSha(SHA.acquire, { keys: [this.p + key], arguments: [owner, String(ttl)] });
+    return { acquired: ok === 1, owner: cur ?? undefined };
+  }
+  async getLeaseOwner(key) { return (await this.c.get(this.p + key)) ?? undefined; }
+  async releaseLease(key, owner) { await this.c.evalSha(SHA.release, { keys: [this.p + key], arguments: [owner] }); }
+  async renewLease(key, owner, ttl) {
+    return (await this.c.evalSha(SHA.renew, { keys: [this.p + key], arguments: [owner, String(ttl)] })) === 1;
+  }
+  async transferLease(key, from, to, ttl) {
+    return (await this.c.evalSha(SHA.transfer, { keys: [this.p + key], arguments: [from, to, String(ttl)] })) === 1;
+  }
+  async close() { await this.c.close(); }
+}
+// Peer 2: Mastra's algorithm: SET NX PX, then refresh-if-same-owner Lua, then GET (up to 3 RTs).
+class MastraAlgorithm extends NodeRedisOneRT {
+  async acquireLease(key, owner, ttl) {
+    const k = this.p + key;
+    if ((await this.c.set(k, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl } })) === 'OK') {
+      return { acquired: true, owner };
+    }
+    if ((await this.c.evalSha(SHA.renew, { keys: [k], arguments: [owner, String(ttl)] })) === 1) {
+      return { acquired: true, owner };
+    }
+    return { acquired: false, owner: (await this.c.get(k)) ?? undefined };
+  }
+}
+async function nodeRedis(Cls, prefix) {
+  const c = createClient({ url });
+  c.on('error', (e) => console.error(`${prefix} redis error`, e));
+  await c.connect();
+  return new Cls(c, prefix);
+}
+
+let native = null, nativeError = null;
+try {
+  native = createRequire(import.meta.url)(process.env.BENCH_NATIVE ?? '../index.js');
+  if (typeof native.RedisLeaseProvider !== 'function' || typeof native.MemoryLeaseProvider !== 'function') {
+    throw new Error('index.js does not export RedisLeaseProvider and MemoryLeaseProvider');
+  }
+} catch (e) { native = null; nativeError = e; }
+
+const OURS = 'mastra-lease (ours)', NR = 'node-redis 1-RT evalSha', MASTRA = 'Mastra alg. on node-redis';
+const OURS_MEM = 'MemoryLeaseProvider (ours)', EE = 'EventEmitterPubSub';
+const redisC = {}, memC = {};
+if (native) redisC[OURS] = new native.RedisLeaseProvider({ url, keyPrefix: `${PREFIX}:ours` });
+redisC[NR] = await nodeRedis(NodeRedisOneRT, `${PREFIX}:nr`);
+redisC[MASTRA] = await nodeRedis(MastraAlgorithm, `${PREFIX}:mastra`);
+const prefixOf = { [OURS]: `${PREFIX}:ours`, [NR]: `${PREFIX}:nr`, [MASTRA]: `${PREFIX}:mastra` };
+if (native) memC[OURS_MEM] = new native.MemoryLeaseProvider();
+memC[EE] = new EventEmitterPubSub();
+
+// ---------- harness -------------------------------------------------------------------------
+async function countKeys(match) {
+  let count = 0;
+  for await (const keys of admin.scanIterator({ MATCH: match, COUNT: 10_000 })) count += keys.length;
+  return count;
+}
+async function cleanup() {
+  if (ownServer) { await admin.flushAll(); return; }
+  for await (const keys of admin.scanIterator({ MATCH: `${PREFIX}:*`, COUNT: 10_000 })) {
+    if (keys.length) await admin.unlink(keys);
+  }
+}
+const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+let runSeq = 0;
+
+// Closed loop: `inFlight` workers, each awaiting one unit before starting the next.
+// `unit(ctx, i, w)` times each of its calls via ctx.rec(t0) and counts wrong answers in ctx.bad.
+async function measure(wl, name, p, units) {
+  const ctx = { p, tag: `r${runSeq++}`, bad: 0, lat: new Float64Array(units * wl.calls), li: 0, st: {} };
+  ctx.rec = (t0) => { ctx.lat[ctx.li++] = Number(hr() - t0) / 1e3; };
+  let next = 0;
+  const worker = async (w) => {
+    for (let i; (i = next++) < units;) {
+      try { await wl.unit(ctx, i, w); } catch (e) { ctx.bad++; ctx.error ??= String(e?.message ?? e); }
+    }
+  };
+  const t0 = hr();
+  await Promise.all(Array.from({ length: wl.inFlight }, (_, w) => worker(w)));
+  const secs = Number(hr() - t0) / 1e9;
+  if (wl.verify) ctx.bad += await wl.verify(ctx, name);
+  const lat = ctx.lat.subarray(0, ctx.li).sort();
+  if (ctx.error) console.warn(`\n!! ${name}: ${ctx.error}`);
+  return { opsPerSec: ctx.li / secs, p50Us: pct(lat, 0.5), p99Us: pct(lat, 0.99), calls: ctx.li, bad: ctx.bad };
+}
+
+// Warm up every contestant, then two rounds in alternating order; keep each one's best run.
+async function runWorkload(wl, contestants) {
+  const names = Object.keys(contestants), res = {};
+  process.stdout.write(`${wl.label} @${wl.inFlight} in flight ...`);
+  for (const nm of names) { // warm-up (a wrong answer here still counts against the contestant)
+    res[nm] = { ...(await measure(wl, nm, contestants[nm], Math.ceil(wl.units / 10))), opsPerSec: -1 };
+    await cleanup();
+  }
+  for (const order of [names, [...names].reverse()]) {
+    for (const nm of order) {
+      const r = await measure(wl, nm, contestants[nm], wl.units);
+      await cleanup();
+      const prev = res[nm];
+      res[nm] = { ...(!prev || r.opsPerSec > prev.opsPerSec ? r : prev), bad: (prev?.bad ?? 0) + r.bad };
+    }
+  }
+  console.log(' done');
+  return { label: wl.label, inFlight: wl.inFlight, calls: wl.units * wl.calls, results: res };
+}
+
+// ---------- workloads -----------------------------------------------------------------------
+const OWNER = 'owner-1';
+const acquireDistinct = (inFlight, units) => ({
+  label: 'acquire, distinct keys', inFlight, units, calls: 1,
+  async unit(c, i) {
+    const t = hr(); const r = await c.p.acquireLease(`${c.tag}:k${i}`, OWNER, TTL); c.rec(t);
+    if (r.acquired !== true || r.owner !== OWNER) c.bad++;
+  },
+  // every acquire must have left exactly one key in Redis
+  verify: async (c, nm) => (await countKeys(`${prefixOf[nm]}:lease:${c.tag}:*`)) === c.li ? 0 : 1,
+});
+const lifecycle = (inFlight, units, memory = false) => ({
+  label: memory ? 'in-memory lifecycle' : 'lifecycle (5 calls)', inFlight, units, calls: 5,
+  async unit(c, i, w) {
+    const k = `${c.tag}:l${i}`, a = `a${w}`, b = `b${w}`, p = c.p;
+    let t = hr(); const r = await p.acquireLease(k, a, TTL); c.rec(t);
+    t = hr(); const renewed = await p.renewLease(k, a, TTL); c.rec(t);
+    t = hr(); const o = await p.getLeaseOwner(k); c.rec(t);
+    t = hr(); const moved = await p.transferLease(k, a, b, TTL); c.rec(t);
+    t = hr(); await p.releaseLease(k, b); c.rec(t);
+    if (r.acquired !== true || r.owner !== a || renewed !== true || o !== a || moved !== true) c.bad++;
+  },
+  // every lease must be gone after its release
+  verify: memory
+    ? async (c) => ((await c.p.getLeaseOwner(`${c.tag}:l0`)) === undefined ? 0 : 1)
+    : async (c, nm) => (await countKeys(`${prefixOf[nm]}:lease:${c.tag}:*`)) === 0 ? 0 : 1,
+});
+const KEYS16 = 16;
+const contended = (inFlight, units) => ({
+  label: `contended, ${KEYS16} keys`, inFlight, units, calls: 1,
+  async unit(c, i, w) {
+    const k = `${c.tag}:c${(Math.random() * KEYS16) | 0}`, me = `w${w}`;
+    const t = hr(); const r = await c.p.acquireLease(k, me, TTL); c.rec(t);
+    // No releases and a long TTL: each key has one holder for the whole run, seen by everybody.
+    const holder = r.acquired ? me : r.owner;
+    if (r.acquired ? r.owner !== me : (!r.owner || r.owner === me)) c.bad++;
+    if ((c.st[k] ??= holder) !== holder) c.bad++;
+    c.st.losses = (c.st.losses ?? 0) + (r.acquired ? 0 : 1);
+  },
+  verify: async (c) => (c.st.losses / c.li > 0.9 ? 0 : 1), // most calls must lose
+});
+
+async function redisBenchmark() {
+  const args = [...(ownServer ? ['-h', '127.0.0.1', '-p', String(port)] : ['-u', url]),
+    '-n', String(n(200_000)), '-P', '256', '-c', '4', '-r', '100000000', '--csv',
+    'evalsha', SHA.acquire, '1', `${PREFIX}:rb:lease:__rand_int__`, OWNER, String(TTL)];
+  const errs = async () => Number(/total_error_replies:(\d+)/.exec(await admin.info('stats'))?.[1] ?? 0);
+  const before = await errs();
+  const { stdout } = await promisify(execFile)('redis-benchmark', args);
+  const errors = (await errs()) - before, keys = await countKeys(`${PREFIX}:rb:lease:*`);
+  await cleanup();
+  const row = stdout.trim().split('\n').pop().replace(/^"|"$/g, '').split('","');
+  return { opsPerSec: Number(row[1]), p50Us: Number(row[4]) * 1e3, p99Us: Number(row[6]) * 1e3,
+    calls: n(200_000), bad: errors > 0 || keys < n(200_000) * 0.9 ? 1 : 0 };
+}
+
+// ---------- run -----------------------------------------------------------------------------
+if (!native) console.warn(`!! native build not loadable, benchmarking peers only: ${nativeError?.message}`);
+await cleanup();
+const redisVersion = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1];
+console.log(`node ${process.version}, redis ${redisVersion} at ${url}, ${cpus().length} CPUs, scale ${SCALE}`);
+const onlyNR = Object.fromEntries(Object.entries(redisC).filter(([k]) => k !== MASTRA));
+const W = [];
+W.push(await runWorkload(acquireDistinct(1, n(50_000)), onlyNR));
+W.push(await runWorkload(acquireDistinct(64, n(200_000)), onlyNR));
+let rb = null;
+try { rb = await redisBenchmark(); } catch (e) { console.warn(`!! redis-benchmark failed: ${e.message}`); }
+const w256 = await runWorkload(acquireDistinct(256, n(200_000)), onlyNR);
+if (rb) { // once before and once after the 256 run; keep the best
+  const rb2 = await redisBenchmark();
+  rb = { ...(rb2.opsPerSec > rb.opsPerSec ? rb2 : rb), bad: rb.bad + rb2.bad };
+  w256.results['redis-benchmark -P256 -c4'] = rb;
+}
+W.push(w256);
+W.push(await runWorkload(lifecycle(64, n(40_000)), redisC));
+W.push(await runWorkload(contended(64, n(150_000)), redisC));
+W.push(await runWorkload(lifecycle(1, n(100_000), true), memC));
+W.push(await runWorkload(lifecycle(64, n(100_000), true), memC));
+
+// ---------- report --------------------------------------------------------------------------
+const fmt = (x, d = 0) => (x == null || Number.isNaN(x) ? '-' : x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }));
+console.log(`\n${'workload'.padEnd(36)}${'contestant'.padEnd(29)}${'calls/s'.padStart(12)}${'p50 µs'.padStart(10)}${'p99 µs'.padStart(10)}  check`);
+for (const w of W) {
+  let first = true;
+  for (const [nm, r] of Object.entries(w.results)) {
+    const head = first ? `${w.label} @${w.inFlight}` : ''; first = false;
+    console.log(`${head.padEnd(36)}${nm.padEnd(29)}${fmt(r.opsPerSec).padStart(12)}${fmt(r.p50Us, 1).padStart(10)}${fmt(r.p99Us, 1).padStart(10)}  ${r.bad ? `INVALID (${r.bad})` : 'ok'}`);
+  }
+}
+const ratioRow = (w, ours, peer, target) => {
+  const a = w.results[ours], b = w.results[peer];
+  const ratio = a && b ? a.opsPerSec / b.opsPerSec : null;
+  const valid = a && b && !a.bad && !b.bad;
+  const pass = target == null || ratio == null ? null : valid && ratio >= target;
+  return { check: `${w.label} @${w.inFlight}: ${ours.replace(' (ours)', '')} / ${peer}`, ratio, target, pass, valid: !!valid };
+};
+const [a1, a64, a256, lc, ct, m1, m64] = W;
+const ratios = [
+  ratioRow(a1, OURS, NR, 1.0), ratioRow(a64, OURS, NR, 1.5), ratioRow(a256, OURS, NR, null),
+  ratioRow(a256, OURS, 'redis-benchmark -P256 -c4', 0.85),
+  ratioRow(lc, OURS, MASTRA, 1.5), ratioRow(lc, OURS, NR, null),
+  ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, OURS, NR, null),
+  ratioRow(m1, OURS_MEM, EE, 0.9), ratioRow(m64, OURS_MEM, EE, 0.9), // "≈ match": within 10%
+];
+console.log(`\n${'ratio (throughput)'.padEnd(80)}${'ratio'.padStart(8)}${'target'.padStart(9)}  result`);
+for (const r of ratios) {
+  const res = r.ratio == null ? 'n/a' : !r.valid ? 'INVALID' : r.pass == null ? '' : r.pass ? 'PASS' : 'FAIL';
+  console.log(`${r.check.padEnd(80)}${(r.ratio == null ? '-' : `${r.ratio.toFixed(2)}x`).padStart(8)}${(r.target == null ? '' : `≥${r.target.toFixed(2)}x`).padStart(9)}  ${res}`);
+}
+const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
+  scale: SCALE, native: !!native, nativeError: nativeError?.message, workloads: W, ratios };
+writeFileSync(new URL('./results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
+console.log('\nwrote bench/results.json');
+
+for (const c of [...Object.values(redisC), ...Object.values(memC)]) await c.close?.();
+await admin.close();
+if (server) { const exited = new Promise((r) => server.once('exit', r)); stopRedis(); await exited; }
+const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
+process.exit(!native || invalid ? 1 : 0);
