@@ -98,17 +98,15 @@ fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String
             format!("{name} must be a string, got {}", type_name(kind)),
         ));
     }
-    let units = js::utf16(env, value).ok_or_else(|| {
-        LeaseError::Internal(format!("could not read the {name} string from JavaScript"))
-    })?;
-    // A lone surrogate would become U+FFFD in UTF-8, so two different owners could turn
-    // into the same bytes and one could renew or release the other's lease.
-    String::from_utf16(&units).map_err(|_| {
-        LeaseError::argument(
+    js::string_value(env, value).map_err(|err| match err {
+        js::StringError::Unreadable => {
+            LeaseError::Internal(format!("could not read the {name} string from JavaScript"))
+        }
+        js::StringError::LoneSurrogate => LeaseError::argument(
             argument,
             InputErrorKind::Type,
             format!("{name} must be well-formed UTF-16 (it contains a lone surrogate)"),
-        )
+        ),
     })
 }
 

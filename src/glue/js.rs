@@ -29,27 +29,48 @@ pub fn type_of(env: Env, value: Value) -> sys::napi_valuetype {
     kind
 }
 
-/// The string's exact UTF-16 code units, so lone surrogates stay visible to the caller
-/// instead of being replaced by U+FFFD.
-pub fn utf16(env: Env, value: Value) -> Option<Vec<u16>> {
+/// Why a JavaScript string could not become a Rust `String`.
+pub enum StringError {
+    /// N-API could not read it (not a string after all).
+    Unreadable,
+    /// It holds a lone surrogate, which UTF-8 cannot represent: converting it would replace
+    /// it with U+FFFD, so two different strings could become the same bytes.
+    LoneSurrogate,
+}
+
+/// The string's exact UTF-16 code units, decoded strictly: lone surrogates are an error
+/// instead of silently becoming U+FFFD. Short strings take one N-API call.
+pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
+    const STACK: usize = 256;
+    let mut stack = [0u16; STACK];
+    let mut copied = 0usize;
+    // SAFETY: the buffer holds STACK units; N-API writes at most STACK - 1 plus a NUL.
+    let status = unsafe {
+        sys::napi_get_value_string_utf16(env, value, stack.as_mut_ptr(), STACK, &mut copied)
+    };
+    if status != sys::Status::napi_ok {
+        return Err(StringError::Unreadable);
+    }
+    if copied < STACK - 1 {
+        return String::from_utf16(&stack[..copied]).map_err(|_| StringError::LoneSurrogate);
+    }
+    // Possibly truncated: ask for the length and read it whole.
     let mut len = 0usize;
-    // SAFETY: a null buffer asks only for the length; value was checked to be a string.
+    // SAFETY: a null buffer asks only for the length.
     let status =
         unsafe { sys::napi_get_value_string_utf16(env, value, ptr::null_mut(), 0, &mut len) };
     if status != sys::Status::napi_ok {
-        return None;
+        return Err(StringError::Unreadable);
     }
     let mut units = vec![0u16; len + 1];
-    let mut written = 0usize;
     // SAFETY: the buffer holds len units plus the terminator N-API writes.
     let status = unsafe {
-        sys::napi_get_value_string_utf16(env, value, units.as_mut_ptr(), len + 1, &mut written)
+        sys::napi_get_value_string_utf16(env, value, units.as_mut_ptr(), len + 1, &mut copied)
     };
     if status != sys::Status::napi_ok {
-        return None;
+        return Err(StringError::Unreadable);
     }
-    units.truncate(written);
-    Some(units)
+    String::from_utf16(&units[..copied]).map_err(|_| StringError::LoneSurrogate)
 }
 
 /// A number's value (the caller checked the type).
@@ -104,15 +125,75 @@ pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
 }
 
 /// `{ acquired, owner }`, the answer of `acquireLease`.
-pub fn grant(env: Env, acquired: bool, owner: Option<&str>) -> Value {
+///
+/// Made by a tiny JavaScript function rather than property by property: an object literal
+/// gets V8's ready-made shape, while two `napi_set_named_property` calls walk a map
+/// transition and internalize both names every time (a third of an in-memory call's cost).
+pub fn grant(env: Env, acquired: bool, owner: Value) -> Value {
+    let args = [boolean(env, acquired), owner];
     let mut out = ptr::null_mut();
+    if let Some(factory) = grant_factory(env) {
+        // SAFETY: factory is a live function of this environment; args are two values.
+        let status = unsafe {
+            sys::napi_call_function(env, undefined(env), factory, 2, args.as_ptr(), &mut out)
+        };
+        if status == sys::Status::napi_ok && !out.is_null() {
+            return out;
+        }
+        clear_exception(env);
+    }
     // SAFETY: plain object creation and property writes on the JavaScript thread.
     unsafe {
         sys::napi_create_object(env, &mut out);
-        sys::napi_set_named_property(env, out, c"acquired".as_ptr(), boolean(env, acquired));
-        sys::napi_set_named_property(env, out, c"owner".as_ptr(), string_or_undefined(env, owner));
+        sys::napi_set_named_property(env, out, c"acquired".as_ptr(), args[0]);
+        sys::napi_set_named_property(env, out, c"owner".as_ptr(), owner);
     }
     out
+}
+
+/// The environment's grant factory, compiled on first use and kept as instance data.
+fn grant_factory(env: Env) -> Option<Value> {
+    let mut data = ptr::null_mut();
+    // SAFETY: reads this environment's instance data slot, which only this module sets.
+    unsafe { sys::napi_get_instance_data(env, &mut data) };
+    if data.is_null() {
+        let source = string(
+            env,
+            "(function grant(acquired, owner) { return { acquired, owner } })",
+        );
+        let mut function = ptr::null_mut();
+        let mut reference = ptr::null_mut();
+        // SAFETY: compiles a constant function expression and keeps a strong reference to it;
+        // `drop_reference` frees the holder when the environment goes away.
+        unsafe {
+            if sys::napi_run_script(env, source, &mut function) != sys::Status::napi_ok
+                || sys::napi_create_reference(env, function, 1, &mut reference)
+                    != sys::Status::napi_ok
+            {
+                clear_exception(env);
+                return None;
+            }
+            data = Box::into_raw(Box::new(reference)).cast();
+            sys::napi_set_instance_data(env, data, Some(drop_reference), ptr::null_mut());
+        }
+    }
+    let mut function = ptr::null_mut();
+    // SAFETY: data is the boxed reference stored above, alive as long as the environment.
+    unsafe {
+        sys::napi_get_reference_value(env, *data.cast::<sys::napi_ref>(), &mut function);
+    }
+    (!function.is_null()).then_some(function)
+}
+
+unsafe extern "C" fn drop_reference(
+    env: Env,
+    data: *mut std::ffi::c_void,
+    _hint: *mut std::ffi::c_void,
+) {
+    // SAFETY: data is the `Box<napi_ref>` made in `grant_factory`, freed exactly once here.
+    let reference = unsafe { Box::from_raw(data.cast::<sys::napi_ref>()) };
+    // SAFETY: the environment is still valid while its instance data is finalized.
+    unsafe { sys::napi_delete_reference(env, *reference) };
 }
 
 /// A `TypeError`, `RangeError` or `Error` with `err.code` set to the error's stable code.

@@ -149,15 +149,12 @@ impl Reader {
                 format!("{label} must be a string, got {}", type_name(kind)),
             ));
         }
-        js::utf16(self.env, value)
-            .and_then(|units| String::from_utf16(&units).ok())
-            .map(Some)
-            .ok_or_else(|| {
-                LeaseError::option(
-                    InputErrorKind::Type,
-                    format!("{label} must be well-formed UTF-16"),
-                )
-            })
+        js::string_value(self.env, value).map(Some).map_err(|_| {
+            LeaseError::option(
+                InputErrorKind::Type,
+                format!("{label} must be well-formed UTF-16"),
+            )
+        })
     }
 
     /// A whole number of milliseconds from 1 to `max`.

@@ -7,7 +7,10 @@ use crate::core::{Answer, LeaseError, Result};
 /// thread). `releaseLease` resolves `undefined`, as Mastra's contract says.
 pub fn to_js(env: Env, outcome: Result<Answer>) -> std::result::Result<Value, Value> {
     match outcome {
-        Ok(Answer::Grant(grant)) => Ok(js::grant(env, grant.acquired, grant.owner.as_deref())),
+        Ok(Answer::Grant(grant)) => {
+            let owner = js::string_or_undefined(env, grant.owner.as_deref());
+            Ok(js::grant(env, grant.acquired, owner))
+        }
         Ok(Answer::Owner(owner)) => Ok(js::string_or_undefined(env, owner.as_deref())),
         Ok(Answer::Released(_)) => Ok(js::undefined(env)),
         Ok(Answer::Renewed(done) | Answer::Transferred(done)) => Ok(js::boolean(env, done)),
