@@ -193,8 +193,8 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
 
       it('release after expiry does not release a lease another owner took since', async () => {
         const key = uniqueKey('release-stale')
-        await p.acquireLease(key, 'A', 100)
-        await sleep(250)
+        await p.acquireLease(key, 'A', 60)
+        await sleep(100)
         expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: true, owner: 'B' })
         await p.releaseLease(key, 'A')
         expect(await p.getLeaseOwner(key)).toBe('B')
@@ -212,9 +212,12 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
 
       it('renew after expiry returns false and does not resurrect the lease', async () => {
         const key = uniqueKey('renew-expired')
-        await p.acquireLease(key, 'A', 100)
-        await sleep(250)
+        await p.acquireLease(key, 'A', 60)
+        // Just past expiry, before any periodic sweep is likely to have reclaimed the entry.
+        await sleep(100)
         expect(await p.renewLease(key, 'A', LONG)).toBe(false)
+        expect(await p.getLeaseOwner(key)).toBeUndefined()
+        await sleep(150)
         expect(await p.getLeaseOwner(key)).toBeUndefined()
         expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: true, owner: 'B' })
       })
@@ -270,10 +273,13 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
 
       it('transfer after expiry returns false and does not resurrect the lease', async () => {
         const key = uniqueKey('transfer-expired')
-        await p.acquireLease(key, 'A', 100)
-        await sleep(250)
+        await p.acquireLease(key, 'A', 60)
+        await sleep(100)
         expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(false)
         expect(await p.getLeaseOwner(key)).toBeUndefined()
+        await sleep(150)
+        expect(await p.getLeaseOwner(key)).toBeUndefined()
+        expect(await p.acquireLease(key, 'C', LONG)).toEqual({ acquired: true, owner: 'C' })
       })
 
       it('transfer of a key nobody holds returns false and grants nothing', async () => {
@@ -291,6 +297,8 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
         let racerCalls = 0
         const racer = async (id: number) => {
           while (!done) {
+            // Let the event loop turn, so a provider that answers synchronously still interleaves.
+            await new Promise((r) => setImmediate(r))
             const res = await p.acquireLease(key, `racer-${id}`, LONG)
             racerCalls++
             if (res.acquired) racerWins++
@@ -442,7 +450,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
 
       describe('key argument', () => {
         const cases = badStrings('bad-key', 4096)
-        it.each(cases)('every method rejects a key that is $label with ERR_LEASE_INVALID_KEY', async ({ value, cls, near }) => {
+        for (const { label, value, cls, near } of cases) it(`every method rejects a key that is ${label} with ERR_LEASE_INVALID_KEY`, async () => {
           const u = untyped(p)
           // Hold the near-miss key the value could sloppily be turned into (String(value),
           // U+FFFD for a lone surrogate, a cut to the cap), so a sloppy release or transfer
@@ -465,13 +473,13 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
         const cases = badStrings('bad-owner', 1024)
         // A left-out owner is only really missing when it is the last argument (releaseLease).
         const notLast = cases.filter((c) => c.value !== MISSING)
-        it.each(notLast)('acquireLease rejects an owner that is $label with ERR_LEASE_INVALID_OWNER and takes nothing', async ({ value, cls }) => {
+        for (const { label, value, cls } of notLast) it(`acquireLease rejects an owner that is ${label} with ERR_LEASE_INVALID_OWNER and takes nothing`, async () => {
           const key = uniqueKey('bad-owner-acquire')
           await expectRejection(() => untyped(p).acquireLease(...args(key, value, LONG)), cls, 'ERR_LEASE_INVALID_OWNER')
           expect(await p.getLeaseOwner(key)).toBeUndefined()
         })
 
-        it.each(cases)('releaseLease rejects an owner that is $label and the lease stays held', async ({ value, cls, near }) => {
+        for (const { label, value, cls, near } of cases) it(`releaseLease rejects an owner that is ${label} and the lease stays held`, async () => {
           const key = uniqueKey('bad-owner-release')
           const holder = near ?? HOLDER
           await p.acquireLease(key, holder, LONG)
@@ -479,7 +487,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
           expect(await p.getLeaseOwner(key)).toBe(holder)
         })
 
-        it.each(notLast)('renewLease rejects an owner that is $label and the lease is unchanged', async ({ value, cls, near }) => {
+        for (const { label, value, cls, near } of notLast) it(`renewLease rejects an owner that is ${label} and the lease is unchanged`, async () => {
           const key = uniqueKey('bad-owner-renew')
           const holder = near ?? HOLDER
           await p.acquireLease(key, holder, LONG)
@@ -487,7 +495,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
           expect(await p.getLeaseOwner(key)).toBe(holder)
         })
 
-        it.each(notLast)('transferLease rejects a fromOwner that is $label and the lease stays with its holder', async ({ value, cls, near }) => {
+        for (const { label, value, cls, near } of notLast) it(`transferLease rejects a fromOwner that is ${label} and the lease stays with its holder`, async () => {
           const key = uniqueKey('bad-owner-from')
           const holder = near ?? HOLDER
           await p.acquireLease(key, holder, LONG)
@@ -495,7 +503,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
           expect(await p.getLeaseOwner(key)).toBe(holder)
         })
 
-        it.each(notLast)('transferLease rejects a toOwner that is $label and the lease stays with its holder', async ({ value, cls }) => {
+        for (const { label, value, cls } of notLast) it(`transferLease rejects a toOwner that is ${label} and the lease stays with its holder`, async () => {
           const key = uniqueKey('bad-owner-to')
           await p.acquireLease(key, HOLDER, LONG)
           await expectRejection(() => untyped(p).transferLease(...args(key, HOLDER, value, LONG)), cls, 'ERR_LEASE_INVALID_OWNER')
@@ -504,7 +512,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
       })
 
       describe('ttlMs argument', () => {
-        it.each(BAD_TTLS)('acquireLease rejects a TTL that is $label with ERR_LEASE_INVALID_TTL, on a free key and on a held one', async ({ value, cls }) => {
+        for (const { label, value, cls } of BAD_TTLS) it(`acquireLease rejects a TTL that is ${label} with ERR_LEASE_INVALID_TTL, on a free key and on a held one`, async () => {
           const free = uniqueKey('bad-ttl-free')
           await expectRejection(() => untyped(p).acquireLease(...args(free, 'A', value)), cls, 'ERR_LEASE_INVALID_TTL')
           expect(await p.getLeaseOwner(free)).toBeUndefined()
@@ -515,7 +523,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
           expect(await p.getLeaseOwner(held)).toBe(HOLDER)
         })
 
-        it.each(BAD_TTLS)('renewLease rejects a TTL that is $label and the lease is unchanged', async ({ value, cls }) => {
+        for (const { label, value, cls } of BAD_TTLS) it(`renewLease rejects a TTL that is ${label} and the lease is unchanged`, async () => {
           const key = uniqueKey('bad-ttl-renew')
           await p.acquireLease(key, HOLDER, LONG)
           await expectRejection(() => untyped(p).renewLease(...args(key, HOLDER, value)), cls, 'ERR_LEASE_INVALID_TTL')
@@ -523,7 +531,7 @@ function describeLeaseContract(name: string, makeProvider: MakeProvider) {
           expect(await p.getLeaseOwner(key)).toBe(HOLDER)
         })
 
-        it.each(BAD_TTLS)('transferLease rejects a TTL that is $label and the lease stays with its holder', async ({ value, cls }) => {
+        for (const { label, value, cls } of BAD_TTLS) it(`transferLease rejects a TTL that is ${label} and the lease stays with its holder`, async () => {
           const key = uniqueKey('bad-ttl-transfer')
           await p.acquireLease(key, HOLDER, LONG)
           await expectRejection(() => untyped(p).transferLease(...args(key, HOLDER, 'next', value)), cls, 'ERR_LEASE_INVALID_TTL')
