@@ -1,0 +1,87 @@
+// The packed tarball is what users install: it must load without a Rust toolchain, from
+// both ESM and CommonJS, and carry working providers and their types.
+import { execFileSync } from 'node:child_process'
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+
+const root = path.resolve(__dirname, '..')
+let project: string
+
+/** PATH without any directory that holds cargo or rustc, so nothing can build Rust. */
+function pathWithoutRust(): string {
+  return (process.env.PATH ?? '')
+    .split(path.delimiter)
+    .filter((dir) => {
+      try {
+        return !readdirSync(dir).some((f) => f === 'cargo' || f === 'rustc')
+      } catch {
+        return true
+      }
+    })
+    .join(path.delimiter)
+}
+
+function run(file: string, code: string): string {
+  writeFileSync(path.join(project, file), code)
+  return execFileSync(process.execPath, [file], {
+    cwd: project,
+    env: { ...process.env, PATH: pathWithoutRust() },
+    encoding: 'utf8',
+    timeout: 20_000,
+  })
+}
+
+describe('the npm package', () => {
+  beforeAll(() => {
+    project = mkdtempSync(path.join(os.tmpdir(), 'mastra-lease-pack-'))
+    const tarball = execFileSync('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', project], {
+      cwd: root,
+      encoding: 'utf8',
+    }).trim().split('\n').pop()!
+    writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true }))
+    execFileSync('npm', ['install', '--offline', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball)], {
+      cwd: project,
+      env: { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) },
+      stdio: 'pipe',
+    })
+  }, 120_000)
+
+  afterAll(() => rmSync(project, { recursive: true, force: true }))
+
+  it('installs from its tarball and loads with require, without a Rust toolchain', () => {
+    const out = run(
+      'check.cjs',
+      `const { MemoryLeaseProvider, RedisLeaseProvider } = require('mastra-lease')
+       const m = new MemoryLeaseProvider()
+       m.acquireLease('k\\0t', 'me', 1000).then((g) => {
+         console.log(typeof RedisLeaseProvider, JSON.stringify(g))
+         return m.close()
+       })`,
+    )
+    expect(out.trim()).toBe('function {"acquired":true,"owner":"me"}')
+  })
+
+  it('loads with import, exposing the same classes', () => {
+    const out = run(
+      'check.mjs',
+      `import { MemoryLeaseProvider, RedisLeaseProvider } from 'mastra-lease'
+       import { createRequire } from 'node:module'
+       const cjs = createRequire(import.meta.url)('mastra-lease')
+       const m = new MemoryLeaseProvider()
+       const g = await m.acquireLease('k', 'me', 1000)
+       console.log(MemoryLeaseProvider === cjs.MemoryLeaseProvider, RedisLeaseProvider === cjs.RedisLeaseProvider, g.acquired)
+       await m.close()`,
+    )
+    expect(out.trim()).toBe('true true true')
+  })
+
+  it('ships its type declarations and the native addon, and nothing from the source tree', () => {
+    const files = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' })
+    const names = (JSON.parse(files) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path).sort()
+    expect(names).toEqual(expect.arrayContaining(['index.d.ts', 'index.js', 'index.mjs', 'package.json', 'README.md']))
+    expect(names.some((n) => n.endsWith('.node'))).toBe(true)
+    expect(names.some((n) => n.startsWith('src/') || n.startsWith('__test__/'))).toBe(false)
+  })
+})

@@ -1,0 +1,28 @@
+import { defineConfig } from 'vitest/config'
+import type { Reporter, TestModule } from 'vitest/node'
+
+/** Ends the run with one plain line, `vitest: N passed, N failed, N skipped`, for CI logs. */
+const summary: Reporter = {
+  onTestRunEnd(testModules: ReadonlyArray<TestModule>) {
+    const count = { passed: 0, failed: 0, skipped: 0 }
+    for (const module of testModules) {
+      for (const test of module.children.allTests()) {
+        const state = test.result().state
+        if (state === 'passed' || state === 'failed' || state === 'skipped') count[state]++
+      }
+    }
+    console.log(`\nvitest: ${count.passed} passed, ${count.failed} failed, ${count.skipped} skipped`)
+  },
+}
+
+export default defineConfig({
+  test: {
+    include: ['__test__/**/*.spec.ts'],
+    testTimeout: 30_000,
+    hookTimeout: 30_000,
+    // Real child processes (redis-server, node) and a native addon: one process per file.
+    pool: 'forks',
+    fileParallelism: true,
+    reporters: ['default', summary],
+  },
+})
