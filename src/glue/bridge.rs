@@ -20,7 +20,7 @@ use napi::sys;
 
 use super::js::{self, Deferred, Env, Value};
 use super::reply::{panic_message, to_js};
-use super::runtime;
+use super::{runtime, turn};
 use crate::core::{Answer, Call, LeaseError, LeaseStore, Result};
 
 type Outcome = Result<Answer>;
@@ -122,22 +122,11 @@ impl<S: LeaseStore + 'static> Bridge<S> {
             outbox.push((deferred, call));
             outbox.len() == 1
         };
-        if first && !self.schedule_flush(env) {
-            self.flush();
+        if first {
+            let bridge = self.clone();
+            turn::at_end(env, Box::new(move || bridge.flush()));
         }
         promise
-    }
-
-    /// Asks JavaScript to run [`Bridge::flush`] as a microtask, after the code that is
-    /// running now and the continuations already queued. Answers `false` if it could not.
-    fn schedule_flush(self: &Arc<Self>, env: Env) -> bool {
-        let data = Arc::into_raw(self.clone()) as *mut c_void;
-        let scheduled = js::queue_microtask(env, c"mastraLeaseFlush", flush_js::<S>, data);
-        if !scheduled {
-            // SAFETY: the microtask was not queued, so `flush_js` will not take it back.
-            drop(unsafe { Arc::from_raw(data as *const Self) });
-        }
-        scheduled
     }
 
     /// Sends everything in the outbox to the runtime, in a few pipelines that travel
@@ -246,20 +235,6 @@ impl<S> Drop for Bridge<S> {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Only pushes and swaps happen under these locks; poisoning cannot leave them torn.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The flush microtask. `data` is the `Arc<Bridge>` that `schedule_flush` leaked for it.
-unsafe extern "C" fn flush_js<S: LeaseStore + 'static>(
-    env: Env,
-    info: sys::napi_callback_info,
-) -> Value {
-    let data = js::callback_data(env, info);
-    if !data.is_null() {
-        // SAFETY: `schedule_flush` leaked exactly one `Arc` for this one microtask.
-        let bridge = unsafe { Arc::from_raw(data as *const Bridge<S>) };
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bridge.flush()));
-    }
-    ptr::null_mut()
 }
 
 /// Runs on the JavaScript thread for each wake-up. `data` is the `Arc<Bridge>` that

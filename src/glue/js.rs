@@ -241,7 +241,7 @@ pub fn settle(env: Env, deferred: Deferred, outcome: Result<Value, Value>) {
     }
 }
 
-fn clear_exception(env: Env) {
+pub fn clear_exception(env: Env) {
     let mut pending = false;
     // SAFETY: exception inspection on the JavaScript thread.
     unsafe {
@@ -251,56 +251,4 @@ fn clear_exception(env: Env) {
             sys::napi_get_and_clear_last_exception(env, &mut discarded);
         }
     }
-}
-
-/// Queues `callback(data)` with JavaScript's `queueMicrotask`. Answers `false` when it
-/// could not (the callback will then never run).
-pub fn queue_microtask(
-    env: Env,
-    name: &std::ffi::CStr,
-    callback: unsafe extern "C" fn(Env, sys::napi_callback_info) -> Value,
-    data: *mut std::ffi::c_void,
-) -> bool {
-    let mut function = ptr::null_mut();
-    let mut global = ptr::null_mut();
-    let mut queue = ptr::null_mut();
-    let mut ignored = ptr::null_mut();
-    // SAFETY: plain function creation and a call of a global on the JavaScript thread.
-    let ok = unsafe {
-        sys::napi_create_function(
-            env,
-            name.as_ptr(),
-            name.to_bytes().len() as isize,
-            Some(callback),
-            data,
-            &mut function,
-        ) == sys::Status::napi_ok
-            && sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
-            && sys::napi_get_named_property(env, global, c"queueMicrotask".as_ptr(), &mut queue)
-                == sys::Status::napi_ok
-            && type_of(env, queue) == sys::ValueType::napi_function
-            && sys::napi_call_function(env, global, queue, 1, &function, &mut ignored)
-                == sys::Status::napi_ok
-    };
-    if !ok {
-        clear_exception(env);
-    }
-    ok
-}
-
-/// The `data` pointer a native function was created with.
-pub fn callback_data(env: Env, info: sys::napi_callback_info) -> *mut std::ffi::c_void {
-    let mut data = ptr::null_mut();
-    // SAFETY: info is the callback info of the native call running now.
-    unsafe {
-        sys::napi_get_cb_info(
-            env,
-            info,
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-            &mut data,
-        )
-    };
-    data
 }

@@ -8,6 +8,7 @@ pub mod memory;
 pub mod options;
 pub mod redis;
 pub mod reply;
+mod turn;
 
 use std::sync::LazyLock;
 

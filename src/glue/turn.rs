@@ -1,0 +1,128 @@
+//! Work deferred to the end of the current turn of JavaScript: run as one microtask after
+//! the code running now and the continuations already queued, so every call made in the
+//! meantime can join it. One native function and one `queueMicrotask` per environment are
+//! kept for this, so a turn costs one JavaScript call, not a new function.
+
+use std::cell::RefCell;
+use std::ptr;
+
+use napi::sys;
+
+use super::js::{self, Env, Value};
+
+type Job = Box<dyn FnOnce()>;
+
+/// This thread's environment, the references it needs, and the jobs waiting for the turn's
+/// end. Each Node environment (main thread or worker) runs on its own thread.
+struct Turn {
+    env: Env,
+    run_jobs: sys::napi_ref,
+    queue_microtask: sys::napi_ref,
+    jobs: Vec<Job>,
+}
+
+thread_local! {
+    static TURN: RefCell<Option<Turn>> = const { RefCell::new(None) };
+}
+
+/// Runs `job` at the end of this turn, together with every other job deferred in it. If the
+/// microtask cannot be queued (the environment is shutting down), runs it at once.
+pub fn at_end(env: Env, job: Job) {
+    let queued = TURN.with(|turn| {
+        let mut turn = turn.borrow_mut();
+        if turn.as_ref().is_none_or(|t| t.env != env) {
+            *turn = Turn::new(env);
+        }
+        let Some(turn) = turn.as_mut() else {
+            return Err(job);
+        };
+        turn.jobs.push(job);
+        if turn.jobs.len() > 1 {
+            return Ok(());
+        }
+        if turn.schedule() {
+            Ok(())
+        } else {
+            Err(turn.jobs.pop().unwrap_or_else(|| Box::new(|| ())))
+        }
+    });
+    if let Err(job) = queued {
+        job();
+    }
+}
+
+impl Turn {
+    fn new(env: Env) -> Option<Self> {
+        let mut function = ptr::null_mut();
+        let mut global = ptr::null_mut();
+        let mut queue = ptr::null_mut();
+        let mut run_jobs = ptr::null_mut();
+        let mut queue_microtask = ptr::null_mut();
+        let name = c"mastraLeaseEndOfTurn";
+        // SAFETY: function creation, a global lookup and two strong references, all on this
+        // environment's thread. The references live as long as the environment.
+        let ok = unsafe {
+            sys::napi_create_function(
+                env,
+                name.as_ptr(),
+                name.to_bytes().len() as isize,
+                Some(run),
+                ptr::null_mut(),
+                &mut function,
+            ) == sys::Status::napi_ok
+                && sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
+                && sys::napi_get_named_property(env, global, c"queueMicrotask".as_ptr(), &mut queue)
+                    == sys::Status::napi_ok
+                && js::type_of(env, queue) == sys::ValueType::napi_function
+                && sys::napi_create_reference(env, function, 1, &mut run_jobs)
+                    == sys::Status::napi_ok
+                && sys::napi_create_reference(env, queue, 1, &mut queue_microtask)
+                    == sys::Status::napi_ok
+        };
+        ok.then_some(Self {
+            env,
+            run_jobs,
+            queue_microtask,
+            jobs: Vec::new(),
+        })
+    }
+
+    /// Queues the microtask that runs the jobs.
+    fn schedule(&self) -> bool {
+        let env = self.env;
+        let (mut function, mut queue, mut global, mut ignored) = (
+            ptr::null_mut(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+        );
+        // SAFETY: both references were made in this environment and are still held.
+        let ok = unsafe {
+            sys::napi_get_reference_value(env, self.run_jobs, &mut function) == sys::Status::napi_ok
+                && sys::napi_get_reference_value(env, self.queue_microtask, &mut queue)
+                    == sys::Status::napi_ok
+                && sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
+                && sys::napi_call_function(env, global, queue, 1, &function, &mut ignored)
+                    == sys::Status::napi_ok
+        };
+        if !ok {
+            js::clear_exception(env);
+        }
+        ok
+    }
+}
+
+/// The microtask: runs every job deferred in the turn that just ended.
+unsafe extern "C" fn run(_env: Env, _info: sys::napi_callback_info) -> Value {
+    let jobs = TURN.with(|turn| {
+        turn.borrow_mut()
+            .as_mut()
+            .map(|turn| std::mem::take(&mut turn.jobs))
+            .unwrap_or_default()
+    });
+    for job in jobs {
+        // A panic must not unwind into Node; jobs do not panic, but be sure.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    }
+    ptr::null_mut()
+}
