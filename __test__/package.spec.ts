@@ -66,21 +66,32 @@ describe('the npm package', () => {
   it('loads with import, exposing the same classes', () => {
     const out = run(
       'check.mjs',
-      `import { MemoryLeaseProvider, RedisLeaseProvider } from 'mastra-lease'
+      `import { MemoryLeaseProvider, RedisLeaseProvider, withLeases } from 'mastra-lease'
        import { createRequire } from 'node:module'
        const cjs = createRequire(import.meta.url)('mastra-lease')
        const m = new MemoryLeaseProvider()
        const g = await m.acquireLease('k', 'me', 1000)
-       console.log(MemoryLeaseProvider === cjs.MemoryLeaseProvider, RedisLeaseProvider === cjs.RedisLeaseProvider, g.acquired)
+       console.log(MemoryLeaseProvider === cjs.MemoryLeaseProvider, RedisLeaseProvider === cjs.RedisLeaseProvider, g.acquired, typeof withLeases, typeof cjs.withLeases)
        await m.close()`,
     )
-    expect(out.trim()).toBe('true true true')
+    expect(out.trim()).toBe('true true true function function')
   })
 
   it('ships its type declarations and the native addon, and nothing from the source tree', () => {
     const files = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' })
     const names = (JSON.parse(files) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path).sort()
-    expect(names).toEqual(expect.arrayContaining(['index.d.ts', 'index.js', 'index.mjs', 'package.json', 'README.md']))
+    expect(names).toEqual(
+      expect.arrayContaining([
+        'index.d.ts',
+        'index.js',
+        'dist/esm/index.js',
+        'dist/esm/index.d.ts',
+        'dist/cjs/index.js',
+        'dist/cjs/index.d.ts',
+        'package.json',
+        'README.md',
+      ]),
+    )
     expect(names.some((n) => n.endsWith('.node'))).toBe(true)
     expect(names.some((n) => n.startsWith('src/') || n.startsWith('__test__/'))).toBe(false)
   })

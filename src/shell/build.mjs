@@ -1,0 +1,14 @@
+// Compiles the TypeScript shell twice, as ESM (dist/esm) and CommonJS (dist/cjs), each
+// folder marked with its module type so Node and TypeScript read every file as it is.
+import { execFileSync } from 'node:child_process'
+import { writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+
+const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc')
+for (const [config, dir, type] of [
+  ['src/shell/tsconfig.json', 'dist/esm', 'module'],
+  ['src/shell/tsconfig.cjs.json', 'dist/cjs', 'commonjs'],
+]) {
+  execFileSync(process.execPath, [tsc, '-p', config], { stdio: 'inherit' })
+  writeFileSync(`${dir}/package.json`, JSON.stringify({ type }) + '\n')
+}

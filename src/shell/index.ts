@@ -1,0 +1,6 @@
+// mastra-lease: the package's public entry. The native providers come straight from the
+// Rust binding (the top-level index.js that `napi build` generates, the same path from these
+// sources and from dist/esm or dist/cjs); `withLeases` puts them behind a Mastra PubSub.
+export { MemoryLeaseProvider, RedisLeaseProvider } from '../../index.js'
+export type { LeaseGrant, MemoryLeaseProviderOptions, RedisLeaseProviderOptions } from '../../index.js'
+export { LeasedPubSub, withLeases } from './leased-pubsub.js'
