@@ -56,6 +56,7 @@ impl MemoryLeaseProvider {
     /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds
     /// it. Resolves `{ acquired: true, owner }`, or `{ acquired: false, owner: holder }`.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string, ttlMs: number",
         ts_return_type = "Promise<LeaseGrant>"
     )]
@@ -72,6 +73,7 @@ impl MemoryLeaseProvider {
 
     /// The owner holding a live lease on `key`, or `undefined`.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string",
         ts_return_type = "Promise<string | undefined>"
     )]
@@ -82,6 +84,7 @@ impl MemoryLeaseProvider {
 
     /// Releases the lease if `owner` holds it; otherwise does nothing.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string",
         ts_return_type = "Promise<void>"
     )]
@@ -98,6 +101,7 @@ impl MemoryLeaseProvider {
     /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when
     /// it was lost. Never brings an expired lease back.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string, ttlMs: number",
         ts_return_type = "Promise<boolean>"
     )]
@@ -115,6 +119,7 @@ impl MemoryLeaseProvider {
     /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically and
     /// without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
         ts_return_type = "Promise<boolean>"
     )]
@@ -133,7 +138,7 @@ impl MemoryLeaseProvider {
 
     /// Drops every lease and stops taking calls; later calls reject with
     /// `ERR_LEASE_CLOSED`. Idempotent.
-    #[napi(ts_return_type = "Promise<void>")]
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         if let Some(store) = self.store.take() {
             store.clear();
@@ -142,7 +147,7 @@ impl MemoryLeaseProvider {
     }
 
     /// Leases resident in memory, expired ones not yet swept included (0 once closed).
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn size(&self) -> u32 {
         self.store.as_ref().map_or(0, |store| {
             u32::try_from(store.resident()).unwrap_or(u32::MAX)

@@ -54,6 +54,7 @@ impl RedisLeaseProvider {
     /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds
     /// it. Resolves `{ acquired: true, owner }`, or `{ acquired: false, owner: holder }`.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string, ttlMs: number",
         ts_return_type = "Promise<LeaseGrant>"
     )]
@@ -70,6 +71,7 @@ impl RedisLeaseProvider {
 
     /// The owner holding a live lease on `key`, or `undefined`.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string",
         ts_return_type = "Promise<string | undefined>"
     )]
@@ -80,6 +82,7 @@ impl RedisLeaseProvider {
 
     /// Releases the lease if `owner` holds it; otherwise does nothing.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string",
         ts_return_type = "Promise<void>"
     )]
@@ -96,6 +99,7 @@ impl RedisLeaseProvider {
     /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when
     /// it was lost. Never brings an expired lease back.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, owner: string, ttlMs: number",
         ts_return_type = "Promise<boolean>"
     )]
@@ -113,6 +117,7 @@ impl RedisLeaseProvider {
     /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically and
     /// without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
     #[napi(
+        catch_unwind,
         ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
         ts_return_type = "Promise<boolean>"
     )]
@@ -131,7 +136,7 @@ impl RedisLeaseProvider {
 
     /// Stops taking calls; later calls reject with `ERR_LEASE_CLOSED`. Calls already made
     /// still settle. Idempotent. Leases stay in Redis until they expire or are released.
-    #[napi(ts_return_type = "Promise<void>")]
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         self.bridge = None;
         unknown(env, resolved(env.raw()))
