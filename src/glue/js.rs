@@ -151,49 +151,43 @@ pub fn grant(env: Env, acquired: bool, owner: Value) -> Value {
     out
 }
 
-/// The environment's grant factory, compiled on first use and kept as instance data.
+thread_local! {
+    /// This thread's environment and its grant factory. Each Node environment (the main
+    /// thread or a worker) runs on its own thread; the reference lives as long as it does.
+    static GRANT_FACTORY: std::cell::Cell<Option<(Env, sys::napi_ref)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The environment's grant factory, compiled on first use.
 fn grant_factory(env: Env) -> Option<Value> {
-    let mut data = ptr::null_mut();
-    // SAFETY: reads this environment's instance data slot, which only this module sets.
-    unsafe { sys::napi_get_instance_data(env, &mut data) };
-    if data.is_null() {
-        let source = string(
-            env,
-            "(function grant(acquired, owner) { return { acquired, owner } })",
-        );
-        let mut function = ptr::null_mut();
-        let mut reference = ptr::null_mut();
-        // SAFETY: compiles a constant function expression and keeps a strong reference to it;
-        // `drop_reference` frees the holder when the environment goes away.
-        unsafe {
-            if sys::napi_run_script(env, source, &mut function) != sys::Status::napi_ok
-                || sys::napi_create_reference(env, function, 1, &mut reference)
-                    != sys::Status::napi_ok
-            {
+    let reference = match GRANT_FACTORY.get() {
+        Some((made_in, reference)) if made_in == env => reference,
+        _ => {
+            let source = string(
+                env,
+                "(function grant(acquired, owner) { return { acquired, owner } })",
+            );
+            let mut function = ptr::null_mut();
+            let mut reference = ptr::null_mut();
+            // SAFETY: compiles a constant function expression and keeps a strong reference
+            // to it for the life of the environment.
+            let ok = unsafe {
+                sys::napi_run_script(env, source, &mut function) == sys::Status::napi_ok
+                    && sys::napi_create_reference(env, function, 1, &mut reference)
+                        == sys::Status::napi_ok
+            };
+            if !ok {
                 clear_exception(env);
                 return None;
             }
-            data = Box::into_raw(Box::new(reference)).cast();
-            sys::napi_set_instance_data(env, data, Some(drop_reference), ptr::null_mut());
+            GRANT_FACTORY.set(Some((env, reference)));
+            reference
         }
-    }
+    };
     let mut function = ptr::null_mut();
-    // SAFETY: data is the boxed reference stored above, alive as long as the environment.
-    unsafe {
-        sys::napi_get_reference_value(env, *data.cast::<sys::napi_ref>(), &mut function);
-    }
+    // SAFETY: the reference was made in this environment and is still held.
+    unsafe { sys::napi_get_reference_value(env, reference, &mut function) };
     (!function.is_null()).then_some(function)
-}
-
-unsafe extern "C" fn drop_reference(
-    env: Env,
-    data: *mut std::ffi::c_void,
-    _hint: *mut std::ffi::c_void,
-) {
-    // SAFETY: data is the `Box<napi_ref>` made in `grant_factory`, freed exactly once here.
-    let reference = unsafe { Box::from_raw(data.cast::<sys::napi_ref>()) };
-    // SAFETY: the environment is still valid while its instance data is finalized.
-    unsafe { sys::napi_delete_reference(env, *reference) };
 }
 
 /// A `TypeError`, `RangeError` or `Error` with `err.code` set to the error's stable code.
