@@ -5,7 +5,7 @@
 //
 // Runs on the embedded in-memory provider; set REDIS_URL to run the same job on Redis.
 import { randomUUID } from 'node:crypto'
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.mjs'
+import { MemoryLeaseProvider, RedisLeaseProvider } from 'mastra-lease'
 
 const TTL_MS = 1_500
 const url = process.env.REDIS_URL
