@@ -28,6 +28,15 @@ pub enum LeaseError {
         /// A sentence naming the option and what was wrong with it.
         message: String,
     },
+    /// An argument of an event-transport call is unusable (an event that is not a JSON
+    /// object, an empty group name); nothing was sent anywhere.
+    #[error("{message}")]
+    InvalidStreamsArgument {
+        /// `TypeError` or `RangeError`, as for lease arguments.
+        kind: InputErrorKind,
+        /// A sentence naming the argument and what was wrong with it.
+        message: String,
+    },
     /// `close()` was called; the provider takes no more calls.
     #[error("the lease provider is closed")]
     Closed,
@@ -92,6 +101,7 @@ impl LeaseError {
                 Argument::Ttl => "ERR_LEASE_INVALID_TTL",
             },
             Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",
+            Self::InvalidStreamsArgument { .. } => "ERR_STREAMS_INVALID_ARGUMENT",
             Self::Closed => "ERR_LEASE_CLOSED",
             Self::Timeout(_) => "ERR_LEASE_TIMEOUT",
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
@@ -104,7 +114,9 @@ impl LeaseError {
     /// The JavaScript error class this error becomes.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::InvalidArgument { kind, .. } | Self::InvalidOption { kind, .. } => match kind {
+            Self::InvalidArgument { kind, .. }
+            | Self::InvalidOption { kind, .. }
+            | Self::InvalidStreamsArgument { kind, .. } => match kind {
                 InputErrorKind::Type => ErrorClass::Type,
                 InputErrorKind::Range => ErrorClass::Range,
             },
@@ -137,6 +149,13 @@ impl LeaseError {
 
     pub(crate) fn option(kind: InputErrorKind, message: impl Into<String>) -> Self {
         Self::InvalidOption {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn streams_argument(kind: InputErrorKind, message: impl Into<String>) -> Self {
+        Self::InvalidStreamsArgument {
             kind,
             message: message.into(),
         }

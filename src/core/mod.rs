@@ -1,7 +1,12 @@
-//! The core: pure Rust, no JavaScript. Lease stores and their errors.
+//! The core: pure Rust, no JavaScript. Lease stores, the Redis Streams event transport,
+//! and their errors.
 
+pub mod connection;
 pub mod error;
 pub mod lease;
+pub mod streams;
+#[cfg(test)]
+pub(crate) mod test_redis;
 
 pub use error::{Argument, ErrorClass, InputErrorKind, LeaseError, Result};
 pub use lease::memory::MemoryStore;

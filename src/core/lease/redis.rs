@@ -6,13 +6,13 @@
 //! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 
 use std::future::Future;
-use std::sync::{LazyLock, Mutex, Once};
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, FromRedisValue, Pipeline, Script, Value};
+use redis::{Pipeline, Script, Value};
 
 use super::{Answer, Call, Grant, LeaseStore, Limits};
+use crate::core::connection::{parse, Connection};
 use crate::core::error::{InputErrorKind, LeaseError, Result};
 
 const ACQUIRE_LUA: &str = include_str!("acquire.lua");
@@ -54,63 +54,32 @@ impl Default for RedisOptions {
 
 /// A lease store in Redis. Cheap to share behind an `Arc`; all calls multiplex over one
 /// connection, so calls made at the same time are pipelined.
+#[derive(Debug)]
 pub struct RedisStore {
-    client: Client,
-    config: ConnectionManagerConfig,
-    /// Made lazily: nothing connects until the first call, and the first calls share one
-    /// connection attempt. Replaced only when Redis refused the connection itself (for
-    /// example a wrong password), since the manager does not retry those by itself.
-    connection: Mutex<Option<ConnectionManager>>,
+    connection: Connection,
     key_prefix: Vec<u8>,
-    command_timeout: Duration,
     limits: Limits,
-}
-
-impl std::fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The client holds the URL, which may carry a password: never print it.
-        f.debug_struct("RedisStore")
-            .field("key_prefix", &String::from_utf8_lossy(&self.key_prefix))
-            .field("command_timeout", &self.command_timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisStore {
     /// Checks the options; does not connect. Must run inside a Tokio runtime.
     pub fn new(options: RedisOptions) -> Result<Self> {
-        install_tls_provider();
-        let client = Client::open(options.url.as_str()).map_err(|err| {
-            // The URL may carry a password, so neither it nor the parser's echo of it is
-            // repeated; the parser's complaint without the URL is enough to fix it.
-            LeaseError::option(
-                InputErrorKind::Range,
-                format!(
-                    "url is not a Redis URL (redis://, rediss://, redis+unix://): {}",
-                    redact(&err.to_string(), &options.url)
-                ),
-            )
-        })?;
+        let connection = Connection::new(
+            &options.url,
+            options.connect_timeout,
+            options.command_timeout,
+        )?;
         if options.key_prefix.is_empty() {
             return Err(LeaseError::option(
                 InputErrorKind::Range,
                 "keyPrefix must not be empty",
             ));
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.command_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
         let mut key_prefix = options.key_prefix.into_bytes();
         key_prefix.extend_from_slice(b":lease:");
         Ok(Self {
-            client,
-            config,
-            connection: Mutex::new(None),
+            connection,
             key_prefix,
-            command_timeout: options.command_timeout,
             limits: options.limits,
         })
     }
@@ -136,7 +105,8 @@ impl RedisStore {
             match self.round_trip(&calls, &sent).await {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
-                        answers[i] = Some(decode(&calls[i], reply).map_err(|e| self.sort(e)));
+                        answers[i] =
+                            Some(decode(&calls[i], reply).map_err(|e| self.connection.sort(e)));
                     }
                 }
                 Err(err) => {
@@ -158,51 +128,46 @@ impl RedisStore {
     /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and the calls that
     /// did not run are sent again in a second round trip, invisibly to callers.
     async fn round_trip(&self, calls: &[Call], sent: &[usize]) -> Result<Vec<Value>> {
-        let work = async {
-            let mut connection = self.connection()?;
-            let mut pipe = redis::pipe();
-            for &i in sent {
-                self.encode(&calls[i], &mut pipe);
-            }
-            let mut replies = connection
-                .send_packed_commands(&pipe, 0, sent.len())
-                .await
-                .map_err(|e| self.sort(e))?;
-            // A script call answered NOSCRIPT did not run. To keep the batch's order, the
-            // retry also repeats the reads after the first one (reads are safe to repeat),
-            // so a read never reports a state from before a write that precedes it.
-            let Some(first) = replies.iter().position(is_noscript) else {
-                return Ok(replies);
-            };
-            let missing: Vec<usize> = (first..replies.len())
-                .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]]).is_none())
-                .collect();
-            let mut retry = redis::pipe();
-            let mut loaded: Vec<&'static str> = Vec::new();
-            for &j in &missing {
-                if let Some(source) = lua(&calls[sent[j]]).map(|(source, _)| source) {
-                    if !loaded.contains(&source) {
-                        retry.cmd("SCRIPT").arg("LOAD").arg(source);
-                        loaded.push(source);
+        self.connection
+            .run(|mut connection| async move {
+                let mut pipe = redis::pipe();
+                for &i in sent {
+                    self.encode(&calls[i], &mut pipe);
+                }
+                let mut replies = connection
+                    .send_packed_commands(&pipe, 0, sent.len())
+                    .await?;
+                // A script call answered NOSCRIPT did not run. To keep the batch's order, the
+                // retry also repeats the reads after the first one (reads are safe to
+                // repeat), so a read never reports a state from before a write preceding it.
+                let Some(first) = replies.iter().position(is_noscript) else {
+                    return Ok(replies);
+                };
+                let missing: Vec<usize> = (first..replies.len())
+                    .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]]).is_none())
+                    .collect();
+                let mut retry = redis::pipe();
+                let mut loaded: Vec<&'static str> = Vec::new();
+                for &j in &missing {
+                    if let Some((source, _)) = lua(&calls[sent[j]]) {
+                        if !loaded.contains(&source) {
+                            retry.cmd("SCRIPT").arg("LOAD").arg(source);
+                            loaded.push(source);
+                        }
                     }
                 }
-            }
-            for &j in &missing {
-                self.encode(&calls[sent[j]], &mut retry);
-            }
-            let again = connection
-                .send_packed_commands(&retry, loaded.len(), missing.len())
-                .await
-                .map_err(|e| self.sort(e))?;
-            for (&j, reply) in missing.iter().zip(again) {
-                replies[j] = reply;
-            }
-            Ok(replies)
-        };
-        match tokio::time::timeout(self.command_timeout, work).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(LeaseError::Timeout(self.command_timeout)),
-        }
+                for &j in &missing {
+                    self.encode(&calls[sent[j]], &mut retry);
+                }
+                let again = connection
+                    .send_packed_commands(&retry, loaded.len(), missing.len())
+                    .await?;
+                for (&j, reply) in missing.iter().zip(again) {
+                    replies[j] = reply;
+                }
+                Ok(replies)
+            })
+            .await
     }
 
     /// Appends the one command that performs `call`.
@@ -233,36 +198,6 @@ impl RedisStore {
     fn evalsha<'p>(&self, pipe: &'p mut Pipeline, call: &Call, key: &str) -> &'p mut Pipeline {
         let sha = lua(call).map_or("", |(_, script)| script.get_hash());
         pipe.cmd("EVALSHA").arg(sha).arg(1).arg(self.redis_key(key))
-    }
-
-    /// Sorts a redis-rs error; forgets a connection Redis refused to authenticate, since the
-    /// manager keeps such a connection and would answer every later call with its error.
-    fn sort(&self, err: redis::RedisError) -> LeaseError {
-        let err = LeaseError::from_redis(err, self.command_timeout);
-        if matches!(err, LeaseError::Auth(_)) {
-            self.slot().take();
-        }
-        err
-    }
-
-    fn connection(&self) -> Result<ConnectionManager> {
-        let mut slot = self.slot();
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
-        }
-        let connection =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map_err(|err| LeaseError::from_redis(err, self.command_timeout))?;
-        *slot = Some(connection.clone());
-        Ok(connection)
-    }
-
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<ConnectionManager>> {
-        // Only a clone or a replacement happens under this lock; poisoning cannot leave it
-        // half-written.
-        self.connection
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -301,10 +236,6 @@ fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
     })
 }
 
-fn parse<T: FromRedisValue>(reply: Value) -> redis::RedisResult<T> {
-    redis::from_redis_value::<redis::RedisResult<T>>(reply)?
-}
-
 fn is_noscript(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(err) if err.code() == "NOSCRIPT")
 }
@@ -312,24 +243,6 @@ fn is_noscript(reply: &Value) -> bool {
 /// Owners we write are valid UTF-8; a foreign writer's bytes are shown, not rejected.
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|err| String::from_utf8_lossy(err.as_bytes()).into())
-}
-
-/// Removes the URL (and so any password in it) from a message.
-fn redact(message: &str, url: &str) -> String {
-    if url.is_empty() {
-        message.to_owned()
-    } else {
-        message.replace(url, "<url>")
-    }
-}
-
-/// rustls needs one process-wide crypto provider before the first `rediss://` connection.
-fn install_tls_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // Another library in the process may have installed one already; that one serves.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
 }
 
 #[cfg(test)]

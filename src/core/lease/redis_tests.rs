@@ -1,78 +1,19 @@
 //! The Redis store against a real `redis-server` each test starts on its own unix socket.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{RedisOptions, RedisStore};
+use crate::core::test_redis::Server;
 use crate::core::{Answer, Call, Grant, LeaseStore};
 
-struct Server {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("mastra-lease-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--save", "", "--appendonly", "no"])
-            .arg("--unixsocket")
-            .arg(dir.join("redis.sock"))
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server must be on the PATH");
-        let server = Self { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while server.cli(&["PING"]) != "PONG" {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis+unix://{}", self.dir.join("redis.sock").display())
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .arg("-s")
-            .arg(self.dir.join("redis.sock"))
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn signal(&self, signal: &str) {
-        Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-    }
-
-    fn store(&self, command_timeout: Duration) -> RedisStore {
-        RedisStore::new(RedisOptions {
-            url: self.url(),
-            key_prefix: "t".into(),
-            command_timeout,
-            ..RedisOptions::default()
-        })
-        .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.signal("-CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn store(server: &Server, command_timeout: Duration) -> RedisStore {
+    RedisStore::new(RedisOptions {
+        url: server.url(),
+        key_prefix: "t".into(),
+        command_timeout,
+        ..RedisOptions::default()
+    })
+    .unwrap()
 }
 
 fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
@@ -92,8 +33,8 @@ fn grant(acquired: bool, owner: &str) -> Answer {
 
 #[tokio::test]
 async fn a_batch_answers_each_call_in_order_and_bad_calls_never_reach_redis() {
-    let server = Server::start("batch");
-    let store = server.store(Duration::from_secs(2));
+    let server = Server::start("lease-batch");
+    let store = store(&server, Duration::from_secs(2));
     let answers = store
         .execute(vec![
             acquire("k", "a", 10_000),
@@ -127,8 +68,8 @@ async fn a_batch_answers_each_call_in_order_and_bad_calls_never_reach_redis() {
 
 #[tokio::test]
 async fn script_flush_is_invisible_to_callers() {
-    let server = Server::start("noscript");
-    let store = server.store(Duration::from_secs(2));
+    let server = Server::start("lease-noscript");
+    let store = store(&server, Duration::from_secs(2));
     assert_eq!(
         store.execute_one(acquire("k", "a", 10_000)).await.unwrap(),
         grant(true, "a")
@@ -146,8 +87,8 @@ async fn script_flush_is_invisible_to_callers() {
 
 #[tokio::test]
 async fn a_frozen_server_makes_calls_time_out_and_a_thawed_one_answers_again() {
-    let server = Server::start("frozen");
-    let store = server.store(Duration::from_millis(300));
+    let server = Server::start("lease-frozen");
+    let store = store(&server, Duration::from_millis(300));
     store.execute_one(acquire("k", "a", 10_000)).await.unwrap();
     server.signal("-STOP");
     let started = Instant::now();

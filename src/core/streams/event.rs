@@ -1,0 +1,284 @@
+//! Events on the wire: stamping what is published, reading entries back.
+//!
+//! An entry is `XADD <keyPrefix>:<topic> * event <json>`: one field, `event`, holding the
+//! event as JSON, the layout Mastra's own Redis Streams backend writes and reads. The JSON
+//! carries `id` (a random UUID), `createdAt` (an ISO 8601 UTC string, what `JSON.stringify`
+//! makes of a `Date`) and `deliveryAttempt` (1 on publish, one more on each redelivery).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+use serde_json::{Map, Value as Json};
+
+use crate::core::error::{InputErrorKind, LeaseError, Result};
+
+/// The stream field that holds the event.
+pub(crate) const EVENT_FIELD: &str = "event";
+
+/// Adds `id`, `createdAt` and `deliveryAttempt` to an event and serialises it.
+///
+/// Like Mastra's backend, `id` and `createdAt` are always assigned here and a
+/// `deliveryAttempt` the caller set is kept (a positive integer; anything else becomes 1).
+pub(crate) fn stamp(event: Json) -> Result<(String, String)> {
+    let Json::Object(mut fields) = event else {
+        return Err(LeaseError::streams_argument(
+            InputErrorKind::Type,
+            "event must be a JSON object",
+        ));
+    };
+    let id = uuid_v4()?;
+    let attempt = attempt_of(&fields);
+    fields.insert("id".into(), Json::String(id.clone()));
+    fields.insert("createdAt".into(), Json::String(iso8601_now()));
+    fields.insert("deliveryAttempt".into(), Json::from(attempt));
+    let json = serde_json::to_string(&Json::Object(fields))
+        .map_err(|err| LeaseError::Internal(format!("could not serialise an event: {err}")))?;
+    Ok((id, json))
+}
+
+/// The `deliveryAttempt` of an event: a positive integer, or 1 when absent or unusable
+/// (entries written by other producers may lack it).
+pub(crate) fn attempt_of(fields: &Map<String, Json>) -> u64 {
+    fields
+        .get("deliveryAttempt")
+        .and_then(Json::as_u64)
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
+/// The same event with `deliveryAttempt` set to `attempt`, serialised: the payload a
+/// redelivery appends to the stream. `id` and `createdAt` stay those of the original.
+pub(crate) fn with_attempt(event: &Map<String, Json>, attempt: u64) -> Result<String> {
+    let mut fields = event.clone();
+    fields.insert("deliveryAttempt".into(), Json::from(attempt));
+    serde_json::to_string(&Json::Object(fields))
+        .map_err(|err| LeaseError::Internal(format!("could not serialise an event: {err}")))
+}
+
+/// A random (version 4) UUID, as `crypto.randomUUID()` formats it.
+pub(crate) fn uuid_v4() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|err| LeaseError::Internal(format!("the system random source failed: {err}")))?;
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let mut out = String::with_capacity(36);
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push_str(&format!("{byte:02x}"));
+    }
+    Ok(out)
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ`, the format `Date.prototype.toJSON` produces, so a
+/// JavaScript reader can turn it back into a `Date`.
+pub(crate) fn iso8601_now() -> String {
+    // A clock before 1970 is a misconfigured machine; the epoch is a harmless stand-in.
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    iso8601(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Formats milliseconds since the Unix epoch (civil-from-days, proleptic Gregorian).
+pub(crate) fn iso8601(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// One stream entry as read: its stream id and the `event` field, if it had one.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub id: String,
+    pub event: Option<Vec<u8>>,
+}
+
+/// Reads the entries of an XREAD / XREADGROUP reply for one stream. A timed-out blocking
+/// read answers nil; RESP3 servers answer a map instead of an array of pairs.
+pub(crate) fn read_reply(reply: Value) -> Vec<Entry> {
+    let streams: Vec<Value> = match reply {
+        Value::Array(streams) => streams
+            .into_iter()
+            .filter_map(|stream| match stream {
+                Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs.into_iter().map(|(_, entries)| entries).collect(),
+        _ => Vec::new(),
+    };
+    streams.into_iter().flat_map(entries).collect()
+}
+
+/// Reads an XAUTOCLAIM reply: the cursor to continue from and the claimed entries. Ids of
+/// entries that were trimmed away are in the reply's third element; Redis has already
+/// removed them from the pending list, so they are ignored here.
+pub(crate) fn autoclaim_reply(reply: Value) -> (String, Vec<Entry>) {
+    let Value::Array(mut parts) = reply else {
+        return ("0-0".into(), Vec::new());
+    };
+    if parts.len() < 2 {
+        return ("0-0".into(), Vec::new());
+    }
+    let claimed = entries(parts.swap_remove(1));
+    let cursor = text(&parts[0]).unwrap_or_else(|| "0-0".into());
+    (cursor, claimed)
+}
+
+/// The entries of one stream: `[[id, [field, value, ...]], ...]`. Nil entries (claimed ids
+/// whose entry was deleted, on Redis 6.2) are skipped.
+fn entries(list: Value) -> Vec<Entry> {
+    let Value::Array(list) = list else {
+        return Vec::new();
+    };
+    list.into_iter()
+        .filter_map(|entry| {
+            let Value::Array(mut parts) = entry else {
+                return None;
+            };
+            if parts.len() != 2 {
+                return None;
+            }
+            let fields = parts.pop()?;
+            let id = text(&parts[0])?;
+            Some(Entry {
+                id,
+                event: field(fields, EVENT_FIELD),
+            })
+        })
+        .collect()
+}
+
+fn field(fields: Value, name: &str) -> Option<Vec<u8>> {
+    match fields {
+        Value::Array(flat) => {
+            let mut items = flat.into_iter();
+            while let (Some(key), Some(value)) = (items.next(), items.next()) {
+                if bytes_eq(&key, name) {
+                    return into_bytes(value);
+                }
+            }
+            None
+        }
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .find(|(key, _)| bytes_eq(key, name))
+            .and_then(|(_, value)| into_bytes(value)),
+        _ => None,
+    }
+}
+
+fn bytes_eq(value: &Value, name: &str) -> bool {
+    match value {
+        Value::BulkString(bytes) => bytes == name.as_bytes(),
+        Value::SimpleString(text) => text == name,
+        _ => false,
+    }
+}
+
+fn into_bytes(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.into_bytes()),
+        _ => None,
+    }
+}
+
+/// A stream id or status reply as text.
+pub(crate) fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::Okay => Some("OK".into()),
+        _ => None,
+    }
+}
+
+/// A parsed delivery payload: the raw JSON and the event object it holds.
+pub(crate) struct Parsed {
+    pub json: String,
+    pub event: Map<String, Json>,
+    pub attempt: u64,
+}
+
+/// Parses an entry's `event` field. `None` when the entry is malformed: no `event` field,
+/// not UTF-8, not JSON, or JSON that is not an object (an event is always an object).
+pub(crate) fn parse(bytes: Vec<u8>) -> Option<Parsed> {
+    let json = String::from_utf8(bytes).ok()?;
+    let Ok(Json::Object(event)) = serde_json::from_str::<Json>(&json) else {
+        return None;
+    };
+    let attempt = attempt_of(&event);
+    Some(Parsed {
+        json,
+        event,
+        attempt,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso8601_matches_javascript_date_to_json() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
+        // new Date(1700000000123).toJSON()
+        assert_eq!(iso8601(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        // A leap day: new Date(Date.UTC(2024, 1, 29, 23, 59, 59, 999)).toJSON()
+        assert_eq!(iso8601(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
+    }
+
+    #[test]
+    fn uuids_are_version_4_and_distinct() {
+        let a = uuid_v4().unwrap();
+        let b = uuid_v4().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"));
+    }
+
+    #[test]
+    fn stamping_keeps_a_given_attempt_and_rejects_non_objects() {
+        let (id, json) = stamp(serde_json::json!({"type": "t", "deliveryAttempt": 3})).unwrap();
+        let back: Json = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["id"], Json::String(id));
+        assert_eq!(back["deliveryAttempt"], 3);
+        assert_eq!(back["type"], "t");
+        let (_, json) = stamp(serde_json::json!({"deliveryAttempt": "x"})).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Json>(&json).unwrap()["deliveryAttempt"],
+            1
+        );
+        let err = stamp(serde_json::json!([1, 2])).unwrap_err();
+        assert_eq!(err.code(), "ERR_STREAMS_INVALID_ARGUMENT");
+    }
+
+    #[test]
+    fn malformed_payloads_do_not_parse() {
+        assert!(parse(b"{\"a\":1}".to_vec()).is_some());
+        assert!(parse(b"not json".to_vec()).is_none());
+        assert!(parse(b"[1]".to_vec()).is_none());
+        assert!(parse(vec![0xff, 0xfe]).is_none());
+    }
+}

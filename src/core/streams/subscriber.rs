@@ -1,0 +1,972 @@
+//! Subscriptions: one reader task per subscription, deliveries on a Tokio channel, and the
+//! ack / nack / redelivery / reclaim paths.
+//!
+//! Why a reader connection per subscription rather than one reader for the whole process:
+//! a blocking XREADGROUP reads one consumer group, so subscriptions of different groups
+//! cannot share a read, and changing the set of streams a shared blocking read waits on
+//! means interrupting it from another connection (CLIENT UNBLOCK), which races with the
+//! read being (re)sent. Per-subscription readers are what Mastra's backend does too, they
+//! stop by simply dropping the connection, and one slow consumer never stalls another.
+//! Everything that does not block shares the pubsub's one multiplexed connection.
+//!
+//! Grouped subscriptions (`group` set) are a Redis consumer group with one consumer per
+//! subscription (`<group>-<uuid>`): XREADGROUP `>`, XACK on ack. Fan-out subscriptions use
+//! plain XREAD from a position this task keeps, so they leave nothing behind in Redis (no
+//! private groups to clean up after a crash); their ack is a no-op.
+//!
+//! A nack appends the event again with `deliveryAttempt + 1` and, for a group, acks the
+//! original, atomically and only while this consumer still owns the entry (`settle.lua`).
+//! At `maxDeliveryAttempts` the event is dropped with a warning. Entries another consumer
+//! read and never settled (it crashed) are taken over with XAUTOCLAIM once idle long enough.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+use serde_json::{Map, Value as Json};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::event::{self, Entry};
+use super::{Level, Shared, StartFrom, SubscribeOptions};
+use crate::core::connection::parse;
+use crate::core::error::{LeaseError, Result};
+
+static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
+
+/// Deliveries read but not yet taken by `recv`. Small on purpose: what sits here is read
+/// (and, for a group, owned by this consumer) but not yet being handled.
+const MIN_BUFFER: usize = 16;
+/// Connection trouble is reported at `warn` at most this often per reader; every
+/// occurrence is reported at `debug`. An outage otherwise floods the log.
+const WARN_INTERVAL: Duration = Duration::from_secs(30);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// A subscription to one topic. Deliveries arrive through [`Subscription::recv`]. Dropping
+/// it (or [`Subscription::unsubscribe`]) stops the reader; deliveries still buffered are
+/// handed back to the group, unchanged.
+pub struct Subscription {
+    shared: Arc<Shared>,
+    state: Arc<SubState>,
+    rx: mpsc::Receiver<Delivery>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("topic", &self.state.topic)
+            .field("group", &self.state.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The next delivery; `None` once the subscription was stopped (unsubscribe or the
+    /// pubsub's close) and everything already read was taken.
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        let delivery = self.rx.recv().await?;
+        delivery.inner.handed_out.store(true, Ordering::Release);
+        Some(delivery)
+    }
+
+    /// Takes up to `limit` deliveries at once, waiting for at least one; 0 means stopped.
+    /// For a caller that forwards deliveries in batches.
+    pub async fn recv_many(&mut self, buffer: &mut Vec<Delivery>, limit: usize) -> usize {
+        let start = buffer.len();
+        let count = self.rx.recv_many(buffer, limit).await;
+        for delivery in &buffer[start..] {
+            delivery.inner.handed_out.store(true, Ordering::Release);
+        }
+        count
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.state.topic
+    }
+
+    /// The consumer group, for a grouped subscription.
+    pub fn group(&self) -> Option<&str> {
+        self.state.group.as_ref().map(|g| g.name.as_str())
+    }
+
+    /// This subscription's consumer name in its group (`<group>-<uuid>`).
+    pub fn consumer(&self) -> Option<&str> {
+        self.state.group.as_ref().map(|g| g.consumer.as_str())
+    }
+
+    /// Stops the reader and hands deliveries still buffered back to the group (appended
+    /// again unchanged, for a sibling), bounded by the command timeout. Deliveries already
+    /// taken stay valid and can still be acked or nacked.
+    pub async fn unsubscribe(mut self) {
+        let task = self.state.stop();
+        self.shared.remove_subscription(self.state.id);
+        if let Some(task) = task {
+            // Aborted: this returns at once, and after it nothing more enters the channel.
+            let _ = task.await;
+        }
+        self.rx.close();
+        let mut buffered = Vec::new();
+        while let Ok(delivery) = self.rx.try_recv() {
+            buffered.push(delivery.inner.take_settlement());
+        }
+        let releases = buffered
+            .into_iter()
+            .flatten()
+            .map(|settlement| settlement.run(Outcome::Release));
+        let bound = self
+            .shared
+            .tuning
+            .command_timeout
+            .saturating_add(Duration::from_millis(100));
+        let _ = tokio::time::timeout(bound, futures::future::join_all(releases)).await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.state.stop();
+        self.shared.remove_subscription(self.state.id);
+        // The receiver drops next: deliveries still in it release themselves (see Inner).
+    }
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked: the group will not deliver the entry again.
+    Acked,
+    /// Nacked and appended again with this `deliveryAttempt`.
+    Redelivered {
+        /// The attempt number the redelivery carries.
+        attempt: u64,
+    },
+    /// Nacked at `maxDeliveryAttempts`: dropped, and a warning went to the logger.
+    Dropped,
+    /// Handed back unchanged (it was read but never taken by the consumer).
+    Released,
+    /// Another consumer of the group took the entry over (it sat idle past the reclaim
+    /// threshold), so this nack changed nothing; that consumer now delivers it.
+    NotOwned,
+    /// Settled earlier by another ack or nack of the same delivery: the first one counts.
+    AlreadySettled,
+}
+
+/// One event delivered to a subscriber, with its settlement. Ack or nack it once (further
+/// calls answer [`Settled::AlreadySettled`]). Dropping it, and every [`Acker`] of it,
+/// without settling counts as a nack: the consumer failed.
+pub struct Delivery {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("topic", &self.inner.sub.topic)
+            .field("entry_id", &self.inner.entry_id)
+            .field("attempt", &self.inner.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    /// The event, as published: a JSON object with `id`, `createdAt`, `deliveryAttempt`.
+    pub fn event(&self) -> &Map<String, Json> {
+        &self.inner.event
+    }
+
+    /// The event exactly as stored in the entry's `event` field.
+    pub fn json(&self) -> &str {
+        &self.inner.json
+    }
+
+    /// The event's `deliveryAttempt` (1 when the producer did not set one).
+    pub fn delivery_attempt(&self) -> u64 {
+        self.inner.attempt
+    }
+
+    /// The stream entry id (`<ms>-<seq>`).
+    pub fn entry_id(&self) -> &str {
+        &self.inner.entry_id
+    }
+
+    /// The topic it was published to.
+    pub fn topic(&self) -> &str {
+        &self.inner.sub.topic
+    }
+
+    /// A cloneable handle that acks or nacks this delivery, for a caller that settles it
+    /// from elsewhere (two callbacks, say). The delivery counts as dropped only once the
+    /// delivery and all its ackers are gone.
+    pub fn acker(&self) -> Acker {
+        Acker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Acknowledges: a grouped entry is XACKed, so no consumer of the group gets it again.
+    pub async fn ack(&self) -> Result<Settled> {
+        self.inner.settle(Outcome::Ack).await
+    }
+
+    /// Rejects: appended again with `deliveryAttempt + 1` (and acked, for a group), or
+    /// dropped with a warning once `maxDeliveryAttempts` is reached.
+    pub async fn nack(&self) -> Result<Settled> {
+        self.inner.settle(Outcome::Nack).await
+    }
+}
+
+/// Acks or nacks one [`Delivery`]; cloneable. See [`Delivery::acker`].
+#[derive(Clone)]
+pub struct Acker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Acker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acker")
+            .field("entry_id", &self.inner.entry_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Acker {
+    /// As [`Delivery::ack`].
+    pub async fn ack(&self) -> Result<Settled> {
+        self.inner.settle(Outcome::Ack).await
+    }
+
+    /// As [`Delivery::nack`].
+    pub async fn nack(&self) -> Result<Settled> {
+        self.inner.settle(Outcome::Nack).await
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ack,
+    Nack,
+    /// Give back unchanged: read, never handed to the consumer.
+    Release,
+}
+
+const PENDING: u8 = 0;
+const BUSY: u8 = 1;
+const DONE: u8 = 2;
+
+struct Inner {
+    shared: Arc<Shared>,
+    sub: Arc<SubState>,
+    entry_id: String,
+    json: String,
+    event: Map<String, Json>,
+    attempt: u64,
+    state: AtomicU8,
+    handed_out: AtomicBool,
+}
+
+impl Inner {
+    async fn settle(&self, outcome: Outcome) -> Result<Settled> {
+        if self
+            .state
+            .compare_exchange(PENDING, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Ok(Settled::AlreadySettled);
+        }
+        let settlement = Settlement {
+            shared: Arc::clone(&self.shared),
+            sub: Arc::clone(&self.sub),
+            entry_id: self.entry_id.clone(),
+            json: self.json.clone(),
+            event: self.event.clone(),
+            attempt: self.attempt,
+        };
+        let result = settlement.run_checked(outcome).await;
+        // A transport failure leaves the entry pending: the caller may try again, and if
+        // it never does, dropping the delivery nacks it (ownership-checked, no duplicate).
+        let next = if result.is_ok() { DONE } else { PENDING };
+        self.state.store(next, Ordering::Release);
+        result
+    }
+
+    /// Claims the settlement for a caller that settles on this delivery's behalf.
+    fn take_settlement(&self) -> Option<Settlement> {
+        self.state
+            .compare_exchange(PENDING, DONE, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        Some(Settlement {
+            shared: Arc::clone(&self.shared),
+            sub: Arc::clone(&self.sub),
+            entry_id: self.entry_id.clone(),
+            json: self.json.clone(),
+            event: self.event.clone(),
+            attempt: self.attempt,
+        })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if *self.state.get_mut() != PENDING {
+            return;
+        }
+        // Never taken by the consumer (a stopped subscription's buffer): hand it back as
+        // it was. Taken and abandoned: the consumer failed, which is a nack.
+        let outcome = if *self.handed_out.get_mut() {
+            Outcome::Nack
+        } else {
+            Outcome::Release
+        };
+        if outcome == Outcome::Release && self.sub.group.is_none() {
+            return; // fan-out: nothing is held in Redis
+        }
+        let settlement = Settlement {
+            shared: Arc::clone(&self.shared),
+            sub: Arc::clone(&self.sub),
+            entry_id: std::mem::take(&mut self.entry_id),
+            json: std::mem::take(&mut self.json),
+            event: std::mem::take(&mut self.event),
+            attempt: self.attempt,
+        };
+        let runtime = self.shared.runtime.clone();
+        runtime.spawn(async move {
+            let _ = settlement.run(outcome).await;
+        });
+    }
+}
+
+/// Everything needed to settle an entry, detached from the delivery.
+struct Settlement {
+    shared: Arc<Shared>,
+    sub: Arc<SubState>,
+    entry_id: String,
+    json: String,
+    event: Map<String, Json>,
+    attempt: u64,
+}
+
+impl Settlement {
+    /// Settles and reports a failure to the logger (for settlements nobody awaits).
+    async fn run(self, outcome: Outcome) -> Result<Settled> {
+        let shared = Arc::clone(&self.shared);
+        let sub = Arc::clone(&self.sub);
+        let entry_id = self.entry_id.clone();
+        let topic = self.sub.topic.clone();
+        let result = self.run_checked(outcome).await;
+        if let Err(err) = &result {
+            // Nobody holds this delivery any more: let a reclaim pass (ours included)
+            // hand the entry out again once it is idle.
+            sub.in_flight().remove(&entry_id);
+            shared.notice(
+                Level::Warn,
+                "could not settle an abandoned delivery; it stays pending for reclaim",
+                &[("topic", topic.into()), ("err", err.full_message().into())],
+            );
+        }
+        result
+    }
+
+    async fn run_checked(self, outcome: Outcome) -> Result<Settled> {
+        let shared = &self.shared;
+        let sub = &self.sub;
+        let result = match (outcome, &sub.group) {
+            (Outcome::Ack, None) | (Outcome::Release, None) => Ok(Settled::Acked),
+            (Outcome::Ack, Some(group)) => {
+                let mut cmd = redis::cmd("XACK");
+                cmd.arg(&sub.key).arg(&group.name).arg(&self.entry_id);
+                shared
+                    .writer
+                    .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+                    .await
+                    .map(|_| Settled::Acked)
+            }
+            (Outcome::Release, Some(_)) => self.settle_owned(&self.json).await.map(|owned| {
+                if owned {
+                    Settled::Released
+                } else {
+                    Settled::NotOwned
+                }
+            }),
+            (Outcome::Nack, _) => self.nack().await,
+        };
+        // NOGROUP: the stream or group was deleted (clearTopic, TTL expiry), and with it
+        // every pending entry. Nothing is left to settle or to redeliver.
+        let result = match result {
+            Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => Ok(match outcome {
+                Outcome::Ack => Settled::Acked,
+                Outcome::Nack | Outcome::Release => Settled::NotOwned,
+            }),
+            other => other,
+        };
+        if result.is_ok() {
+            sub.in_flight().remove(&self.entry_id);
+        }
+        result
+    }
+
+    async fn nack(&self) -> Result<Settled> {
+        let shared = &self.shared;
+        let sub = &self.sub;
+        if shared
+            .tuning
+            .max_attempts
+            .is_some_and(|max| self.attempt >= max)
+        {
+            let settled = match sub.group {
+                Some(_) => self.settle_owned("").await?,
+                None => true,
+            };
+            if !settled {
+                return Ok(Settled::NotOwned);
+            }
+            shared.notice(
+                Level::Warn,
+                "dropping event after max delivery attempts",
+                &[
+                    ("topic", sub.topic.clone().into()),
+                    (
+                        "eventId",
+                        self.event.get("id").cloned().unwrap_or(Json::Null),
+                    ),
+                    (
+                        "eventType",
+                        self.event.get("type").cloned().unwrap_or(Json::Null),
+                    ),
+                    ("attempt", self.attempt.into()),
+                    ("max", shared.tuning.max_attempts.into()),
+                ],
+            );
+            return Ok(Settled::Dropped);
+        }
+        let next = self.attempt.saturating_add(1);
+        let payload = event::with_attempt(&self.event, next)?;
+        match sub.group {
+            Some(_) => Ok(if self.settle_owned(&payload).await? {
+                Settled::Redelivered { attempt: next }
+            } else {
+                Settled::NotOwned
+            }),
+            None => {
+                let mut pipe = redis::pipe();
+                let mut replies = 0;
+                let at = shared.append(&mut pipe, &sub.key, &payload, &mut replies);
+                let values = shared
+                    .writer
+                    .run(|mut c| async move { c.send_packed_commands(&pipe, 0, replies).await })
+                    .await?;
+                let value = values.into_iter().nth(at).unwrap_or_default();
+                super::appended_id(value).map_err(|err| shared.writer.sort(err))?;
+                Ok(Settled::Redelivered { attempt: next })
+            }
+        }
+    }
+
+    /// Runs `settle.lua`: appends `payload` (unless empty) and acks, if still ours.
+    async fn settle_owned(&self, payload: &str) -> Result<bool> {
+        let shared = &self.shared;
+        let sub = &self.sub;
+        let Some(group) = &sub.group else {
+            return Ok(true);
+        };
+        let mut invocation = SETTLE.prepare_invoke();
+        invocation
+            .key(&sub.key)
+            .arg(&group.name)
+            .arg(&group.consumer)
+            .arg(&self.entry_id)
+            .arg(payload)
+            .arg(shared.tuning.ttl_ms)
+            .arg(shared.tuning.max_len);
+        let owned: i64 = shared
+            .writer
+            .run(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .await?;
+        Ok(owned == 1)
+    }
+}
+
+/// A consumer group and this subscription's consumer in it.
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub name: String,
+    pub consumer: String,
+}
+
+/// Where a reader is: for fan-out the id to XREAD after; for a group the last entry read
+/// (where to recreate the group after NOGROUP) and the anchor used before any.
+#[derive(Debug)]
+struct Cursor {
+    position: Option<String>,
+    anchor: &'static str,
+    /// Bumped by clearTopic: a read issued before it is discarded, its position is stale.
+    epoch: u64,
+}
+
+/// A subscription's state, shared by its handle, its reader task and its deliveries.
+pub(crate) struct SubState {
+    pub id: u64,
+    pub topic: String,
+    pub key: String,
+    pub group: Option<Group>,
+    cursor: Mutex<Cursor>,
+    /// Grouped entries delivered and not yet settled, so a reclaim pass (which also claims
+    /// this consumer's own idle entries) never hands the consumer one it is handling.
+    in_flight: Mutex<HashSet<String>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    stopped: AtomicBool,
+}
+
+impl SubState {
+    fn cursor(&self) -> MutexGuard<'_, Cursor> {
+        self.cursor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn in_flight(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Aborts the reader task; returns it so the caller may wait for it to be gone.
+    pub fn stop(&self) -> Option<JoinHandle<()>> {
+        self.stopped.store(true, Ordering::Release);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = &task {
+            task.abort();
+        }
+        task
+    }
+
+    /// The stream was deleted (clearTopic): stream ids can restart below our position, so
+    /// read the new stream from its start.
+    pub fn restart(&self) {
+        let mut cursor = self.cursor();
+        cursor.position = self.group.is_none().then(|| "0-0".to_owned());
+        cursor.anchor = "0";
+        cursor.epoch += 1;
+    }
+}
+
+/// Creates the group (or resolves the fan-out position), registers the subscription and
+/// starts its reader.
+pub(crate) async fn open(
+    shared: Arc<Shared>,
+    topic: &str,
+    options: SubscribeOptions,
+) -> Result<Subscription> {
+    let key = shared.stream_key(topic);
+    let anchor = match options.start_from {
+        StartFrom::Earliest => "0",
+        StartFrom::Latest => "$",
+    };
+    let (group, position) = match options.group {
+        Some(name) => {
+            create_group(&shared, &key, &name, anchor).await?;
+            let consumer = format!("{name}-{}", event::uuid_v4()?);
+            (Some(Group { name, consumer }), None)
+        }
+        None => {
+            let position = match options.start_from {
+                StartFrom::Earliest => "0-0".to_owned(),
+                // `$` is relative to each call, so a loop of XREAD $ would miss entries
+                // appended between reads: pin the current last id instead.
+                StartFrom::Latest => last_entry_id(&shared, &key).await?,
+            };
+            (None, Some(position))
+        }
+    };
+    let state = Arc::new(SubState {
+        id: shared.next_subscription.fetch_add(1, Ordering::Relaxed),
+        topic: topic.to_owned(),
+        key,
+        group,
+        cursor: Mutex::new(Cursor {
+            position,
+            anchor,
+            epoch: 0,
+        }),
+        in_flight: Mutex::new(HashSet::new()),
+        task: Mutex::new(None),
+        stopped: AtomicBool::new(false),
+    });
+    let (tx, rx) = mpsc::channel(shared.tuning.batch_count.max(MIN_BUFFER));
+    shared.add_subscription(Arc::clone(&state));
+    let task = shared
+        .runtime
+        .spawn(read_loop(Arc::clone(&shared), Arc::clone(&state), tx));
+    *state.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    // close() may have run between the check in subscribe and the registration above.
+    if shared.closed.load(Ordering::Acquire) {
+        state.stop();
+        shared.remove_subscription(state.id);
+    }
+    Ok(Subscription { shared, state, rx })
+}
+
+/// XGROUP CREATE ... MKSTREAM (with PEXPIRE in the same MULTI when an idle TTL is set, so
+/// a stream created only by a subscribe still expires). An existing group (BUSYGROUP)
+/// keeps its position, which is what a second subscriber of the group wants.
+async fn create_group(shared: &Shared, key: &str, group: &str, at: &str) -> Result<()> {
+    let ttl = shared.tuning.ttl_ms;
+    let mut pipe = redis::pipe();
+    if ttl > 0 {
+        pipe.cmd("MULTI");
+    }
+    pipe.cmd("XGROUP")
+        .arg("CREATE")
+        .arg(key)
+        .arg(group)
+        .arg(at)
+        .arg("MKSTREAM");
+    let count = if ttl > 0 {
+        pipe.cmd("PEXPIRE").arg(key).arg(ttl).cmd("EXEC");
+        4
+    } else {
+        1
+    };
+    let values = shared
+        .writer
+        .run(|mut c| async move { c.send_packed_commands(&pipe, 0, count).await })
+        .await?;
+    let reply = match values.into_iter().last() {
+        Some(Value::Array(inner)) if ttl > 0 => inner.into_iter().next().unwrap_or_default(),
+        Some(other) => other,
+        None => Value::Nil,
+    };
+    match parse::<Value>(reply) {
+        Ok(_) => Ok(()),
+        Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+        Err(err) => Err(shared.writer.sort(err)),
+    }
+}
+
+/// The id of the stream's last entry, `0-0` when it is empty or missing.
+async fn last_entry_id(shared: &Shared, key: &str) -> Result<String> {
+    let mut cmd = redis::cmd("XREVRANGE");
+    cmd.arg(key).arg("+").arg("-").arg("COUNT").arg(1);
+    let reply = shared
+        .writer
+        .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+        .await?;
+    let wrapped = Value::Array(vec![Value::Array(vec![Value::Nil, reply])]);
+    Ok(event::read_reply(wrapped)
+        .pop()
+        .map_or_else(|| "0-0".to_owned(), |entry| entry.id))
+}
+
+/// `now + delay`, without the overflow panic of `+` for an absurdly long delay.
+fn later(delay: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+        .unwrap_or(now)
+}
+
+/// Exponential backoff between failed reads, so an outage never becomes a hot loop.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let delay = self.0;
+        self.0 = (self.0 * 2).min(BACKOFF_MAX);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.0 = BACKOFF_MIN;
+    }
+}
+
+/// Reports every failure at debug, and at warn at most once per [`WARN_INTERVAL`].
+struct Throttle(Option<Instant>);
+
+impl Throttle {
+    fn report(&mut self, shared: &Shared, sub: &SubState, message: &str, err: &str) {
+        let now = Instant::now();
+        let warn = self
+            .0
+            .is_none_or(|last| now.duration_since(last) >= WARN_INTERVAL);
+        if warn {
+            self.0 = Some(now);
+        }
+        let level = if warn { Level::Warn } else { Level::Debug };
+        shared.notice(
+            level,
+            message,
+            &[("topic", sub.topic.clone().into()), ("err", err.into())],
+        );
+    }
+}
+
+/// The reader: reads, hands entries to the channel, reclaims idle entries, recovers from
+/// NOGROUP and reconnects. Runs until aborted or until the subscription is dropped.
+async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Delivery>) {
+    let tuning = shared.tuning.clone();
+    let mut connection: Option<MultiplexedConnection> = None;
+    let mut backoff = Backoff(BACKOFF_MIN);
+    let mut throttle = Throttle(None);
+    // The first pass runs at once: a new consumer picks up what a crashed one left.
+    let mut reclaim_at = Instant::now();
+    let mut reclaim_cursor = "0-0".to_owned();
+    loop {
+        // Read only what the channel can take, so a read never waits on the consumer and
+        // nothing read sits in this task.
+        match tx.reserve().await {
+            Ok(permit) => drop(permit),
+            Err(_) => return,
+        }
+        let room = tx.capacity().clamp(1, tuning.batch_count);
+
+        if let (Some(group), Some(interval)) = (&sub.group, tuning.reclaim_interval) {
+            if Instant::now() >= reclaim_at {
+                match reclaim(&shared, &sub, group, &reclaim_cursor, room).await {
+                    Ok((cursor, entries)) => {
+                        // A cursor other than 0-0 means more to scan: continue promptly.
+                        reclaim_at = if cursor == "0-0" {
+                            later(interval)
+                        } else {
+                            Instant::now()
+                        };
+                        reclaim_cursor = cursor;
+                        if !deliver(&shared, &sub, entries, &tx, false).await {
+                            return;
+                        }
+                    }
+                    Err(err) => {
+                        reclaim_at = later(interval);
+                        // NOGROUP is the read's to recover from; anything else is trouble.
+                        if !matches!(&err, LeaseError::Server(e) if e.code() == Some("NOGROUP")) {
+                            throttle.report(
+                                &shared,
+                                &sub,
+                                "reclaim pass failed",
+                                &err.full_message(),
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+
+        let mut conn = match connection.take() {
+            Some(conn) => conn,
+            None => match connect(&shared).await {
+                Ok(conn) => conn,
+                Err(err) => {
+                    throttle.report(&shared, &sub, "reader cannot connect; retrying", &err);
+                    tokio::time::sleep(backoff.next()).await;
+                    continue;
+                }
+            },
+        };
+        let (cmd, epoch) = read_command(&shared, &sub, room);
+        let outcome = tokio::time::timeout(
+            tuning.block.saturating_add(tuning.command_timeout),
+            cmd.query_async::<Value>(&mut conn),
+        )
+        .await;
+        match outcome {
+            Ok(Ok(reply)) => {
+                connection = Some(conn);
+                backoff.reset();
+                if sub.cursor().epoch != epoch {
+                    continue; // read from a stream clearTopic deleted meanwhile
+                }
+                if !deliver(&shared, &sub, event::read_reply(reply), &tx, true).await {
+                    return;
+                }
+            }
+            Ok(Err(err)) if err.code() == Some("NOGROUP") => {
+                connection = Some(conn);
+                recover_group(&shared, &sub).await;
+                // Grows only if recovery keeps failing (a successful read resets it).
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Ok(Err(err)) => {
+                // A server error (READONLY, WRONGTYPE, OOM) leaves the connection usable;
+                // anything else may have broken it.
+                if matches!(err.kind(), redis::ErrorKind::Server(_)) {
+                    connection = Some(conn);
+                }
+                let message = LeaseError::from_redis(err, tuning.command_timeout).full_message();
+                throttle.report(&shared, &sub, "read failed; retrying", &message);
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Err(_) => {
+                // No answer past BLOCK + timeout: frozen or unreachable. A fresh connection
+                // is the only way to know; the old one may never answer.
+                throttle.report(&shared, &sub, "read timed out; reconnecting", "timeout");
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+}
+
+async fn connect(shared: &Shared) -> std::result::Result<MultiplexedConnection, String> {
+    let bound = shared
+        .tuning
+        .connect_timeout
+        .saturating_add(shared.tuning.command_timeout);
+    let attempt = shared
+        .client
+        .get_multiplexed_async_connection_with_config(&shared.reader_config);
+    match tokio::time::timeout(bound, attempt).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(err)) => Err(LeaseError::from_redis(err, bound).full_message()),
+        Err(_) => Err(LeaseError::Timeout(bound).full_message()),
+    }
+}
+
+/// XREADGROUP for a group (`>`: entries never delivered to any consumer of it), XREAD from
+/// the kept position for fan-out. Also returns the cursor epoch the read belongs to.
+fn read_command(shared: &Shared, sub: &SubState, count: usize) -> (redis::Cmd, u64) {
+    let block = super::duration_ms(shared.tuning.block);
+    let cursor = sub.cursor();
+    let mut cmd = match &sub.group {
+        Some(group) => {
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg("GROUP").arg(&group.name).arg(&group.consumer);
+            cmd
+        }
+        None => redis::cmd("XREAD"),
+    };
+    cmd.arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block)
+        .arg("STREAMS")
+        .arg(&sub.key);
+    match &sub.group {
+        Some(_) => cmd.arg(">"),
+        None => cmd.arg(cursor.position.as_deref().unwrap_or("0-0")),
+    };
+    (cmd, cursor.epoch)
+}
+
+/// After NOGROUP (stream or group deleted: clearTopic elsewhere, TTL expiry, FLUSHALL),
+/// recreate the group after the last entry this subscription read, so entries appended
+/// since are delivered; before any read, at the subscription's own anchor.
+async fn recover_group(shared: &Shared, sub: &SubState) {
+    let Some(group) = &sub.group else { return };
+    let at = {
+        let cursor = sub.cursor();
+        cursor
+            .position
+            .clone()
+            .unwrap_or_else(|| cursor.anchor.to_owned())
+    };
+    match create_group(shared, &sub.key, &group.name, &at).await {
+        Ok(()) => shared.notice(
+            Level::Debug,
+            "recreated consumer group after NOGROUP",
+            &[
+                ("topic", sub.topic.clone().into()),
+                ("group", group.name.clone().into()),
+            ],
+        ),
+        Err(err) => shared.notice(
+            Level::Debug,
+            "consumer group re-create failed",
+            &[
+                ("topic", sub.topic.clone().into()),
+                ("err", err.full_message().into()),
+            ],
+        ),
+    }
+}
+
+/// One XAUTOCLAIM step: takes over up to `count` entries of the group idle for at least
+/// the reclaim threshold, starting at `cursor`.
+async fn reclaim(
+    shared: &Shared,
+    sub: &SubState,
+    group: &Group,
+    cursor: &str,
+    count: usize,
+) -> Result<(String, Vec<Entry>)> {
+    let mut cmd = redis::cmd("XAUTOCLAIM");
+    cmd.arg(&sub.key)
+        .arg(&group.name)
+        .arg(&group.consumer)
+        .arg(shared.tuning.reclaim_idle_ms)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(count);
+    let reply = shared
+        .writer
+        .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+        .await?;
+    Ok(event::autoclaim_reply(reply))
+}
+
+/// Hands entries to the channel. Returns `false` once the subscription is gone.
+async fn deliver(
+    shared: &Arc<Shared>,
+    sub: &Arc<SubState>,
+    entries: Vec<Entry>,
+    tx: &mpsc::Sender<Delivery>,
+    fresh: bool,
+) -> bool {
+    for entry in entries {
+        if fresh {
+            sub.cursor().position = Some(entry.id.clone());
+        }
+        let Some(parsed) = entry.event.and_then(event::parse) else {
+            malformed(shared, sub, &entry.id).await;
+            continue;
+        };
+        // A reclaim pass also claims this consumer's own idle entries: those already
+        // being handled are not handed out twice.
+        if sub.group.is_some() && !sub.in_flight().insert(entry.id.clone()) {
+            continue;
+        }
+        let delivery = Delivery {
+            inner: Arc::new(Inner {
+                shared: Arc::clone(shared),
+                sub: Arc::clone(sub),
+                entry_id: entry.id,
+                json: parsed.json,
+                event: parsed.event,
+                attempt: parsed.attempt,
+                state: AtomicU8::new(PENDING),
+                handed_out: AtomicBool::new(false),
+            }),
+        };
+        if tx.send(delivery).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// An entry without a usable `event` field can never be handled: warn, and for a group
+/// ack it so it does not come back forever.
+async fn malformed(shared: &Shared, sub: &SubState, id: &str) {
+    shared.notice(
+        Level::Warn,
+        "malformed entry (no JSON object in its event field); dropping it",
+        &[("topic", sub.topic.clone().into()), ("entryId", id.into())],
+    );
+    if let Some(group) = &sub.group {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&sub.key).arg(&group.name).arg(id);
+        if let Err(err) = shared
+            .writer
+            .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+            .await
+        {
+            shared.notice(
+                Level::Debug,
+                "ack of a malformed entry failed",
+                &[
+                    ("topic", sub.topic.clone().into()),
+                    ("err", err.full_message().into()),
+                ],
+            );
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! A real `redis-server` for Rust tests, on its own unix socket in a fresh directory, so
+//! tests run in parallel without ports or leftovers. Stopped and removed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) struct Server {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Server {
+    /// Starts a server; `name` must be unique among the tests of one run.
+    pub fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("mastra-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = spawn(&dir);
+        let server = Self { child, dir };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.cli(&["PING"]) != "PONG" {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL: nothing saved) and starts a fresh one on the same socket.
+    pub fn restart(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.socket());
+        self.child = spawn(&self.dir);
+        self.wait_ready();
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket().display())
+    }
+
+    /// Runs one command with `redis-cli` and returns its trimmed output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .arg("-s")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Sends a signal (`-STOP` freezes the server, `-CONT` thaws it).
+    pub fn signal(&self, signal: &str) {
+        Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+    }
+}
+
+fn spawn(dir: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .args(["--port", "0", "--save", "", "--appendonly", "no"])
+        .arg("--unixsocket")
+        .arg(dir.join("redis.sock"))
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server must be on the PATH")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
