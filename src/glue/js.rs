@@ -107,6 +107,26 @@ pub fn boolean(env: Env, value: bool) -> Value {
     out
 }
 
+pub fn number_value(env: Env, value: f64) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain value creation on the JavaScript thread.
+    unsafe { sys::napi_create_double(env, value, &mut out) };
+    out
+}
+
+/// A JavaScript array holding `items`.
+pub fn array(env: Env, items: &[Value]) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain array creation and element writes on the JavaScript thread.
+    unsafe {
+        sys::napi_create_array_with_length(env, items.len(), &mut out);
+        for (i, item) in items.iter().enumerate() {
+            sys::napi_set_element(env, out, i as u32, *item);
+        }
+    }
+    out
+}
+
 pub fn string(env: Env, text: &str) -> Value {
     let mut out = ptr::null_mut();
     // SAFETY: the pointer and length describe valid UTF-8 (NUL bytes included).

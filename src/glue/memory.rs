@@ -10,7 +10,7 @@ use napi_derive::napi;
 use super::args;
 use super::js;
 use super::options::MemoryLeaseProviderOptions;
-use super::reply::{catching, resolved, settled};
+use super::reply::{catching, resolved, settled, Reply};
 use super::{runtime, unknown};
 use crate::core::{Call, LeaseError, MemoryStore, Result};
 
@@ -158,7 +158,7 @@ impl MemoryLeaseProvider {
     fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let outcome = match &self.store {
             None => Err(LeaseError::Closed),
-            Some(store) => call.and_then(|call| catching(|| store.apply(&call))),
+            Some(store) => call.and_then(|call| catching(|| store.apply(&call).map(Reply::Answer))),
         };
         unknown(env, settled(env.raw(), outcome))
     }

@@ -3,11 +3,14 @@
 
 mod args;
 mod bridge;
+mod inbox;
 mod js;
 pub mod memory;
 pub mod options;
 pub mod redis;
 pub mod reply;
+pub mod streams;
+mod tsfn;
 mod turn;
 
 use std::sync::LazyLock;

@@ -11,6 +11,7 @@ use napi_derive::napi;
 use super::args::{safe_integer, type_name};
 use super::js::{self, Env, Value};
 use crate::core::lease::TTL_CEILING_MS;
+use crate::core::streams::StreamsOptions;
 use crate::core::{InputErrorKind, LeaseError, Limits, RedisOptions, Result};
 
 /// Options of `new MemoryLeaseProvider(options?)`.
@@ -45,6 +46,124 @@ pub struct RedisLeaseProviderOptions {
     /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
 }
+
+/// Options of the Redis Streams transport underneath `RedisStreamsPubSub`. Lease limits are
+/// those of `RedisLeaseProviderOptions`.
+#[napi(object)]
+pub struct RedisStreamsOptions {
+    /// As for `RedisLeaseProviderOptions`. Default `redis://127.0.0.1:6379`.
+    pub url: Option<String>,
+    /// A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`. Default
+    /// `mastra:topic`, Mastra's own layout.
+    pub key_prefix: Option<String>,
+    /// Bound on one attempt to open a connection, in milliseconds. Default 2000.
+    pub connect_timeout_ms: Option<f64>,
+    /// Bound on every non-blocking command (publish, ack, lease calls), connecting
+    /// included, in milliseconds. Default 2000.
+    pub command_timeout_ms: Option<f64>,
+    /// How long one blocking read waits for new entries, in milliseconds. Default 1000.
+    pub block_ms: Option<f64>,
+    /// Most entries one read returns. Default 10.
+    pub batch_count: Option<u32>,
+    /// Streams are trimmed to about this many entries (`MAXLEN ~`); 0 disables trimming.
+    /// Default 10000.
+    pub max_stream_length: Option<f64>,
+    /// A stream idle this long expires; 0 (the default) never.
+    pub stream_idle_ttl_ms: Option<f64>,
+    /// A nacked event is redelivered until its `deliveryAttempt` reaches this, then dropped
+    /// with a warning; 0 or `Infinity` redeliver forever. Default 5.
+    pub max_delivery_attempts: Option<f64>,
+    /// How often a consumer group looks for entries a crashed consumer never settled
+    /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
+    pub reclaim_interval_ms: Option<f64>,
+    /// How long an entry sits unsettled before it is reclaimed, in milliseconds. Default
+    /// 60000; keep it well above the slowest handler.
+    pub reclaim_idle_ms: Option<f64>,
+    /// Longest lease key accepted, in UTF-8 bytes. Default 4096.
+    pub max_key_bytes: Option<u32>,
+    /// Longest lease owner accepted, in UTF-8 bytes. Default 1024.
+    pub max_owner_bytes: Option<u32>,
+    /// Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day).
+    pub max_ttl_ms: Option<f64>,
+}
+
+impl RedisStreamsOptions {
+    /// Reads the options object (`undefined` and `null` mean all defaults).
+    pub fn read(env: Env, value: Option<Value>) -> Result<Self> {
+        let reader = Reader::new(env, value)?;
+        let attempts = match reader.get(c"maxDeliveryAttempts") {
+            Some((value, ValueType::napi_number)) if js::number(env, value) == f64::INFINITY => {
+                Some(0.0)
+            }
+            _ => reader
+                .whole_from(c"maxDeliveryAttempts", 0, MAX_COUNT)?
+                .map(|n| n as f64),
+        };
+        Ok(Self {
+            url: reader.string(c"url")?,
+            key_prefix: reader.string(c"keyPrefix")?,
+            connect_timeout_ms: reader.millis(c"connectTimeoutMs", MAX_TIMEOUT_MS)?,
+            command_timeout_ms: reader.millis(c"commandTimeoutMs", MAX_TIMEOUT_MS)?,
+            block_ms: reader.millis(c"blockMs", MAX_TIMEOUT_MS)?,
+            batch_count: reader
+                .whole_from(c"batchCount", 1, 10_000)?
+                .map(|n| n as u32),
+            max_stream_length: reader
+                .whole_from(c"maxStreamLength", 0, MAX_COUNT)?
+                .map(|n| n as f64),
+            stream_idle_ttl_ms: reader
+                .whole_from(c"streamIdleTtlMs", 0, TTL_CEILING_MS)?
+                .map(|n| n as f64),
+            max_delivery_attempts: attempts,
+            reclaim_interval_ms: reader
+                .whole_from(c"reclaimIntervalMs", 0, TTL_CEILING_MS)?
+                .map(|n| n as f64),
+            reclaim_idle_ms: reader.millis(c"reclaimIdleMs", TTL_CEILING_MS)?,
+            max_key_bytes: reader.count(c"maxKeyBytes")?,
+            max_owner_bytes: reader.count(c"maxOwnerBytes")?,
+            max_ttl_ms: reader.millis(c"maxTtlMs", TTL_CEILING_MS)?,
+        })
+    }
+
+    /// The core's transport options (defaults filled in) and the lease limits.
+    pub fn into_core(self) -> (StreamsOptions, Limits) {
+        let d = StreamsOptions::default();
+        let ms = |v: Option<f64>, default: Duration| {
+            v.map_or(default, |ms| Duration::from_millis(ms as u64))
+        };
+        let limits = limits(self.max_key_bytes, self.max_owner_bytes, self.max_ttl_ms);
+        let options = StreamsOptions {
+            url: self.url.unwrap_or(d.url),
+            key_prefix: self.key_prefix.unwrap_or(d.key_prefix),
+            connect_timeout: ms(self.connect_timeout_ms, d.connect_timeout),
+            command_timeout: ms(self.command_timeout_ms, d.command_timeout),
+            block: ms(self.block_ms, d.block),
+            batch_count: self.batch_count.map_or(d.batch_count, |n| n as usize),
+            max_len: self.max_stream_length.map_or(d.max_len, |n| n as u64),
+            idle_ttl: match self.stream_idle_ttl_ms {
+                Some(ms) if ms > 0.0 => Some(Duration::from_millis(ms as u64)),
+                Some(_) => None,
+                None => d.idle_ttl,
+            },
+            max_delivery_attempts: match self.max_delivery_attempts {
+                Some(n) if n > 0.0 => Some(n as u64),
+                Some(_) => None,
+                None => d.max_delivery_attempts,
+            },
+            reclaim_interval: match self.reclaim_interval_ms {
+                Some(ms) if ms > 0.0 => Some(Duration::from_millis(ms as u64)),
+                Some(_) => None,
+                None => d.reclaim_interval,
+            },
+            reclaim_idle: ms(self.reclaim_idle_ms, d.reclaim_idle),
+            logger: None,
+        };
+        (options, limits)
+    }
+}
+
+/// The largest count option accepted (stream lengths, attempts).
+const MAX_COUNT: u64 = 1 << 40;
 
 /// The longest timeout option accepted: ten minutes.
 const MAX_TIMEOUT_MS: u64 = 600_000;
@@ -169,6 +288,11 @@ impl Reader {
     }
 
     fn whole(&self, name: &CStr, max: u64) -> Result<Option<u64>> {
+        self.whole_from(name, 1, max)
+    }
+
+    /// A whole number from `min` to `max`.
+    fn whole_from(&self, name: &CStr, min: u64, max: u64) -> Result<Option<u64>> {
         let Some((value, kind)) = self.get(name) else {
             return Ok(None);
         };
@@ -181,10 +305,10 @@ impl Reader {
         }
         let number = js::number(self.env, value);
         match safe_integer(number) {
-            Some(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
             _ => Err(LeaseError::option(
                 InputErrorKind::Range,
-                format!("{label} must be a whole number from 1 to {max}, got {number}"),
+                format!("{label} must be a whole number from {min} to {max}, got {number}"),
             )),
         }
     }

@@ -42,13 +42,21 @@ impl RedisLeaseProvider {
             });
         match store {
             Ok(store) => Ok(Self {
-                bridge: Some(Bridge::new(raw, store)?),
+                bridge: Some(Bridge::new(raw, Arc::new(store))?),
             }),
             Err(err) => {
                 js::throw(raw, &err);
                 Err(napi::Error::from_status(napi::Status::PendingException))
             }
         }
+    }
+
+    /// A provider over a store that already exists (the one sharing a streams transport's
+    /// connection).
+    pub(super) fn over(env: &Env, store: Arc<RedisStore>) -> napi::Result<Self> {
+        Ok(Self {
+            bridge: Some(Bridge::new(env.raw(), store)?),
+        })
     }
 
     /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds

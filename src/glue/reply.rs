@@ -3,23 +3,41 @@
 use super::js::{self, Env, Value};
 use crate::core::{Answer, LeaseError, Result};
 
-/// Turns a call's outcome into the value to resolve or reject with (on the JavaScript
-/// thread). `releaseLease` resolves `undefined`, as Mastra's contract says.
-pub fn to_js(env: Env, outcome: Result<Answer>) -> std::result::Result<Value, Value> {
+/// What a finished call hands back: a lease answer, or a plain value.
+pub enum Reply {
+    /// One of the five lease operations.
+    Answer(Answer),
+    /// `undefined` (`close()`, `flush()`, `publish()`, ...).
+    Undefined,
+    /// A number (a subscription's id).
+    Number(f64),
+}
+
+/// A finished call: its reply, or the error to reject with.
+pub type Outcome = Result<Reply>;
+
+/// Turns an outcome into the value to resolve or reject with (on the JavaScript thread).
+/// `releaseLease` resolves `undefined`, as Mastra's contract says.
+pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
     match outcome {
-        Ok(Answer::Grant(grant)) => {
+        Ok(Reply::Answer(Answer::Grant(grant))) => {
             let owner = js::string_or_undefined(env, grant.owner.as_deref());
             Ok(js::grant(env, grant.acquired, owner))
         }
-        Ok(Answer::Owner(owner)) => Ok(js::string_or_undefined(env, owner.as_deref())),
-        Ok(Answer::Released(_)) => Ok(js::undefined(env)),
-        Ok(Answer::Renewed(done) | Answer::Transferred(done)) => Ok(js::boolean(env, done)),
+        Ok(Reply::Answer(Answer::Owner(owner))) => {
+            Ok(js::string_or_undefined(env, owner.as_deref()))
+        }
+        Ok(Reply::Answer(Answer::Released(_)) | Reply::Undefined) => Ok(js::undefined(env)),
+        Ok(Reply::Number(n)) => Ok(js::number_value(env, n)),
+        Ok(Reply::Answer(Answer::Renewed(done) | Answer::Transferred(done))) => {
+            Ok(js::boolean(env, done))
+        }
         Err(err) => Err(js::error(env, &err)),
     }
 }
 
 /// A promise already settled with `outcome`.
-pub fn settled(env: Env, outcome: Result<Answer>) -> Value {
+pub fn settled(env: Env, outcome: Outcome) -> Value {
     let (deferred, promise) = js::promise(env);
     js::settle(env, deferred, to_js(env, outcome));
     promise

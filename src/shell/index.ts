@@ -2,5 +2,12 @@
 // Rust binding (the top-level index.js that `napi build` generates, the same path from these
 // sources and from dist/esm or dist/cjs); `withLeases` puts them behind a Mastra PubSub.
 export { MemoryLeaseProvider, RedisLeaseProvider } from '../../index.js'
-export type { LeaseGrant, MemoryLeaseProviderOptions, RedisLeaseProviderOptions } from '../../index.js'
+export type {
+  LeaseGrant,
+  MemoryLeaseProviderOptions,
+  RedisLeaseProviderOptions,
+  RedisStreamsOptions,
+} from '../../index.js'
 export { LeasedPubSub, withLeases } from './leased-pubsub.js'
+export { RedisStreamsPubSub } from './redis-streams-pubsub.js'
+export type { RedisStreamsPubSubOptions, StreamsLogger } from './redis-streams-pubsub.js'

@@ -6,7 +6,7 @@
 //! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Pipeline, Script, Value};
@@ -56,7 +56,7 @@ impl Default for RedisOptions {
 /// connection, so calls made at the same time are pipelined.
 #[derive(Debug)]
 pub struct RedisStore {
-    connection: Connection,
+    connection: Arc<Connection>,
     key_prefix: Vec<u8>,
     limits: Limits,
 }
@@ -69,18 +69,28 @@ impl RedisStore {
             options.connect_timeout,
             options.command_timeout,
         )?;
-        if options.key_prefix.is_empty() {
+        Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)
+    }
+
+    /// A store on an existing connection (the one a streams transport writes through, so
+    /// events and leases share it). Leases live at `<key_prefix>:lease:<key>`.
+    pub fn with_connection(
+        connection: Arc<Connection>,
+        key_prefix: String,
+        limits: Limits,
+    ) -> Result<Self> {
+        if key_prefix.is_empty() {
             return Err(LeaseError::option(
                 InputErrorKind::Range,
                 "keyPrefix must not be empty",
             ));
         }
-        let mut key_prefix = options.key_prefix.into_bytes();
+        let mut key_prefix = key_prefix.into_bytes();
         key_prefix.extend_from_slice(b":lease:");
         Ok(Self {
             connection,
             key_prefix,
-            limits: options.limits,
+            limits,
         })
     }
 

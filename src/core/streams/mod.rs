@@ -188,11 +188,11 @@ impl StreamsPubSub {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             LeaseError::Internal("StreamsPubSub must be created inside a Tokio runtime".into())
         })?;
-        let writer = Connection::new(
+        let writer = Arc::new(Connection::new(
             &options.url,
             options.connect_timeout,
             options.command_timeout,
-        )?;
+        )?);
         let range = |message: &str| Err(LeaseError::option(InputErrorKind::Range, message));
         if options.key_prefix.is_empty() {
             return range("keyPrefix must not be empty");
@@ -251,6 +251,12 @@ impl StreamsPubSub {
     }
 
     /// The stream key of a topic: `<keyPrefix>:<topic>`.
+    /// The multiplexed connection this transport writes through, for a lease store that
+    /// should share it ([`crate::core::RedisStore::with_connection`]).
+    pub fn connection(&self) -> Arc<Connection> {
+        self.shared.writer.clone()
+    }
+
     pub fn stream_key(&self, topic: &str) -> String {
         self.shared.stream_key(topic)
     }
@@ -424,7 +430,7 @@ pub(crate) struct Tuning {
 
 /// State shared by the pubsub, its reader tasks and its deliveries.
 pub(crate) struct Shared {
-    pub writer: Connection,
+    pub writer: Arc<Connection>,
     pub client: Client,
     pub reader_config: AsyncConnectionConfig,
     pub prefix: String,

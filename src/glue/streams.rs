@@ -1,0 +1,323 @@
+//! `RedisStreamsTransport`: the native half of `RedisStreamsPubSub` — Mastra's PubSub over
+//! Redis Streams, with the leases on the same connection. The TypeScript shell turns it into
+//! a Mastra `PubSub` (event objects, callbacks with ack/nack, `localOnly`); this class moves
+//! JSON text and delivery ids across, nothing more.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use napi::bindgen_prelude::{Env, Unknown};
+use napi::sys::ValueType;
+use napi::JsValue;
+use napi_derive::napi;
+use tokio::sync::oneshot;
+
+use super::inbox::{lock, Inbox};
+use super::js::{self, Value};
+use super::options::RedisStreamsOptions;
+use super::redis::RedisLeaseProvider;
+use super::reply::{settled, Reply};
+use super::tsfn::JsCallback;
+use super::{runtime, unknown};
+use crate::core::streams::{
+    Delivery, Level, Logger, Notice, StartFrom, StreamsPubSub, SubscribeOptions,
+};
+use crate::core::{InputErrorKind, LeaseError, RedisStore};
+
+/// Most deliveries handed to JavaScript in one call.
+const DELIVERY_BATCH: usize = 256;
+
+/// Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`.
+#[napi]
+pub struct RedisStreamsTransport {
+    shared: Option<Arc<Shared>>,
+    store: Arc<RedisStore>,
+}
+
+struct Shared {
+    pubsub: StreamsPubSub,
+    inbox: Arc<Inbox>,
+    /// Deliveries handed to JavaScript and not yet settled, by id.
+    deliveries: Mutex<HashMap<u32, Delivery>>,
+    next_delivery: AtomicU32,
+    /// Running subscriptions: the signal that stops each one's forwarding task.
+    subscriptions: Mutex<HashMap<u32, oneshot::Sender<()>>>,
+    next_subscription: AtomicU32,
+}
+
+#[napi]
+impl RedisStreamsTransport {
+    /// Checks the options; connects on first use. `log(level, message, fieldsJson)`, when
+    /// given, receives the transport's warnings and debug notes.
+    #[napi(
+        constructor,
+        catch_unwind,
+        ts_args_type = "options?: RedisStreamsOptions | undefined | null, log?: ((level: 'debug' | 'warn', message: string, fieldsJson: string) => void) | undefined | null"
+    )]
+    pub fn new(env: Env, options: Option<Unknown>, log: Option<Unknown>) -> napi::Result<Self> {
+        let raw = env.raw();
+        let built = (|| {
+            let (mut options, limits) =
+                RedisStreamsOptions::read(raw, options.map(|o| o.raw()))?.into_core();
+            if let Some(log) = log.map(|l| l.raw()) {
+                match js::type_of(raw, log) {
+                    ValueType::napi_undefined | ValueType::napi_null => {}
+                    ValueType::napi_function => {
+                        let logger = JsLogger(
+                            JsCallback::new(raw, log, notice_args)
+                                .map_err(|e| LeaseError::Internal(e.reason.clone()))?,
+                        );
+                        options.logger = Some(Arc::new(logger));
+                    }
+                    _ => {
+                        return Err(LeaseError::option(
+                            InputErrorKind::Type,
+                            "log must be a function",
+                        ))
+                    }
+                }
+            }
+            let key_prefix = options.key_prefix.clone();
+            let _context = runtime()?.enter();
+            let pubsub = StreamsPubSub::new(options)?;
+            let store = RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
+            Ok((pubsub, store))
+        })();
+        match built {
+            Ok((pubsub, store)) => Ok(Self {
+                shared: Some(Arc::new(Shared {
+                    pubsub,
+                    inbox: Inbox::new(raw)?,
+                    deliveries: Mutex::new(HashMap::new()),
+                    next_delivery: AtomicU32::new(1),
+                    subscriptions: Mutex::new(HashMap::new()),
+                    next_subscription: AtomicU32::new(1),
+                })),
+                store: Arc::new(store),
+            }),
+            Err(err) => {
+                js::throw(raw, &err);
+                Err(napi::Error::from_status(napi::Status::PendingException))
+            }
+        }
+    }
+
+    /// A `RedisLeaseProvider` on this transport's connection and key prefix.
+    #[napi(catch_unwind)]
+    pub fn lease_provider(&self, env: Env) -> napi::Result<RedisLeaseProvider> {
+        RedisLeaseProvider::over(&env, self.store.clone())
+    }
+
+    /// Appends `json` (an event object's JSON) to the topic's stream, stamped with `id`,
+    /// `createdAt` and `deliveryAttempt`.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
+        self.run(env, move |shared| async move {
+            shared.pubsub.publish_json(&topic, &json).await?;
+            Ok(Reply::Undefined)
+        })
+    }
+
+    /// Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
+    /// Resolves the subscription's id once the starting point is fixed.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest', onEvents: (batch: Array<number | string>) => void",
+        ts_return_type = "Promise<number>"
+    )]
+    pub fn subscribe<'env>(
+        &self,
+        env: &'env Env,
+        topic: String,
+        group: Option<String>,
+        start_from: String,
+        on_events: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let raw = env.raw();
+        let start_from = match start_from.as_str() {
+            "latest" => StartFrom::Latest,
+            _ => StartFrom::Earliest,
+        };
+        if js::type_of(raw, on_events.raw()) != ValueType::napi_function {
+            let err = LeaseError::option(InputErrorKind::Type, "onEvents must be a function");
+            return unknown(env, settled(raw, Err(err)));
+        }
+        let sink = match JsCallback::new(raw, on_events.raw(), delivery_args) {
+            Ok(sink) => sink,
+            Err(err) => return unknown(env, settled(raw, Err(LeaseError::Internal(err.reason)))),
+        };
+        // A live subscription keeps the process alive, as a listening socket would.
+        sink.refer(raw);
+        let options = SubscribeOptions {
+            group: group.filter(|g| !g.is_empty()),
+            start_from,
+        };
+        self.run(env, move |shared| async move {
+            let mut subscription = shared.pubsub.subscribe(&topic, options).await?;
+            let id = shared.next_subscription.fetch_add(1, Ordering::Relaxed);
+            let (stop, mut stopped) = oneshot::channel();
+            lock(&shared.subscriptions).insert(id, stop);
+            let forward = shared.clone();
+            runtime()?.spawn(async move {
+                let mut batch = Vec::with_capacity(DELIVERY_BATCH);
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        taken = subscription.recv_many(&mut batch, DELIVERY_BATCH) => {
+                            if taken == 0 {
+                                break;
+                            }
+                            sink.call(forward.hand_out(&mut batch));
+                        }
+                    }
+                }
+                subscription.unsubscribe().await;
+                drop(sink);
+            });
+            Ok(Reply::Number(f64::from(id)))
+        })
+    }
+
+    /// Acknowledges a delivery. Settling twice, or an unknown id, is a no-op.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn ack<'env>(&self, env: &'env Env, delivery: u32) -> Unknown<'env> {
+        self.settle(env, delivery, true)
+    }
+
+    /// Rejects a delivery: redelivered with `deliveryAttempt + 1`, or dropped with a warning
+    /// at `maxDeliveryAttempts`.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn nack<'env>(&self, env: &'env Env, delivery: u32) -> Unknown<'env> {
+        self.settle(env, delivery, false)
+    }
+
+    /// Stops a subscription; what it had read but not handed out goes back to its group.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn unsubscribe<'env>(&self, env: &'env Env, subscription: u32) -> Unknown<'env> {
+        if let Some(shared) = &self.shared {
+            if let Some(stop) = lock(&shared.subscriptions).remove(&subscription) {
+                let _ = stop.send(());
+            }
+        }
+        unknown(env, settled(env.raw(), Ok(Reply::Undefined)))
+    }
+
+    /// Resolves once every publish made so far has settled.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn flush<'env>(&self, env: &'env Env) -> Unknown<'env> {
+        self.run(env, |shared| async move {
+            shared.pubsub.flush().await;
+            Ok(Reply::Undefined)
+        })
+    }
+
+    /// Deletes the topic's stream; never rejects (failures go to the log).
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn clear_topic<'env>(&self, env: &'env Env, topic: String) -> Unknown<'env> {
+        self.run(env, move |shared| async move {
+            shared.pubsub.clear_topic(&topic).await;
+            Ok(Reply::Undefined)
+        })
+    }
+
+    /// Stops every subscription and drains publishes; later calls reject with
+    /// `ERR_LEASE_CLOSED`. Idempotent, bounded by the command timeout.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
+        let Some(shared) = self.shared.take() else {
+            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
+        };
+        for (_, stop) in lock(&shared.subscriptions).drain() {
+            let _ = stop.send(());
+        }
+        let inbox = shared.inbox.clone();
+        unknown(
+            env,
+            inbox.spawn(env.raw(), async move {
+                shared.pubsub.close().await;
+                Ok(Reply::Undefined)
+            }),
+        )
+    }
+
+    fn settle<'env>(&self, env: &'env Env, delivery: u32, ack: bool) -> Unknown<'env> {
+        let Some(shared) = &self.shared else {
+            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+        };
+        let Some(delivery) = lock(&shared.deliveries).remove(&delivery) else {
+            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
+        };
+        unknown(
+            env,
+            shared.inbox.spawn(env.raw(), async move {
+                if ack {
+                    delivery.ack().await?;
+                } else {
+                    delivery.nack().await?;
+                }
+                Ok(Reply::Undefined)
+            }),
+        )
+    }
+
+    /// Runs `work` on the runtime; a closed transport rejects at once.
+    fn run<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
+    {
+        let Some(shared) = &self.shared else {
+            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+        };
+        let inbox = shared.inbox.clone();
+        unknown(env, inbox.spawn(env.raw(), work(shared.clone())))
+    }
+}
+
+impl Shared {
+    /// Registers a batch of deliveries under fresh ids; answers `[id, json, id, json, ...]`.
+    fn hand_out(&self, batch: &mut Vec<Delivery>) -> Vec<(u32, String)> {
+        let mut deliveries = lock(&self.deliveries);
+        batch
+            .drain(..)
+            .map(|delivery| {
+                let id = self.next_delivery.fetch_add(1, Ordering::Relaxed);
+                let json = delivery.json().to_owned();
+                deliveries.insert(id, delivery);
+                (id, json)
+            })
+            .collect()
+    }
+}
+
+fn delivery_args(env: js::Env, batch: Vec<(u32, String)>) -> Vec<Value> {
+    let mut flat = Vec::with_capacity(batch.len() * 2);
+    for (id, json) in &batch {
+        flat.push(js::number_value(env, f64::from(*id)));
+        flat.push(js::string(env, json));
+    }
+    vec![js::array(env, &flat)]
+}
+
+/// Forwards the transport's notices to the shell's `log(level, message, fieldsJson)`.
+struct JsLogger(JsCallback<Notice>);
+
+impl Logger for JsLogger {
+    fn log(&self, notice: Notice) {
+        self.0.call(notice);
+    }
+}
+
+fn notice_args(env: js::Env, notice: Notice) -> Vec<Value> {
+    let level = match notice.level {
+        Level::Debug => "debug",
+        Level::Warn => "warn",
+    };
+    let fields = serde_json::Value::Object(notice.fields).to_string();
+    vec![
+        js::string(env, level),
+        js::string(env, &notice.message),
+        js::string(env, &fields),
+    ]
+}

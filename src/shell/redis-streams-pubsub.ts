@@ -1,0 +1,181 @@
+import { randomUUID } from 'node:crypto'
+
+import { PubSub } from '@mastra/core/events'
+import type { Event, EventCallback, LeaseProvider, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
+
+import { RedisStreamsTransport } from '../../index.js'
+import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
+
+/** Anything with Mastra's logger's `debug` and `warn` (Mastra's own logger fits). */
+export interface StreamsLogger {
+  debug(message: string, fields?: Record<string, unknown>): void
+  warn(message: string, fields?: Record<string, unknown>): void
+}
+
+/** Options of `new RedisStreamsPubSub(options?)`; every field has a default. */
+export interface RedisStreamsPubSubOptions extends RedisStreamsOptions {
+  /** Receives dropped-event warnings and connection trouble (at most once per 30 s). */
+  logger?: StreamsLogger
+}
+
+type Publishable = Omit<Event, 'id' | 'createdAt'>
+
+/**
+ * Mastra's PubSub over Redis Streams, and its LeaseProvider, in one object:
+ * `new Mastra({ pubsub: new RedisStreamsPubSub({ url: process.env.REDIS_URL }) })`.
+ *
+ * Each topic is the stream `<keyPrefix>:<topic>` with one field `event` holding the JSON
+ * event, the layout of Mastra's own Redis backend. The transport (reads, acks, redelivery,
+ * reclaiming) runs in Rust; this class turns its JSON into Mastra events and callbacks.
+ * Fields are TypeScript-private, not `#private`, so the object works through a `Proxy`.
+ */
+export class RedisStreamsPubSub extends PubSub implements LeaseProvider {
+  private readonly transport: RedisStreamsTransport
+  private readonly leases: RedisLeaseProvider
+  /** Subscriptions by topic and callback: the transport's ids, for unsubscribe. */
+  private readonly subscriptions = new Map<string, Map<EventCallback, Promise<number>>>()
+
+  constructor(options: RedisStreamsPubSubOptions = {}) {
+    super()
+    const { logger, ...native } = options
+    const log = logger
+      ? (level: 'debug' | 'warn', message: string, fieldsJson: string) => {
+          try {
+            logger[level](message, JSON.parse(fieldsJson) as Record<string, unknown>)
+          } catch {
+            // A logger that throws must not break delivery.
+          }
+        }
+      : undefined
+    this.transport = new RedisStreamsTransport(native, log)
+    this.leases = this.transport.leaseProvider()
+  }
+
+  override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {
+    return ['pull']
+  }
+
+  /**
+   * Appends the event to the topic's stream, stamped with `id`, `createdAt` and
+   * `deliveryAttempt`. With `localOnly`, the event never leaves this process: this process's
+   * subscribers of the topic get the very object (live values survive), nothing is written.
+   */
+  async publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+    if (options?.localOnly) {
+      const local: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: event.deliveryAttempt ?? 1 }
+      for (const cb of this.subscriptions.get(topic)?.keys() ?? []) {
+        invoke(cb, local, settledAlready, settledAlready)
+      }
+      return
+    }
+    await this.transport.publish(topic, JSON.stringify(event))
+  }
+
+  /**
+   * Delivers the topic's events to `cb(event, ack, nack)`. With `group`, subscribers of the
+   * group share the events; without, every subscriber gets every event. A new group starts
+   * at the stream's beginning (`startFrom: 'latest'` for new events only). A callback that
+   * throws or rejects nacks its event: redelivered with `deliveryAttempt + 1`, up to
+   * `maxDeliveryAttempts`. An event never settled is reclaimed after `reclaimIdleMs`.
+   */
+  async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
+    const onEvents = (batch: Array<number | string>) => {
+      for (let i = 0; i + 1 < batch.length; i += 2) {
+        this.deliver(batch[i] as number, batch[i + 1] as string, cb)
+      }
+    }
+    const id = this.transport.subscribe(topic, options?.group, options?.startFrom ?? 'earliest', onEvents)
+    let byCallback = this.subscriptions.get(topic)
+    if (!byCallback) this.subscriptions.set(topic, (byCallback = new Map()))
+    byCallback.set(cb, id)
+    try {
+      await id
+    } catch (err) {
+      byCallback.delete(cb)
+      throw err
+    }
+  }
+
+  async unsubscribe(topic: string, cb: EventCallback): Promise<void> {
+    const byCallback = this.subscriptions.get(topic)
+    const id = byCallback?.get(cb)
+    if (!byCallback || !id) return
+    byCallback.delete(cb)
+    if (byCallback.size === 0) this.subscriptions.delete(topic)
+    await this.transport.unsubscribe(await id.catch(() => 0))
+  }
+
+  /** Resolves once every publish made so far has settled. */
+  flush(): Promise<void> {
+    return this.transport.flush()
+  }
+
+  /** Deletes the topic's stream and its groups. Never rejects. */
+  override async clearTopic(topic: string): Promise<void> {
+    await this.transport.clearTopic(topic).catch(() => {})
+  }
+
+  /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
+  async close(): Promise<void> {
+    this.subscriptions.clear()
+    await this.transport.close()
+    await this.leases.close()
+  }
+
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }> {
+    return this.leases.acquireLease(key, owner, ttlMs)
+  }
+
+  getLeaseOwner(key: string): Promise<string | undefined> {
+    return this.leases.getLeaseOwner(key)
+  }
+
+  releaseLease(key: string, owner: string): Promise<void> {
+    return this.leases.releaseLease(key, owner)
+  }
+
+  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
+    return this.leases.renewLease(key, owner, ttlMs)
+  }
+
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+    return this.leases.transferLease(key, fromOwner, toOwner, ttlMs)
+  }
+
+  /** The lease provider (on this transport's connection), for wrappers such as `CachingPubSub`. */
+  getLeaseProvider(): LeaseProvider {
+    return this.leases
+  }
+
+  private deliver(delivery: number, json: string, cb: EventCallback): void {
+    let event: Event
+    try {
+      event = JSON.parse(json) as Event
+      event.createdAt = new Date(event.createdAt as unknown as string)
+    } catch {
+      // Not an event: settle it so it does not come back forever.
+      void this.transport.ack(delivery).catch(() => {})
+      return
+    }
+    let settled = false
+    const settle = (how: 'ack' | 'nack') => async () => {
+      if (settled) return
+      settled = true
+      await this.transport[how](delivery)
+    }
+    invoke(cb, event, settle('ack'), settle('nack'))
+  }
+}
+
+const settledAlready = async () => {}
+
+/** Calls a subscriber; a throw or a rejection nacks the event. */
+function invoke(cb: EventCallback, event: Event, ack: () => Promise<void>, nack: () => Promise<void>): void {
+  const failed = () => void nack().catch(() => {})
+  try {
+    const result = cb(event, ack, nack)
+    if (result && typeof (result as Promise<void>).then === 'function') (result as Promise<void>).then(undefined, failed)
+  } catch {
+    failed()
+  }
+}
