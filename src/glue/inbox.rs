@@ -12,17 +12,23 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 
 use super::js::{self, Deferred, Env, Value};
 use super::reply::{panic_message, to_js, Outcome};
-use super::runtime;
 use super::tsfn::Tsfn;
+use super::{runtime, turn};
 use crate::core::LeaseError;
+
+type Work = BoxFuture<'static, Outcome>;
 
 /// One provider's way back to JavaScript.
 pub struct Inbox {
     tsfn: Tsfn,
+    /// Work deferred in this turn of JavaScript, sent to the runtime together at its end.
+    deferred: Mutex<Vec<(Deferred, Work)>>,
     /// Outcomes waiting for the JavaScript thread.
     queue: Mutex<Vec<(Deferred, Outcome)>>,
     /// A wake-up of the JavaScript thread is on its way; later outcomes ride along with it.
@@ -37,6 +43,7 @@ impl Inbox {
         let tsfn = Tsfn::new(env, None, ptr::null_mut(), call_js)?;
         Ok(Arc::new(Self {
             tsfn,
+            deferred: Mutex::new(Vec::new()),
             queue: Mutex::new(Vec::new()),
             wake_scheduled: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -76,6 +83,61 @@ impl Inbox {
             Err(err) => self.complete(vec![(deferred, Err(err))]),
         }
         promise
+    }
+
+    /// On the JavaScript thread: like [`Inbox::spawn`], but the work waits for the end of this
+    /// turn of JavaScript and leaves with every other piece deferred in it: one hop onto the
+    /// runtime per turn instead of one per call. The pieces then run concurrently, and their
+    /// commands share the connection's pipeline.
+    pub fn defer(
+        self: &Arc<Self>,
+        env: Env,
+        work: impl Future<Output = Outcome> + Send + 'static,
+    ) -> Value {
+        let (deferred, promise) = self.promise(env);
+        let first = {
+            let mut pending = lock(&self.deferred);
+            pending.push((deferred, Box::pin(work)));
+            pending.len() == 1
+        };
+        if first {
+            let inbox = self.clone();
+            turn::at_end(env, Box::new(move || inbox.send_deferred()));
+        }
+        promise
+    }
+
+    /// Sends the turn's deferred work to the runtime as one task.
+    fn send_deferred(self: &Arc<Self>) {
+        let batch = std::mem::take(&mut *lock(&self.deferred));
+        if batch.is_empty() {
+            return;
+        }
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                let failed = batch.into_iter().map(|(d, _)| (d, Err(err.clone())));
+                return self.complete(failed.collect());
+            }
+        };
+        let inbox = self.clone();
+        runtime.spawn(async move {
+            let mut running: FuturesUnordered<_> = batch
+                .into_iter()
+                .map(|(deferred, work)| async move {
+                    let outcome = std::panic::AssertUnwindSafe(work)
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|panic| {
+                            Err(LeaseError::Internal(panic_message(panic.as_ref())))
+                        });
+                    (deferred, outcome)
+                })
+                .collect();
+            while let Some(done) = running.next().await {
+                inbox.complete(vec![done]);
+            }
+        });
     }
 
     /// From any thread: queues outcomes and wakes JavaScript unless a wake-up is on its way.

@@ -113,7 +113,7 @@ impl RedisStreamsTransport {
     /// `createdAt` and `deliveryAttempt`.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
-        self.run(env, move |shared| async move {
+        self.run_batched(env, move |shared| async move {
             shared.pubsub.publish_json(&topic, &json).await?;
             Ok(Reply::Undefined)
         })
@@ -250,7 +250,7 @@ impl RedisStreamsTransport {
         };
         unknown(
             env,
-            shared.inbox.spawn(env.raw(), async move {
+            shared.inbox.defer(env.raw(), async move {
                 if ack {
                     delivery.ack().await?;
                 } else {
@@ -259,6 +259,20 @@ impl RedisStreamsTransport {
                 Ok(Reply::Undefined)
             }),
         )
+    }
+
+    /// Runs `work` on the runtime with the rest of this turn's publishes and settlements; a
+    /// closed transport rejects at once.
+    fn run_batched<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
+    {
+        let Some(shared) = &self.shared else {
+            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+        };
+        let inbox = shared.inbox.clone();
+        unknown(env, inbox.defer(env.raw(), work(shared.clone())))
     }
 
     /// Runs `work` on the runtime; a closed transport rejects at once.
