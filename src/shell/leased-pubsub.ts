@@ -1,5 +1,6 @@
-import { PubSub } from '@mastra/core/events'
-import type { Event, EventCallback, LeaseProvider, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
+import type { Event, EventCallback, LeaseProvider, PubSub, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
+
+import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** A PubSub that can be closed: Mastra's transports have `close()`, the base class does not. */
 type Closable = { close?: () => Promise<void> | void }
@@ -11,17 +12,13 @@ type Closable = { close?: () => Promise<void> | void }
  * real instead of its single-process no-op fallback.
  *
  * Every PubSub member is delegated to `inner` unchanged; every lease method to `leases`.
- * Fields are TypeScript-private, not `#private`, so the object keeps working when Mastra
- * calls it through a `Proxy`.
  */
-export class LeasedPubSub extends PubSub implements LeaseProvider {
+export class LeasedPubSub extends PubSubWithLeases {
   private readonly inner: PubSub
-  private readonly leases: LeaseProvider
 
   constructor(inner: PubSub, leases: LeaseProvider) {
-    super()
+    super(leases)
     this.inner = inner
-    this.leases = leases
   }
 
   publish(topic: string, event: Omit<Event, 'id' | 'createdAt'>, options?: { localOnly?: boolean }): Promise<void> {
@@ -72,31 +69,6 @@ export class LeasedPubSub extends PubSub implements LeaseProvider {
   async close(): Promise<void> {
     await (this.inner as PubSub & Closable).close?.()
     await (this.leases as LeaseProvider & Closable).close?.()
-  }
-
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }> {
-    return this.leases.acquireLease(key, owner, ttlMs)
-  }
-
-  getLeaseOwner(key: string): Promise<string | undefined> {
-    return this.leases.getLeaseOwner(key)
-  }
-
-  releaseLease(key: string, owner: string): Promise<void> {
-    return this.leases.releaseLease(key, owner)
-  }
-
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.renewLease(key, owner, ttlMs)
-  }
-
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.transferLease(key, fromOwner, toOwner, ttlMs)
-  }
-
-  /** The lease provider, for wrappers that look for it the way Mastra's `CachingPubSub` does. */
-  getLeaseProvider(): LeaseProvider {
-    return this.leases
   }
 
   /** The event transport underneath. */

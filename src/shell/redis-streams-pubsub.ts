@@ -1,10 +1,10 @@
 import { randomUUID } from 'node:crypto'
 
-import { PubSub } from '@mastra/core/events'
-import type { Event, EventCallback, LeaseProvider, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
+import type { Event, EventCallback, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
 
 import { RedisStreamsTransport } from '../../index.js'
 import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
+import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** Anything with Mastra's logger's `debug` and `warn` (Mastra's own logger fits). */
 export interface StreamsLogger {
@@ -27,16 +27,14 @@ type Publishable = Omit<Event, 'id' | 'createdAt'>
  * Each topic is the stream `<keyPrefix>:<topic>` with one field `event` holding the JSON
  * event, the layout of Mastra's own Redis backend. The transport (reads, acks, redelivery,
  * reclaiming) runs in Rust; this class turns its JSON into Mastra events and callbacks.
- * Fields are TypeScript-private, not `#private`, so the object works through a `Proxy`.
  */
-export class RedisStreamsPubSub extends PubSub implements LeaseProvider {
+export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly transport: RedisStreamsTransport
-  private readonly leases: RedisLeaseProvider
+  private readonly ownLeases: RedisLeaseProvider
   /** Subscriptions by topic and callback: the transport's ids, for unsubscribe. */
   private readonly subscriptions = new Map<string, Map<EventCallback, Promise<number>>>()
 
   constructor(options: RedisStreamsPubSubOptions = {}) {
-    super()
     const { logger, ...native } = options
     const log = logger
       ? (level: 'debug' | 'warn', message: string, fieldsJson: string) => {
@@ -47,8 +45,11 @@ export class RedisStreamsPubSub extends PubSub implements LeaseProvider {
           }
         }
       : undefined
-    this.transport = new RedisStreamsTransport(native, log)
-    this.leases = this.transport.leaseProvider()
+    const transport = new RedisStreamsTransport(native, log)
+    const leases = transport.leaseProvider()
+    super(leases)
+    this.transport = transport
+    this.ownLeases = leases
   }
 
   override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {
@@ -119,32 +120,7 @@ export class RedisStreamsPubSub extends PubSub implements LeaseProvider {
   async close(): Promise<void> {
     this.subscriptions.clear()
     await this.transport.close()
-    await this.leases.close()
-  }
-
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }> {
-    return this.leases.acquireLease(key, owner, ttlMs)
-  }
-
-  getLeaseOwner(key: string): Promise<string | undefined> {
-    return this.leases.getLeaseOwner(key)
-  }
-
-  releaseLease(key: string, owner: string): Promise<void> {
-    return this.leases.releaseLease(key, owner)
-  }
-
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.renewLease(key, owner, ttlMs)
-  }
-
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.transferLease(key, fromOwner, toOwner, ttlMs)
-  }
-
-  /** The lease provider (on this transport's connection), for wrappers such as `CachingPubSub`. */
-  getLeaseProvider(): LeaseProvider {
-    return this.leases
+    await this.ownLeases.close()
   }
 
   private deliver(delivery: number, json: string, cb: EventCallback): void {
