@@ -44,6 +44,10 @@ struct Shared {
     /// Running subscriptions: the signal that stops each one's forwarding task.
     subscriptions: Mutex<HashMap<u32, oneshot::Sender<()>>>,
     next_subscription: AtomicU32,
+    /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
+    /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
+    /// for every publish made before them, whenever the runtime gets to run it.
+    publishes: Arc<tokio::sync::RwLock<()>>,
 }
 
 #[napi]
@@ -93,6 +97,7 @@ impl RedisStreamsTransport {
                     next_delivery: AtomicU32::new(1),
                     subscriptions: Mutex::new(HashMap::new()),
                     next_subscription: AtomicU32::new(1),
+                    publishes: Arc::new(tokio::sync::RwLock::new(())),
                 })),
                 store: Arc::new(store),
             }),
@@ -113,9 +118,16 @@ impl RedisStreamsTransport {
     /// `createdAt` and `deliveryAttempt`.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
-        self.run_batched(env, move |shared| async move {
-            shared.pubsub.publish_json(&topic, &json).await?;
-            Ok(Reply::Undefined)
+        self.run_batched(env, move |shared| {
+            // Unavailable only while a flush or close is waiting: a publish made after it
+            // need not be waited for.
+            let guard = shared.publishes.clone().try_read_owned().ok();
+            async move {
+                let published = shared.pubsub.publish_json(&topic, &json).await;
+                drop(guard);
+                published?;
+                Ok(Reply::Undefined)
+            }
         })
     }
 
@@ -207,6 +219,7 @@ impl RedisStreamsTransport {
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn flush<'env>(&self, env: &'env Env) -> Unknown<'env> {
         self.run(env, |shared| async move {
+            drop(shared.publishes.write().await);
             shared.pubsub.flush().await;
             Ok(Reply::Undefined)
         })
@@ -235,6 +248,8 @@ impl RedisStreamsTransport {
         unknown(
             env,
             inbox.spawn(env.raw(), async move {
+                // Publishes are bounded by the command timeout, so this wait is too.
+                drop(shared.publishes.write().await);
                 shared.pubsub.close().await;
                 Ok(Reply::Undefined)
             }),

@@ -31,11 +31,19 @@ type Publishable = Omit<Event, 'id' | 'createdAt'>
 export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly transport: RedisStreamsTransport
   private readonly ownLeases: RedisLeaseProvider
-  /** Subscriptions by topic and callback: the transport's ids, for unsubscribe. */
-  private readonly subscriptions = new Map<string, Map<EventCallback, Promise<number>>>()
+  /** Subscriptions by topic and callback: the transport's id and the group, if any. */
+  private readonly subscriptions = new Map<string, Map<EventCallback, Subscribed>>()
+  /** Round-robin position per topic and group, for `localOnly` events. */
+  private readonly turns = new Map<string, number>()
 
-  constructor(options: RedisStreamsPubSubOptions = {}) {
-    const { logger, ...native } = options
+  constructor(options: RedisStreamsPubSubOptions | null = {}) {
+    if (options !== null && options !== undefined && typeof options !== 'object') {
+      throw optionError(`options must be an object, got ${typeof options}`)
+    }
+    const { logger, ...native } = options ?? {}
+    if (logger !== undefined && (typeof logger?.debug !== 'function' || typeof logger?.warn !== 'function')) {
+      throw optionError('logger must have debug(message, fields) and warn(message, fields) methods')
+    }
     const log = logger
       ? (level: 'debug' | 'warn', message: string, fieldsJson: string) => {
           try {
@@ -64,9 +72,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   async publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
     if (options?.localOnly) {
       const local: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: event.deliveryAttempt ?? 1 }
-      for (const cb of this.subscriptions.get(topic)?.keys() ?? []) {
-        invoke(cb, local, settledAlready, settledAlready)
-      }
+      for (const cb of this.localRecipients(topic)) invoke(cb, local, settledAlready, settledAlready)
       return
     }
     await this.transport.publish(topic, JSON.stringify(event))
@@ -85,10 +91,17 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
         this.deliver(batch[i] as number, batch[i + 1] as string, cb)
       }
     }
-    const id = this.transport.subscribe(topic, options?.group, options?.startFrom ?? 'earliest', onEvents)
     let byCallback = this.subscriptions.get(topic)
+    const existing = byCallback?.get(cb)
+    if (existing) {
+      // As Mastra's own pubsubs: a callback subscribed twice still gets each event once.
+      await existing.id
+      return
+    }
+    const group = options?.group || undefined
+    const id = this.transport.subscribe(topic, group, options?.startFrom ?? 'earliest', onEvents)
     if (!byCallback) this.subscriptions.set(topic, (byCallback = new Map()))
-    byCallback.set(cb, id)
+    byCallback.set(cb, { id, group })
     try {
       await id
     } catch (err) {
@@ -99,11 +112,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 
   async unsubscribe(topic: string, cb: EventCallback): Promise<void> {
     const byCallback = this.subscriptions.get(topic)
-    const id = byCallback?.get(cb)
-    if (!byCallback || !id) return
+    const subscribed = byCallback?.get(cb)
+    if (!byCallback || !subscribed) return
     byCallback.delete(cb)
     if (byCallback.size === 0) this.subscriptions.delete(topic)
-    await this.transport.unsubscribe(await id.catch(() => 0))
+    await this.transport.unsubscribe(await subscribed.id.catch(() => 0))
   }
 
   /** Resolves once every publish made so far has settled. */
@@ -121,6 +134,23 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     this.subscriptions.clear()
     await this.transport.close()
     await this.ownLeases.close()
+  }
+
+  /** Who gets a `localOnly` event: every fan-out subscriber, and one member of each group. */
+  private localRecipients(topic: string): EventCallback[] {
+    const recipients: EventCallback[] = []
+    const groups = new Map<string, EventCallback[]>()
+    for (const [cb, { group }] of this.subscriptions.get(topic) ?? []) {
+      if (group === undefined) recipients.push(cb)
+      else groups.set(group, [...(groups.get(group) ?? []), cb])
+    }
+    for (const [group, members] of groups) {
+      const key = `${topic}\0${group}`
+      const turn = this.turns.get(key) ?? 0
+      this.turns.set(key, turn + 1)
+      recipients.push(members[turn % members.length]!)
+    }
+    return recipients
   }
 
   private deliver(delivery: number, json: string, cb: EventCallback): void {
@@ -143,7 +173,17 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   }
 }
 
+interface Subscribed {
+  id: Promise<number>
+  group: string | undefined
+}
+
 const settledAlready = async () => {}
+
+/** The same coded error the native option checks throw. */
+function optionError(message: string): TypeError {
+  return Object.assign(new TypeError(message), { code: 'ERR_LEASE_INVALID_OPTION' })
+}
 
 /** Calls a subscriber; a throw or a rejection nacks the event. */
 function invoke(cb: EventCallback, event: Event, ack: () => Promise<void>, nack: () => Promise<void>): void {
