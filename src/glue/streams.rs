@@ -19,7 +19,7 @@ use super::options::RedisStreamsOptions;
 use super::redis::RedisLeaseProvider;
 use super::reply::{settled, Reply};
 use super::tsfn::JsCallback;
-use super::{runtime, unknown};
+use super::{runtime, turn, unknown};
 use crate::core::streams::{
     Delivery, Level, Logger, Notice, StartFrom, StreamsPubSub, SubscribeOptions,
 };
@@ -42,12 +42,29 @@ struct Shared {
     deliveries: Mutex<HashMap<u32, Delivery>>,
     next_delivery: AtomicU32,
     /// Running subscriptions: the signal that stops each one's forwarding task.
-    subscriptions: Mutex<HashMap<u32, oneshot::Sender<()>>>,
+    subscriptions: Mutex<HashMap<u32, Running>>,
     next_subscription: AtomicU32,
     /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
     /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
     /// for every publish made before them, whenever the runtime gets to run it.
     publishes: Arc<tokio::sync::RwLock<()>>,
+    /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
+    /// write in call order (Mastra publishes without awaiting and relies on that order).
+    outbox: Mutex<Vec<Pending>>,
+}
+
+/// A running subscription: the signal that stops its forwarding task, and the signal the
+/// task gives once its subscription is fully stopped (entries read handed back).
+struct Running {
+    stop: oneshot::Sender<()>,
+    done: oneshot::Receiver<()>,
+}
+
+struct Pending {
+    deferred: js::Deferred,
+    topic: String,
+    json: String,
+    _guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
 }
 
 #[napi]
@@ -98,6 +115,7 @@ impl RedisStreamsTransport {
                     subscriptions: Mutex::new(HashMap::new()),
                     next_subscription: AtomicU32::new(1),
                     publishes: Arc::new(tokio::sync::RwLock::new(())),
+                    outbox: Mutex::new(Vec::new()),
                 })),
                 store: Arc::new(store),
             }),
@@ -118,17 +136,28 @@ impl RedisStreamsTransport {
     /// `createdAt` and `deliveryAttempt`.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
-        self.run_batched(env, move |shared| {
-            // Unavailable only while a flush or close is waiting: a publish made after it
-            // need not be waited for.
-            let guard = shared.publishes.clone().try_read_owned().ok();
-            async move {
-                let published = shared.pubsub.publish_json(&topic, &json).await;
-                drop(guard);
-                published?;
-                Ok(Reply::Undefined)
-            }
-        })
+        let Some(shared) = &self.shared else {
+            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+        };
+        let (deferred, promise) = shared.inbox.promise(env.raw());
+        // Unavailable only while a flush or close is waiting: a publish made after it need
+        // not be waited for.
+        let guard = shared.publishes.clone().try_read_owned().ok();
+        let first = {
+            let mut outbox = lock(&shared.outbox);
+            outbox.push(Pending {
+                deferred,
+                topic,
+                json,
+                _guard: guard,
+            });
+            outbox.len() == 1
+        };
+        if first {
+            let shared = shared.clone();
+            turn::at_end(env.raw(), Box::new(move || shared.send_publishes()));
+        }
+        unknown(env, promise)
     }
 
     /// Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
@@ -169,7 +198,8 @@ impl RedisStreamsTransport {
             let mut subscription = shared.pubsub.subscribe(&topic, options).await?;
             let id = shared.next_subscription.fetch_add(1, Ordering::Relaxed);
             let (stop, mut stopped) = oneshot::channel();
-            lock(&shared.subscriptions).insert(id, stop);
+            let (finished, done) = oneshot::channel();
+            lock(&shared.subscriptions).insert(id, Running { stop, done });
             let forward = shared.clone();
             runtime()?.spawn(async move {
                 let mut batch = Vec::with_capacity(DELIVERY_BATCH);
@@ -186,6 +216,7 @@ impl RedisStreamsTransport {
                 }
                 subscription.unsubscribe().await;
                 drop(sink);
+                let _ = finished.send(());
             });
             Ok(Reply::Number(f64::from(id)))
         })
@@ -205,14 +236,21 @@ impl RedisStreamsTransport {
     }
 
     /// Stops a subscription; what it had read but not handed out goes back to its group.
+    /// Resolves once that is done, so the group's next entry goes to a remaining member.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn unsubscribe<'env>(&self, env: &'env Env, subscription: u32) -> Unknown<'env> {
-        if let Some(shared) = &self.shared {
-            if let Some(stop) = lock(&shared.subscriptions).remove(&subscription) {
-                let _ = stop.send(());
-            }
-        }
-        unknown(env, settled(env.raw(), Ok(Reply::Undefined)))
+        let running = self
+            .shared
+            .as_ref()
+            .and_then(|shared| lock(&shared.subscriptions).remove(&subscription));
+        let Some(Running { stop, done }) = running else {
+            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
+        };
+        let _ = stop.send(());
+        self.run(env, |_| async move {
+            let _ = done.await;
+            Ok(Reply::Undefined)
+        })
     }
 
     /// Resolves once every publish made so far has settled.
@@ -241,8 +279,8 @@ impl RedisStreamsTransport {
         let Some(shared) = self.shared.take() else {
             return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
         };
-        for (_, stop) in lock(&shared.subscriptions).drain() {
-            let _ = stop.send(());
+        for (_, running) in lock(&shared.subscriptions).drain() {
+            let _ = running.stop.send(());
         }
         let inbox = shared.inbox.clone();
         unknown(
@@ -276,20 +314,6 @@ impl RedisStreamsTransport {
         )
     }
 
-    /// Runs `work` on the runtime with the rest of this turn's publishes and settlements; a
-    /// closed transport rejects at once.
-    fn run_batched<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
-    where
-        F: FnOnce(Arc<Shared>) -> Fut,
-        Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
-    {
-        let Some(shared) = &self.shared else {
-            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
-        };
-        let inbox = shared.inbox.clone();
-        unknown(env, inbox.defer(env.raw(), work(shared.clone())))
-    }
-
     /// Runs `work` on the runtime; a closed transport rejects at once.
     fn run<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
     where
@@ -305,6 +329,36 @@ impl RedisStreamsTransport {
 }
 
 impl Shared {
+    /// Sends the turn's publishes as one ordered batch.
+    fn send_publishes(self: &Arc<Self>) {
+        let batch = std::mem::take(&mut *lock(&self.outbox));
+        if batch.is_empty() {
+            return;
+        }
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                let failed = batch.into_iter().map(|p| (p.deferred, Err(err.clone())));
+                return self.inbox.complete(failed.collect());
+            }
+        };
+        let shared = self.clone();
+        runtime.spawn(async move {
+            let events = batch
+                .iter()
+                .map(|p| (p.topic.clone(), p.json.clone()))
+                .collect();
+            let answers = shared.pubsub.publish_json_batch(events).await;
+            // Each pending publish's guard drops here, after the write: a flush waiting on
+            // it sees the publish done.
+            let outcomes = batch
+                .into_iter()
+                .zip(answers)
+                .map(|(pending, answer)| (pending.deferred, answer.map(|_| Reply::Undefined)));
+            shared.inbox.complete(outcomes.collect());
+        });
+    }
+
     /// Registers a batch of deliveries under fresh ids; answers `[id, json, id, json, ...]`.
     fn hand_out(&self, batch: &mut Vec<Delivery>) -> Vec<(u32, String)> {
         let mut deliveries = lock(&self.deliveries);

@@ -103,11 +103,22 @@ impl Subscription {
     /// again unchanged, for a sibling), bounded by the command timeout. Deliveries already
     /// taken stay valid and can still be acked or nacked.
     pub async fn unsubscribe(mut self) {
-        let task = self.state.stop();
+        // The reader may be inside a blocking read whose entries the group already counts as
+        // this consumer's: aborting it would strand them until a reclaim. Let it finish the
+        // read (at most BLOCK + the command timeout), so what it read lands in the buffer
+        // and is handed back below; abort only if it does not stop in that time.
+        let task = self.state.stop_after_read();
         self.shared.remove_subscription(self.state.id);
-        if let Some(task) = task {
-            // Aborted: this returns at once, and after it nothing more enters the channel.
-            let _ = task.await;
+        if let Some(mut task) = task {
+            let bound = self
+                .shared
+                .tuning
+                .block
+                .saturating_add(self.shared.tuning.command_timeout);
+            if tokio::time::timeout(bound, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
         }
         self.rx.close();
         let mut buffered = Vec::new();
@@ -540,6 +551,12 @@ impl SubState {
         task
     }
 
+    /// Asks the reader to stop once its current read is delivered; nothing is aborted.
+    pub fn stop_after_read(&self) -> Option<JoinHandle<()>> {
+        self.stopped.store(true, Ordering::Release);
+        self.task.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// The stream was deleted (clearTopic): stream ids can restart below our position, so
     /// read the new stream from its start.
     pub fn restart(&self) {
@@ -712,6 +729,9 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
     let mut reclaim_at = Instant::now();
     let mut reclaim_cursor = "0-0".to_owned();
     loop {
+        if sub.stopped.load(Ordering::Acquire) {
+            return;
+        }
         // Read only what the channel can take, so a read never waits on the consumer and
         // nothing read sits in this task.
         match tx.reserve().await {
