@@ -2,55 +2,22 @@
 // in-memory EventEmitterPubSub. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count; REDIS_URL=redis://... uses an existing server;
 // BENCH_NATIVE=/abs/path.js loads another build instead of ../index.js.
-import { spawn, execFile } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { createRequire } from 'node:module';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir, cpus } from 'node:os';
-import { join } from 'node:path';
-import { createServer } from 'node:net';
+import { writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { promisify } from 'node:util';
 import { createClient } from 'redis';
 import { EventEmitterPubSub } from '@mastra/core/events';
+import { hr, SCALE, setupRedis, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
 
-const hr = process.hrtime.bigint;
-const SCALE = Number(process.env.BENCH_SCALE ?? 1);
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
 const TTL = 60_000; // longer than any run, so nothing expires mid-workload
 const PREFIX = 'bench';
 
 // ---------- redis-server -------------------------------------------------------------------
-let server = null, tmp = null;
-const freePort = () => new Promise((res, rej) => {
-  const s = createServer().once('error', rej).listen(0, '127.0.0.1', () => {
-    const { port } = s.address(); s.close(() => res(port));
-  });
-});
-async function startRedis() {
-  let port; do port = await freePort(); while (port === 6379);
-  tmp = mkdtempSync(join(tmpdir(), 'lease-bench-'));
-  server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '',
-    '--appendonly', 'no', '--dir', tmp], { stdio: ['ignore', 'pipe', 'pipe'] });
-  await new Promise((res, rej) => {
-    const t = setTimeout(() => rej(new Error('redis-server did not start')), 10_000);
-    server.once('error', rej).once('exit', (c) => rej(new Error(`redis-server exited (${c})`)));
-    server.stdout.on('data', (d) => { if (/Ready to accept connections/.test(d)) { clearTimeout(t); res(); } });
-  });
-  return port;
-}
-function stopRedis() {
-  if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGTERM');
-  if (tmp) rmSync(tmp, { recursive: true, force: true });
-  server = tmp = null;
-}
-process.on('exit', stopRedis);
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { stopRedis(); process.exit(130); });
-
-const ownServer = !process.env.REDIS_URL;
-const port = ownServer ? await startRedis() : null;
-const url = process.env.REDIS_URL ?? `redis://127.0.0.1:${port}`;
-const admin = createClient({ url });
-admin.on('error', (e) => console.error('admin redis error', e));
-await admin.connect();
+const { ownServer, port, url, admin, cleanup, shutdown, version: redisVersion } =
+  await setupRedis({ prefix: PREFIX, tmpPrefix: 'lease-bench-' });
 
 // ---------- scripts (same work per call as ours) -------------------------------------------
 const LUA = {
@@ -127,13 +94,6 @@ async function countKeys(match) {
   for await (const keys of admin.scanIterator({ MATCH: match, COUNT: 10_000 })) count += keys.length;
   return count;
 }
-async function cleanup() {
-  if (ownServer) { await admin.flushAll(); return; }
-  for await (const keys of admin.scanIterator({ MATCH: `${PREFIX}:*`, COUNT: 10_000 })) {
-    if (keys.length) await admin.unlink(keys);
-  }
-}
-const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
 let runSeq = 0;
 
 // Closed loop: `inFlight` workers, each awaiting one unit before starting the next.
@@ -158,20 +118,12 @@ async function measure(wl, name, p, units) {
 
 // Warm up every contestant, then two rounds in alternating order; keep each one's best run.
 async function runWorkload(wl, contestants) {
-  const names = Object.keys(contestants), res = {};
   process.stdout.write(`${wl.label} @${wl.inFlight} in flight ...`);
-  for (const nm of names) { // warm-up (a wrong answer here still counts against the contestant)
-    res[nm] = { ...(await measure(wl, nm, contestants[nm], Math.ceil(wl.units / 10))), opsPerSec: -1 };
-    await cleanup();
-  }
-  for (const order of [names, [...names].reverse()]) {
-    for (const nm of order) {
-      const r = await measure(wl, nm, contestants[nm], wl.units);
-      await cleanup();
-      const prev = res[nm];
-      res[nm] = { ...(!prev || r.opsPerSec > prev.opsPerSec ? r : prev), bad: (prev?.bad ?? 0) + r.bad };
-    }
-  }
+  const res = await bestOf(Object.keys(contestants), {
+    warmup: (nm) => measure(wl, nm, contestants[nm], Math.ceil(wl.units / 10)),
+    run: (nm) => measure(wl, nm, contestants[nm], wl.units),
+    between: cleanup,
+  });
   console.log(' done');
   return { label: wl.label, inFlight: wl.inFlight, calls: wl.units * wl.calls, results: res };
 }
@@ -235,7 +187,6 @@ async function redisBenchmark() {
 // ---------- run -----------------------------------------------------------------------------
 if (!native) console.warn(`!! native build not loadable, benchmarking peers only: ${nativeError?.message}`);
 await cleanup();
-const redisVersion = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1];
 console.log(`node ${process.version}, redis ${redisVersion} at ${url}, ${cpus().length} CPUs, scale ${SCALE}`);
 const onlyNR = Object.fromEntries(Object.entries(redisC).filter(([k]) => k !== MASTRA));
 const W = [];
@@ -256,22 +207,7 @@ W.push(await runWorkload(lifecycle(1, n(100_000), true), memC));
 W.push(await runWorkload(lifecycle(64, n(100_000), true), memC));
 
 // ---------- report --------------------------------------------------------------------------
-const fmt = (x, d = 0) => (x == null || Number.isNaN(x) ? '-' : x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }));
-console.log(`\n${'workload'.padEnd(36)}${'contestant'.padEnd(29)}${'calls/s'.padStart(12)}${'p50 µs'.padStart(10)}${'p99 µs'.padStart(10)}  check`);
-for (const w of W) {
-  let first = true;
-  for (const [nm, r] of Object.entries(w.results)) {
-    const head = first ? `${w.label} @${w.inFlight}` : ''; first = false;
-    console.log(`${head.padEnd(36)}${nm.padEnd(29)}${fmt(r.opsPerSec).padStart(12)}${fmt(r.p50Us, 1).padStart(10)}${fmt(r.p99Us, 1).padStart(10)}  ${r.bad ? `INVALID (${r.bad})` : 'ok'}`);
-  }
-}
-const ratioRow = (w, ours, peer, target) => {
-  const a = w.results[ours], b = w.results[peer];
-  const ratio = a && b ? a.opsPerSec / b.opsPerSec : null;
-  const valid = a && b && !a.bad && !b.bad;
-  const pass = target == null || ratio == null ? null : valid && ratio >= target;
-  return { check: `${w.label} @${w.inFlight}: ${ours.replace(' (ours)', '')} / ${peer}`, ratio, target, pass, valid: !!valid };
-};
+printResults(W);
 const [a1, a64, a256, lc, ct, m1, m64] = W;
 const ratios = [
   ratioRow(a1, OURS, NR, 1.0), ratioRow(a64, OURS, NR, 1.5), ratioRow(a256, OURS, NR, null),
@@ -280,18 +216,13 @@ const ratios = [
   ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, OURS, NR, null),
   ratioRow(m1, OURS_MEM, EE, 0.9), ratioRow(m64, OURS_MEM, EE, 0.9), // "≈ match": within 10%
 ];
-console.log(`\n${'ratio (throughput)'.padEnd(80)}${'ratio'.padStart(8)}${'target'.padStart(9)}  result`);
-for (const r of ratios) {
-  const res = r.ratio == null ? 'n/a' : !r.valid ? 'INVALID' : r.pass == null ? '' : r.pass ? 'PASS' : 'FAIL';
-  console.log(`${r.check.padEnd(80)}${(r.ratio == null ? '-' : `${r.ratio.toFixed(2)}x`).padStart(8)}${(r.target == null ? '' : `≥${r.target.toFixed(2)}x`).padStart(9)}  ${res}`);
-}
+printRatios(ratios);
 const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
   scale: SCALE, native: !!native, nativeError: nativeError?.message, workloads: W, ratios };
 writeFileSync(new URL('./results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
 console.log('\nwrote bench/results.json');
 
 for (const c of [...Object.values(redisC), ...Object.values(memC)]) await c.close?.();
-await admin.close();
-if (server) { const exited = new Promise((r) => server.once('exit', r)); stopRedis(); await exited; }
+await shutdown();
 const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
 process.exit(!native || invalid ? 1 : 0);

@@ -1,0 +1,123 @@
+// Shared by bench/lease.mjs and bench/streams.mjs: a private redis-server (or REDIS_URL),
+// key cleanup, the warm-up + alternating-order best-of runner, percentiles and table output.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createServer } from 'node:net';
+import { createClient } from 'redis';
+
+export const hr = process.hrtime.bigint;
+export const SCALE = Number(process.env.BENCH_SCALE ?? 1);
+
+// ---------- redis-server -------------------------------------------------------------------
+let server = null, tmp = null;
+const freePort = () => new Promise((res, rej) => {
+  const s = createServer().once('error', rej).listen(0, '127.0.0.1', () => {
+    const { port } = s.address(); s.close(() => res(port));
+  });
+});
+async function startRedis(tmpPrefix) {
+  let port; do port = await freePort(); while (port === 6379);
+  tmp = mkdtempSync(join(tmpdir(), tmpPrefix));
+  server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '',
+    '--appendonly', 'no', '--dir', tmp], { stdio: ['ignore', 'pipe', 'pipe'] });
+  await new Promise((res, rej) => {
+    const t = setTimeout(() => rej(new Error('redis-server did not start')), 10_000);
+    server.once('error', rej).once('exit', (c) => rej(new Error(`redis-server exited (${c})`)));
+    server.stdout.on('data', (d) => { if (/Ready to accept connections/.test(d)) { clearTimeout(t); res(); } });
+  });
+  return port;
+}
+function stopRedis() {
+  if (server && server.exitCode === null && server.signalCode === null) server.kill('SIGTERM');
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+  server = tmp = null;
+}
+process.on('exit', stopRedis);
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { stopRedis(); process.exit(130); });
+
+/**
+ * Starts a throwaway redis-server on a free port, unless REDIS_URL is set; connects an admin
+ * client. `cleanup()` empties the server (own server) or unlinks `<prefix>:*` (REDIS_URL);
+ * `shutdown()` closes the admin client and stops the server.
+ */
+export async function setupRedis({ prefix, tmpPrefix = 'bench-' }) {
+  const ownServer = !process.env.REDIS_URL;
+  const port = ownServer ? await startRedis(tmpPrefix) : null;
+  const url = process.env.REDIS_URL ?? `redis://127.0.0.1:${port}`;
+  const admin = createClient({ url });
+  admin.on('error', (e) => console.error('admin redis error', e));
+  await admin.connect();
+  const cleanup = async () => {
+    if (ownServer) { await admin.flushAll(); return; }
+    for await (const keys of admin.scanIterator({ MATCH: `${prefix}:*`, COUNT: 10_000 })) {
+      if (keys.length) await admin.unlink(keys);
+    }
+  };
+  const shutdown = async () => {
+    await admin.close();
+    if (server) { const exited = new Promise((r) => server.once('exit', r)); stopRedis(); await exited; }
+  };
+  const version = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1];
+  return { ownServer, port, url, admin, cleanup, shutdown, version };
+}
+
+// ---------- runs ----------------------------------------------------------------------------
+export const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+
+/**
+ * Warms every contestant up once, then runs each `rounds` times, every other round in reverse
+ * order; keeps each one's fastest run (by `opsPerSec`) and sums `bad` over all runs, the
+ * warm-up's included (a wrong answer there still counts). `between(name)` runs after every run.
+ */
+export async function bestOf(names, { warmup, run, between, rounds = 2 }) {
+  const res = {};
+  for (const nm of names) {
+    res[nm] = { ...(await warmup(nm)), opsPerSec: -1 };
+    await between?.(nm);
+  }
+  const orders = Array.from({ length: rounds }, (_, i) => (i % 2 ? [...names].reverse() : names));
+  for (const order of orders) {
+    for (const nm of order) {
+      const r = await run(nm);
+      await between?.(nm);
+      const prev = res[nm];
+      res[nm] = { ...(!prev || r.opsPerSec > prev.opsPerSec ? r : prev), bad: (prev?.bad ?? 0) + r.bad };
+    }
+  }
+  return res;
+}
+
+// ---------- report --------------------------------------------------------------------------
+export const fmt = (x, d = 0) => (x == null || Number.isNaN(x) ? '-' : x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }));
+
+/** One row per contestant per workload: throughput, p50, p99 (µs) and the correctness check. */
+export function printResults(W, { unit = 'calls/s', labelWidth = 36, nameWidth = 29 } = {}) {
+  console.log(`\n${'workload'.padEnd(labelWidth)}${'contestant'.padEnd(nameWidth)}${unit.padStart(12)}${'p50 µs'.padStart(10)}${'p99 µs'.padStart(10)}  check`);
+  for (const w of W) {
+    let first = true;
+    for (const [nm, r] of Object.entries(w.results)) {
+      const head = first ? `${w.label} @${w.inFlight}` : ''; first = false;
+      console.log(`${head.padEnd(labelWidth)}${nm.padEnd(nameWidth)}${fmt(r.opsPerSec).padStart(12)}${fmt(r.p50Us, 1).padStart(10)}${fmt(r.p99Us, 1).padStart(10)}  ${r.bad ? `INVALID (${r.bad})` : 'ok'}`);
+    }
+  }
+}
+
+/** Throughput ratio ours / peer in one workload, against an optional minimum. */
+export function ratioRow(w, ours, peer, target) {
+  const a = w.results[ours], b = w.results[peer];
+  const ratio = a && b ? a.opsPerSec / b.opsPerSec : null;
+  const valid = a && b && !a.bad && !b.bad;
+  const pass = target == null || ratio == null ? null : valid && ratio >= target;
+  return { check: `${w.label} @${w.inFlight}: ${ours.replace(' (ours)', '')} / ${peer}`, ratio, target, pass, valid: !!valid };
+}
+
+export const verdict = (r) => (r.ratio == null ? 'n/a' : !r.valid ? 'INVALID' : r.pass == null ? '' : r.pass ? 'PASS' : 'FAIL');
+
+export function printRatios(ratios, width = 80) {
+  console.log(`\n${'ratio (throughput)'.padEnd(width)}${'ratio'.padStart(8)}${'target'.padStart(9)}  result`);
+  for (const r of ratios) {
+    console.log(`${r.check.padEnd(width)}${(r.ratio == null ? '-' : `${r.ratio.toFixed(2)}x`).padStart(8)}${(r.target == null ? '' : `≥${r.target.toFixed(2)}x`).padStart(9)}  ${verdict(r)}`);
+  }
+}

@@ -1,0 +1,331 @@
+// Streams benchmark: RedisStreamsPubSub (Rust transport + TS shell) vs the same stream layout on
+// node-redis, publish → deliver. Run with `node bench/streams.mjs` after `npm run build`.
+// BENCH_SCALE=0.2 shrinks every event count; REDIS_URL=redis://... uses an existing server;
+// BENCH_MAX_LAG=n changes the publishers' backlog bound (default 256, keep it under 10000).
+//
+// Throughput = events / (first publish start → last callback's ack resolved), so a contestant
+// that delivers fast but acks slowly is not flattered. Latency = publish call start → the
+// subscriber callback receiving that event (a hrtime stamp rides in event.data). Publishers
+// pause while MAX_LAG events are published but not acked, so a consumer slower than its
+// producer shows up as lower throughput rather than as a backlog that `MAXLEN ~` would trim
+// (losing events) or that makes latency grow with the run's length.
+import { createHash, randomUUID } from 'node:crypto';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createClient } from 'redis';
+import { hr, SCALE, setupRedis, pct, bestOf, fmt, printResults } from './harness.mjs';
+
+const PREFIX = 'sbench';
+const GROUP = 'bench-workers';
+const TYPE = 'bench.event';
+const MAX_LEN = 10_000; // MAXLEN ~ on every XADD, Mastra's default
+const MAX_LAG = Number(process.env.BENCH_MAX_LAG ?? 256); // well under MAX_LEN: trimming never drops an unread event
+const ROUNDS = 4; // measured runs per contestant, alternating order; the best one counts
+const DEADLINE_MS = 30_000; // a run that has not delivered everything by then is invalid
+const T0 = hr(); // stamps are ns since this, small enough to be exact as a JS number
+const n = (x) => Math.max(1000, Math.round(x * SCALE));
+
+const { url, admin, cleanup, shutdown, version: redisVersion } =
+  await setupRedis({ prefix: PREFIX, tmpPrefix: 'streams-bench-' });
+
+// ---------- contestants ---------------------------------------------------------------------
+// Which native build this run measured (another build may land between runs).
+const NATIVE = new URL('../mastra-lease.linux-x64-gnu.node', import.meta.url);
+let build = null;
+try {
+  build = { mtime: statSync(NATIVE).mtime.toISOString(),
+    sha256: createHash('sha256').update(readFileSync(NATIVE)).digest('hex').slice(0, 16) };
+} catch { /* another platform's binary name; not essential */ }
+let RedisStreamsPubSub = null, oursError = null;
+try {
+  ({ RedisStreamsPubSub } = await import('../dist/esm/index.js'));
+  if (typeof RedisStreamsPubSub !== 'function') throw new Error('dist/esm/index.js does not export RedisStreamsPubSub');
+} catch (e) { RedisStreamsPubSub = null; oursError = e; }
+
+// The peer: Mastra's Redis Streams layout on node-redis. Publish = one XADD (MAXLEN ~) with the
+// event's JSON in the field `event`, stamped with id / createdAt / deliveryAttempt. Each
+// subscription reads on its own connection (a duplicate of the writer) with XREADGROUP
+// COUNT 10 BLOCK 1000 `>`, parses each entry and calls the callback without waiting for it
+// (so handlers overlap, as with ours); ack = XACK on the shared writer, which node-redis
+// auto-pipelines with everything else issued in the same tick.
+class NodeRedisStreamsPubSub {
+  constructor({ url, keyPrefix, blockMs = 1000, batchCount = 10, maxStreamLength = MAX_LEN, maxDeliveryAttempts = 5 }) {
+    this.prefix = keyPrefix;
+    this.opts = { blockMs, batchCount, maxDeliveryAttempts };
+    this.trim = maxStreamLength > 0
+      ? { TRIM: { strategy: 'MAXLEN', strategyModifier: '~', threshold: maxStreamLength } } : undefined;
+    this.client = createClient({ url });
+    this.client.on('error', (e) => console.error('node-redis writer error', e.message));
+    this.connecting = null;
+    this.subs = [];
+  }
+  connect() {
+    return (this.connecting ??= this.client.connect());
+  }
+  key(topic) { return `${this.prefix}:${topic}`; }
+
+  async publish(topic, event) {
+    if (!this.client.isReady) await this.connect();
+    const stamped = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: event.deliveryAttempt ?? 1 };
+    await this.client.xAdd(this.key(topic), '*', { event: JSON.stringify(stamped) }, this.trim);
+  }
+
+  async subscribe(topic, cb, options = {}) {
+    if (!options.group) throw new Error('this bench peer implements grouped subscriptions only');
+    await this.connect();
+    const key = this.key(topic), group = options.group;
+    try {
+      await this.client.xGroupCreate(key, group, options.startFrom === 'latest' ? '$' : '0', { MKSTREAM: true });
+    } catch (e) { if (!String(e?.message).includes('BUSYGROUP')) throw e; }
+    const reader = this.client.duplicate();
+    reader.on('error', () => {}); // destroy() on unsubscribe rejects the pending read
+    await reader.connect();
+    const sub = { topic, cb, key, group, consumer: `${group}-${randomUUID()}`, reader, stopped: false };
+    sub.loop = this.readLoop(sub);
+    this.subs.push(sub);
+  }
+
+  async readLoop(sub) {
+    const { key, group, consumer, reader } = sub;
+    const opts = { COUNT: this.opts.batchCount, BLOCK: this.opts.blockMs };
+    while (!sub.stopped) {
+      let reply;
+      try {
+        reply = await reader.xReadGroup(group, consumer, { key, id: '>' }, opts);
+      } catch (e) {
+        if (sub.stopped) return;
+        await sleep(100);
+        continue;
+      }
+      if (!reply) continue;
+      for (const stream of reply) {
+        for (const { id, message } of stream.messages) this.deliver(sub, id, message.event);
+      }
+    }
+  }
+
+  deliver(sub, entryId, json) {
+    const { key, group } = sub;
+    let event;
+    try {
+      event = JSON.parse(json);
+      event.createdAt = new Date(event.createdAt);
+    } catch {
+      void this.client.xAck(key, group, entryId).catch(() => {});
+      return;
+    }
+    let settled = false;
+    const ack = async () => {
+      if (settled) return;
+      settled = true;
+      await this.client.xAck(key, group, entryId);
+    };
+    const nack = async () => { // not exercised by the bench; here so the callback contract is whole
+      if (settled) return;
+      settled = true;
+      const attempt = (event.deliveryAttempt ?? 1) + 1;
+      const multi = this.client.multi();
+      if (attempt <= this.opts.maxDeliveryAttempts) {
+        multi.xAdd(key, '*', { event: JSON.stringify({ ...event, deliveryAttempt: attempt }) }, this.trim);
+      }
+      await multi.xAck(key, group, entryId).exec();
+    };
+    const failed = () => void nack().catch(() => {});
+    try {
+      const r = sub.cb(event, ack, nack);
+      if (r && typeof r.then === 'function') r.then(undefined, failed);
+    } catch { failed(); }
+  }
+
+  async unsubscribe(topic, cb) {
+    const i = this.subs.findIndex((s) => s.topic === topic && s.cb === cb);
+    if (i < 0) return;
+    const [sub] = this.subs.splice(i, 1);
+    sub.stopped = true;
+    sub.reader.destroy();
+    await sub.loop;
+  }
+
+  async close() {
+    for (const s of [...this.subs]) await this.unsubscribe(s.topic, s.cb);
+    if (this.connecting) await this.client.close();
+  }
+}
+
+const OURS = 'RedisStreamsPubSub (ours)', PEER = 'node-redis streams';
+const factories = {};
+if (RedisStreamsPubSub) factories[OURS] = (keyPrefix) => new RedisStreamsPubSub({ url, keyPrefix });
+factories[PEER] = (keyPrefix) => new NodeRedisStreamsPubSub({ url, keyPrefix });
+const slug = { [OURS]: 'ours', [PEER]: 'peer' };
+
+// ---------- one run -------------------------------------------------------------------------
+let runSeq = 0;
+
+// The subscriber callback of consumer `c`: checks the event against the run it belongs to,
+// records its latency, acks, and counts the ack.
+const onEvent = (ct, c) => async (event, ack) => {
+  const now = Number(hr() - T0);
+  const r = ct.run, d = event?.data;
+  if (!r || d?.run !== r.tag) { ct.strays++; await ack(); return; }
+  r.lat[r.li++] = (now - d.t) / 1e3;
+  const seq = d.seq;
+  if (!(seq >= 0 && seq < r.units) || r.seen[seq]++ !== 0) r.bad++; // unknown or duplicate
+  if (typeof event.id !== 'string' || r.ids.has(event.id)) r.bad++; else r.ids.add(event.id);
+  if (event.type !== TYPE || event.runId !== r.tag || event.deliveryAttempt !== 1
+    || !(event.createdAt instanceof Date) || Number.isNaN(event.createdAt.getTime())) r.bad++;
+  r.split[c]++;
+  await ack();
+  r.acked++;
+  if (r.openGate && r.next - r.acked <= MAX_LAG * 0.75) { const open = r.openGate; r.openGate = r.gate = null; open(); }
+  if (r.acked === r.units) { r.end = hr(); r.finish(); }
+};
+
+// What redis-server has done so far: seconds of CPU, and calls per command (INFO cpu and
+// commandstats), to see what each contestant costs it and how full its reads are.
+const redisStats = async () => {
+  const info = String(await admin.sendCommand(['INFO', 'cpu', 'commandstats']));
+  const cpu = ['used_cpu_user', 'used_cpu_sys'].reduce((t, f) => t + Number(new RegExp(`${f}:([\\d.]+)`).exec(info)?.[1] ?? 0), 0);
+  const calls = {};
+  for (const m of info.matchAll(/cmdstat_(\w+):calls=(\d+)/g)) calls[m[1]] = Number(m[2]);
+  return { cpu, calls };
+};
+const STAT_CMDS = ['xadd', 'xreadgroup', 'xack', 'evalsha', 'xautoclaim'];
+
+// `inFlight` publishers share `units` events; each awaits its publish before the next.
+async function measure(wl, name, ct, units) {
+  const tag = `r${runSeq++}`;
+  const r = { tag, units, next: 0, acked: 0, li: 0, bad: 0, gated: 0, gate: null, openGate: null, end: null,
+    lat: new Float64Array(units + 16), seen: new Uint8Array(units), ids: new Set(), split: ct.subs.map(() => 0) };
+  const done = new Promise((res) => { r.finish = res; });
+  const waitGate = () => (r.gate ??= new Promise((res) => { r.openGate = res; }));
+  const strays0 = ct.strays;
+  ct.run = r;
+  let publishError = null, publishEnd = null;
+  const publisher = async () => {
+    for (;;) {
+      while (r.next - r.acked >= MAX_LAG && r.next < units) { r.gated++; await waitGate(); }
+      const i = r.next++;
+      if (i >= units) return;
+      const t = hr();
+      try {
+        await ct.pub.publish(ct.topic, { type: TYPE, runId: tag, data: { run: tag, seq: i, t: Number(t - T0) } });
+      } catch (e) { r.bad++; publishError ??= String(e?.message ?? e); }
+    }
+  };
+  const redis0 = await redisStats(), ru0 = process.resourceUsage();
+  const t0 = hr();
+  const publishers = Promise.all(Array.from({ length: wl.inFlight }, publisher)).then(() => { publishEnd = hr(); });
+  let timer;
+  const timedOut = await Promise.race([
+    done.then(() => false),
+    new Promise((res) => { timer = setTimeout(() => res(true), DEADLINE_MS); }),
+  ]);
+  clearTimeout(timer);
+  if (timedOut) { // let the publishers run out, then judge what did arrive
+    r.next = units; r.openGate?.(); r.end = hr();
+    console.warn(`\n!! ${name}: ${r.acked}/${units} events acked after ${DEADLINE_MS / 1000}s`);
+  }
+  await publishers;
+  const secs = Number(r.end - t0) / 1e9;
+  const ru1 = process.resourceUsage(), redis1 = await redisStats();
+  const commands = Object.fromEntries(STAT_CMDS.map((c) => [c, (redis1.calls[c] ?? 0) - (redis0.calls[c] ?? 0)])
+    .filter(([, v]) => v > 0)); // the other contestant's idle subscriptions add ~1 read a second
+  // Exactly once: every seq seen once, every event id distinct, nothing left pending.
+  let once = 0;
+  for (const s of r.seen) if (s === 1) once++;
+  if (once !== units || r.ids.size !== units || r.acked !== units) r.bad++;
+  const pending = (await admin.xPending(ct.key, GROUP)).pending;
+  if (pending !== 0) r.bad++;
+  r.bad += ct.strays - strays0; // an event of another run (a duplicate, late) showed up meanwhile
+  ct.run = null;
+  if (publishError) console.warn(`\n!! ${name}: ${publishError}`);
+  const lat = r.lat.subarray(0, r.li).sort();
+  return { opsPerSec: units / secs, p50Us: pct(lat, 0.5), p99Us: pct(lat, 0.99), events: units, bad: r.bad,
+    publishPerSec: publishEnd ? units / (Number(publishEnd - t0) / 1e9) : null, gated: r.gated, split: r.split,
+    // per event: CPU of this process (every thread: JS, libuv, Tokio), of redis-server, and
+    // this process's context switches (each cross-thread hand-off that sleeps costs one)
+    nodeCpuUs: (ru1.userCPUTime + ru1.systemCPUTime - ru0.userCPUTime - ru0.systemCPUTime) / units,
+    redisCpuUs: ((redis1.cpu - redis0.cpu) * 1e6) / units,
+    eventsPerRead: commands.xreadgroup ? units / commands.xreadgroup : null, commands,
+    ctxSwitches: (ru1.voluntaryContextSwitches + ru1.involuntaryContextSwitches
+      - ru0.voluntaryContextSwitches - ru0.involuntaryContextSwitches) / units };
+}
+
+// Per contestant: `consumers` pubsub instances subscribed in one group to a fresh topic; the
+// first also publishes. Warm-up and every round run on the same subscriptions.
+async function runWorkload(wl) {
+  process.stdout.write(`${wl.label} @${wl.inFlight} in flight ...`);
+  const cts = {};
+  for (const [name, make] of Object.entries(factories)) {
+    const prefix = `${PREFIX}:${slug[name]}`, topic = `${wl.id}`;
+    const ct = { topic, key: `${prefix}:${topic}`, run: null, strays: 0, subs: [] };
+    for (let c = 0; c < wl.consumers; c++) {
+      const ps = make(prefix), cb = onEvent(ct, c);
+      await ps.subscribe(topic, cb, { group: GROUP });
+      ct.subs.push({ ps, cb });
+    }
+    ct.pub = ct.subs[0].ps;
+    cts[name] = ct;
+  }
+  const results = await bestOf(Object.keys(cts), {
+    warmup: (nm) => measure(wl, nm, cts[nm], Math.ceil(wl.units / 10)),
+    run: (nm) => measure(wl, nm, cts[nm], wl.units),
+    rounds: ROUNDS,
+  });
+  await sleep(200); // a late duplicate would land now
+  for (const [name, ct] of Object.entries(cts)) {
+    const late = ct.strays; // strays during runs were already counted against those runs
+    for (const { ps, cb } of ct.subs) { await ps.unsubscribe(ct.topic, cb); await ps.close(); }
+    if (ct.strays !== late) results[name].bad += ct.strays - late;
+  }
+  await cleanup();
+  console.log(' done');
+  return { id: wl.id, label: wl.label, inFlight: wl.inFlight, consumers: wl.consumers, events: wl.units, results };
+}
+
+// ---------- run -----------------------------------------------------------------------------
+if (!RedisStreamsPubSub) console.warn(`!! dist/esm not loadable, benchmarking the peer only: ${oursError?.message}`);
+await cleanup();
+console.log(`node ${process.version}, redis ${redisVersion} at ${url}, ${cpus().length} CPUs, scale ${SCALE}, max lag ${MAX_LAG}`
+  + (build ? `, native build ${build.mtime} sha256:${build.sha256}` : ''));
+const W = [];
+W.push(await runWorkload({ id: 'a', label: '(a) sequential, 1 consumer', inFlight: 1, consumers: 1, units: n(20_000) }));
+W.push(await runWorkload({ id: 'b', label: '(b) 1 consumer', inFlight: 64, consumers: 1, units: n(50_000) }));
+W.push(await runWorkload({ id: 'c', label: '(c) 2 competing consumers', inFlight: 64, consumers: 2, units: n(50_000) }));
+
+// ---------- report --------------------------------------------------------------------------
+printResults(W, { unit: 'events/s', labelWidth: 34, nameWidth: 28 });
+console.log(`\n${'per event (best run)'.padEnd(34)}${'contestant'.padEnd(28)}${'publish/s'.padStart(12)}${'gated'.padStart(8)}${'node CPU µs'.padStart(13)}${'redis CPU µs'.padStart(14)}${'ctx sw'.padStart(8)}${'ev/read'.padStart(9)}  split over consumers`);
+for (const w of W) {
+  let first = true;
+  for (const [nm, r] of Object.entries(w.results)) {
+    console.log(`${(first ? `${w.label} @${w.inFlight}` : '').padEnd(34)}${nm.padEnd(28)}${fmt(r.publishPerSec).padStart(12)}${fmt(r.gated).padStart(8)}${fmt(r.nodeCpuUs, 1).padStart(13)}${fmt(r.redisCpuUs, 1).padStart(14)}${fmt(r.ctxSwitches, 2).padStart(8)}${fmt(r.eventsPerRead, 1).padStart(9)}  ${r.split.join(' / ')}`);
+    first = false;
+  }
+}
+// Target (the issue): ≥ 1.5x the peer's throughput and a lower p99, in every workload.
+const TARGET = 1.5;
+const targets = W.map((w) => {
+  const a = w.results[OURS], b = w.results[PEER];
+  const valid = !!(a && b && !a.bad && !b.bad);
+  const ratio = a && b ? a.opsPerSec / b.opsPerSec : null;
+  const throughputPass = valid && ratio >= TARGET, p99Pass = valid && a.p99Us < b.p99Us;
+  return { check: `${w.label} @${w.inFlight}`, ratio, target: TARGET, valid, throughputPass, p99Pass,
+    p50: a && b ? [a.p50Us, b.p50Us] : null, p99: a && b ? [a.p99Us, b.p99Us] : null, pass: valid && throughputPass && p99Pass };
+});
+console.log(`\n${'ours / node-redis'.padEnd(34)}${'thr ratio'.padStart(10)}${'target'.padStart(8)}${'p50 µs ours/peer'.padStart(20)}${'p99 µs ours/peer'.padStart(20)}  result`);
+for (const t of targets) {
+  const pair = (p) => (p ? `${fmt(p[0])} / ${fmt(p[1])}` : '-');
+  const res = t.ratio == null ? 'n/a' : !t.valid ? 'INVALID'
+    : `${t.pass ? 'PASS' : 'FAIL'} (throughput ${t.throughputPass ? 'ok' : 'short'}, p99 ${t.p99Pass ? 'lower' : 'not lower'})`;
+  console.log(`${t.check.padEnd(34)}${(t.ratio == null ? '-' : `${t.ratio.toFixed(2)}x`).padStart(10)}${`≥${TARGET.toFixed(1)}x`.padStart(8)}${pair(t.p50).padStart(20)}${pair(t.p99).padStart(20)}  ${res}`);
+}
+const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
+  scale: SCALE, maxLag: MAX_LAG, build, ours: !!RedisStreamsPubSub, oursError: oursError?.message, workloads: W, targets };
+writeFileSync(new URL('./streams-results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
+console.log('\nwrote bench/streams-results.json');
+
+await shutdown();
+const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
+process.exit(!RedisStreamsPubSub || invalid ? 1 : 0);
