@@ -274,8 +274,9 @@ struct Inner {
     shared: Arc<Shared>,
     sub: Arc<SubState>,
     entry_id: String,
-    json: String,
-    event: Map<String, Json>,
+    /// Shared, not copied: every settlement carries them, and most only need the entry id.
+    json: Arc<str>,
+    event: Arc<Map<String, Json>>,
     attempt: u64,
     state: AtomicU8,
     handed_out: AtomicBool,
@@ -294,8 +295,8 @@ impl Inner {
             shared: Arc::clone(&self.shared),
             sub: Arc::clone(&self.sub),
             entry_id: self.entry_id.clone(),
-            json: self.json.clone(),
-            event: self.event.clone(),
+            json: Arc::clone(&self.json),
+            event: Arc::clone(&self.event),
             attempt: self.attempt,
         };
         let result = settlement.run_checked(outcome).await;
@@ -315,8 +316,8 @@ impl Inner {
             shared: Arc::clone(&self.shared),
             sub: Arc::clone(&self.sub),
             entry_id: self.entry_id.clone(),
-            json: self.json.clone(),
-            event: self.event.clone(),
+            json: Arc::clone(&self.json),
+            event: Arc::clone(&self.event),
             attempt: self.attempt,
         })
     }
@@ -357,8 +358,8 @@ struct Settlement {
     shared: Arc<Shared>,
     sub: Arc<SubState>,
     entry_id: String,
-    json: String,
-    event: Map<String, Json>,
+    json: Arc<str>,
+    event: Arc<Map<String, Json>>,
     attempt: u64,
 }
 
@@ -953,8 +954,8 @@ async fn deliver(
                 shared: Arc::clone(shared),
                 sub: Arc::clone(sub),
                 entry_id: entry.id,
-                json: parsed.json,
-                event: parsed.event,
+                json: Arc::from(parsed.json),
+                event: Arc::new(parsed.event),
                 attempt: parsed.attempt,
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),
