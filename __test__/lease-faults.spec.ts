@@ -1,0 +1,279 @@
+// Mutual exclusion under load and under faults, judged by the lease-history checker
+// (helpers/lease-history.ts): per key, the windows over which different owners *believed*
+// they held the lease must never overlap, and a counter incremented read-sleep-write under
+// the lease must lose no update. Two negative controls show the checker flags real breaks.
+import { spawn } from 'node:child_process'
+import { randomUUID } from 'node:crypto'
+import { mkdtempSync, rmSync } from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisLeaseProvider } from '../index.js'
+import {
+  checkCounter,
+  checkLeaseHistory,
+  fileCounter,
+  parseHistoryLines,
+  recordLeases,
+  type HistoryReport,
+  type LeaseOperation,
+  type ParsedHistory,
+} from './helpers/lease-history.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+
+const FIXTURE = path.join(__dirname, 'fixtures', 'lease-storm-worker.mjs')
+
+interface StormConfig {
+  workers: number
+  keys: number
+  durationMs: number
+  maxOps: number
+  ttlMinMs: number
+  ttlMaxMs: number
+  paceMs: number
+  /** Chance per step that a holder walks away and lets the lease expire. */
+  walkAway: number
+  broken: boolean
+}
+
+interface StormResult {
+  history: ParsedHistory
+  report: HistoryReport
+  keys: string[]
+  /** Per key: what the shared counter says against the increments the workers made. */
+  counters: Array<ReturnType<typeof checkCounter> & { key: string }>
+}
+
+const servers: RedisServer[] = []
+const tempDirs: string[] = []
+
+afterAll(async () => {
+  await Promise.all(servers.map((s) => s.stop()))
+  for (const dir of tempDirs) rmSync(dir, { recursive: true, force: true })
+})
+
+function runWorker(args: Record<string, unknown>, timeoutMs: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [FIXTURE, JSON.stringify(args)], { stdio: ['ignore', 'pipe', 'pipe'] })
+    let out = ''
+    let err = ''
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (out += d))
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (err += d))
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL')
+      reject(new Error(`worker ${String(args.worker)} did not finish within ${timeoutMs} ms; stderr: ${err}`))
+    }, timeoutMs)
+    child.once('exit', (code, signal) => {
+      clearTimeout(timer)
+      if (code === 0) resolve(out)
+      else reject(new Error(`worker ${String(args.worker)} exited with ${code ?? signal}; stderr: ${err}`))
+    })
+  })
+}
+
+/** Run `workers` child processes against one redis-server and check their joint history. */
+async function storm(server: RedisServer, config: StormConfig): Promise<StormResult> {
+  const run = randomUUID().slice(0, 8)
+  const keys = Array.from({ length: config.keys }, (_, i) => `faults:${run}:thread-${i}\u0000x`)
+  const counterDir = mkdtempSync(path.join(os.tmpdir(), 'mlr-counter-'))
+  tempDirs.push(counterDir)
+  const outputs = await Promise.all(
+    Array.from({ length: config.workers }, (_, i) =>
+      runWorker(
+        { ...config, url: server.url, keyPrefix: `faults:${run}`, keys, counterDir, worker: `w${i}` },
+        config.durationMs + 10_000,
+      ),
+    ),
+  )
+  const history = parseHistoryLines(outputs.join('\n'))
+  const report = checkLeaseHistory(history.operations, history.uses)
+  const counters = keys.map((key, i) => {
+    const increments = history.summaries.reduce((n, s) => n + (s.increments[key] ?? 0), 0)
+    return { key, ...checkCounter(fileCounter(path.join(counterDir, `counter-${i}`)).read(), increments) }
+  })
+  return { history, report, keys, counters }
+}
+
+const describeOverlaps = (report: HistoryReport) =>
+  report.overlaps
+    .slice(0, 5)
+    .map((o) => o.description)
+    .join('\n')
+
+describe('the history checker on hand-written histories', () => {
+  // Times in ms on a made-up monotonic line.
+  const at = (msTime: number) => BigInt(Math.round(msTime * 1e6))
+  const op = (o: Omit<LeaseOperation, 'start' | 'end'> & { start: number; end: number }): LeaseOperation => ({
+    ...o,
+    start: at(o.start),
+    end: at(o.end),
+  })
+
+  it('accepts a hand-over by transfer and a take-over after the TTL ran out', () => {
+    const report = checkLeaseHistory([
+      op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),
+      op({ op: 'transfer', key: 'k', owner: 'a', to: 'b', ttlMs: 100, start: 50, end: 51, outcome: 'ok' }),
+      // b's window is [51, 150]; c gets the key only after that.
+      op({ op: 'acquire', key: 'k', owner: 'c', ttlMs: 100, start: 149, end: 151, outcome: 'ok' }),
+      op({ op: 'release', key: 'k', owner: 'c', ttlMs: 0, start: 160, end: 161, outcome: 'ok' }),
+      op({ op: 'acquire', key: 'k', owner: 'd', ttlMs: 100, start: 161, end: 162, outcome: 'ok' }),
+    ])
+    expect(report).toMatchObject({ operations: 5, grants: 4, acquisitions: 3, overlaps: [] })
+  })
+
+  it('flags a second owner granted the key inside the first owner’s window, with both windows', () => {
+    const report = checkLeaseHistory([
+      op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),
+      op({ op: 'acquire', key: 'k', owner: 'b', ttlMs: 100, start: 90, end: 91, outcome: 'ok' }),
+      op({ op: 'acquire', key: 'other', owner: 'c', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),
+    ])
+    expect(report.overlaps).toHaveLength(1)
+    expect(report.overlaps[0]).toMatchObject({ key: 'k', first: { owner: 'a', from: at(1), to: at(100) }, second: { owner: 'b' } })
+    expect(report.overlaps[0]?.overlapMs).toBeCloseTo(9, 6)
+  })
+
+  it('lets a renew with a shorter TTL replace the longer one', () => {
+    const history = [
+      op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 500, start: 0, end: 1, outcome: 'ok' }),
+      op({ op: 'renew', key: 'k', owner: 'a', ttlMs: 100, start: 10, end: 11, outcome: 'ok' }),
+      // a now believes [1, 110] only, so b taking the key at 116 is fine.
+      op({ op: 'acquire', key: 'k', owner: 'b', ttlMs: 100, start: 115, end: 116, outcome: 'ok' }),
+    ]
+    expect(checkLeaseHistory(history).overlaps).toEqual([])
+    const withoutRenew = checkLeaseHistory(history.filter((o) => o.op !== 'renew'))
+    expect(withoutRenew.overlaps.map((o) => [o.first.owner, o.second.owner])).toEqual([['a', 'b']])
+  })
+
+  it('ends a belief at a false renew, and not at a renew that rejected', () => {
+    const history = (outcome: LeaseOperation['outcome']) => [
+      op({ op: 'acquire', key: 'k', owner: 'b', ttlMs: 300, start: 0, end: 1, outcome: 'ok' }),
+      op({ op: 'renew', key: 'k', owner: 'b', ttlMs: 300, start: 200, end: 201, outcome }),
+      op({ op: 'acquire', key: 'k', owner: 'c', ttlMs: 100, start: 250, end: 251, outcome: 'ok' }),
+    ]
+    expect(checkLeaseHistory(history('refused')).overlaps).toEqual([])
+    const afterError = checkLeaseHistory(history('error'))
+    expect(afterError.errors).toBe(1)
+    expect(afterError.overlaps.map((o) => [o.first.owner, o.second.owner, o.overlapMs])).toEqual([['b', 'c', 49]])
+  })
+
+  it('counts lost updates as increments the shared value does not show', () => {
+    expect(checkCounter(7, 9)).toEqual({ increments: 9, value: 7, lost: 2 })
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded history', () => {
+  let server: RedisServer
+  beforeAll(async () => {
+    server = await startRedis()
+    servers.push(server)
+  })
+
+  it('an acquire storm of 8 processes on 3 keys never lets two owners believe they hold a key at once, and loses no update', async () => {
+    const { history, report, counters } = await storm(server, {
+      workers: 8,
+      keys: 3,
+      durationMs: 5_000,
+      maxOps: 1_500,
+      ttlMinMs: 200,
+      ttlMaxMs: 500,
+      paceMs: 6,
+      walkAway: 0.03,
+      broken: false,
+    })
+    const uses = history.uses.length
+    console.log(
+      `storm: ${report.operations} operations checked (${report.acquisitions} acquisitions, ${report.grants} grants, ` +
+        `${report.errors} errors), ${report.overlaps.length} overlaps, ${uses} protected increments, ` +
+        `counters ${counters.map((c) => `${c.value}/${c.increments}`).join(' ')}`,
+    )
+
+    // Not vacuous: every worker finished, and there was real contention over the keys.
+    expect(history.summaries).toHaveLength(8)
+    expect(report.operations).toBeGreaterThanOrEqual(3_000)
+    expect(report.acquisitions).toBeGreaterThanOrEqual(200)
+    expect(uses).toBeGreaterThanOrEqual(200)
+    for (const kind of ['acquire', 'renew', 'transfer', 'release'] as const) {
+      expect(history.operations.filter((o) => o.op === kind && o.outcome === 'ok').length, kind).toBeGreaterThan(0)
+    }
+    expect(history.operations.filter((o) => o.outcome === 'refused').length, 'contended calls').toBeGreaterThan(0)
+
+    expect(report.errors, 'no call failed against a healthy server').toBe(0)
+    expect(report.overlaps, describeOverlaps(report)).toEqual([])
+    expect(report.unprotectedUses, 'every increment ran inside its owner’s believed window').toEqual([])
+    for (const c of counters) expect(c.lost, `lost updates on ${JSON.stringify(c.key)}`).toBe(0)
+  })
+
+  it('the checker flags a provider that tells every caller it acquired the lease (negative control)', async () => {
+    const { report, counters } = await storm(server, {
+      workers: 2,
+      keys: 1,
+      durationMs: 1_500,
+      maxOps: 2_000,
+      ttlMinMs: 200,
+      ttlMaxMs: 500,
+      paceMs: 2,
+      walkAway: 0,
+      broken: true,
+    })
+    const lost = counters.reduce((n, c) => n + c.lost, 0)
+    console.log(
+      `broken provider: ${report.operations} operations checked, ${report.overlaps.length} overlaps, ${lost} lost updates\n` +
+        describeOverlaps(report).split('\n')[0],
+    )
+
+    expect(report.operations).toBeGreaterThanOrEqual(300)
+    expect(report.overlaps.length).toBeGreaterThanOrEqual(1)
+    // The overlap is between the two workers, on the one key.
+    const owners = new Set(report.overlaps.flatMap((o) => [o.first.owner.split('/')[0], o.second.owner.split('/')[0]]))
+    expect(owners).toEqual(new Set(['w0', 'w1']))
+    expect(lost, 'read-sleep-write increments overwrote each other').toBeGreaterThan(0)
+  })
+
+  it('the checker flags a redis-server killed and restarted without persistence while a lease is held (negative control)', async () => {
+    const own = await startRedis()
+    servers.push(own)
+    const key = `faults:${randomUUID().slice(0, 8)}:thread\u0000kill`
+    const ops: LeaseOperation[] = []
+    const a = recordLeases(new RedisLeaseProvider({ url: own.url }), (op) => ops.push(op))
+    const b = recordLeases(new RedisLeaseProvider({ url: own.url }), (op) => ops.push(op))
+    try {
+      expect(await a.acquireLease(key, 'owner-a', 30_000)).toEqual({ acquired: true, owner: 'owner-a' })
+      expect(await b.acquireLease(key, 'owner-b', 30_000)).toEqual({ acquired: false, owner: 'owner-a' })
+      expect(checkLeaseHistory(ops).overlaps, 'no overlap before the fault').toEqual([])
+
+      // The fault: SIGKILL, then a fresh server on the same port with no data.
+      await own.kill()
+      await own.restart()
+
+      // B's provider reconnects; calls during the reconnect may reject (recorded as errors).
+      let grant: { acquired: boolean; owner?: string } | undefined
+      const deadline = Date.now() + 10_000
+      while (!grant && Date.now() < deadline) {
+        grant = await b.acquireLease(key, 'owner-b', 30_000).catch(() => undefined)
+        if (!grant) await new Promise((r) => setTimeout(r, 50))
+      }
+      expect(grant, 'B acquires the wiped lease while A still believes it holds it').toEqual({ acquired: true, owner: 'owner-b' })
+      // A finds out only at its next renew (once its own provider has reconnected too).
+      let renewed: boolean | undefined
+      while (renewed === undefined && Date.now() < deadline) {
+        renewed = await a.renewLease(key, 'owner-a', 30_000).catch(() => undefined)
+        if (renewed === undefined) await new Promise((r) => setTimeout(r, 50))
+      }
+      expect(renewed).toBe(false)
+    } finally {
+      await a.close()
+      await b.close()
+    }
+
+    const report = checkLeaseHistory(ops)
+    console.log(`kill -9 + restart: ${report.operations} operations checked, ${report.overlaps.length} overlaps\n${describeOverlaps(report)}`)
+    expect(report.overlaps).toHaveLength(1)
+    const [overlap] = report.overlaps
+    expect(overlap?.key).toBe(key)
+    expect([overlap?.first.owner, overlap?.second.owner]).toEqual(['owner-a', 'owner-b'])
+    // A's window was cut short by its false renew, after B's began.
+    expect(overlap?.first.endedBy?.op).toBe('renew')
+    expect(overlap?.overlapMs).toBeGreaterThan(0)
+  })
+})
