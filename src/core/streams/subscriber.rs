@@ -280,6 +280,9 @@ struct Inner {
     attempt: u64,
     state: AtomicU8,
     handed_out: AtomicBool,
+    /// The consumer acked but the ack did not reach Redis: the event was handled, so a drop
+    /// retries the ack instead of counting as a failure.
+    ack_failed: AtomicBool,
 }
 
 impl Inner {
@@ -300,8 +303,12 @@ impl Inner {
             attempt: self.attempt,
         };
         let result = settlement.run_checked(outcome).await;
-        // A transport failure leaves the entry pending: the caller may try again, and if
-        // it never does, dropping the delivery nacks it (ownership-checked, no duplicate).
+        // A transport failure leaves the entry pending: the caller may try again. If it never
+        // does, dropping the delivery retries a failed ack, and nacks otherwise
+        // (ownership-checked, no duplicate).
+        if result.is_err() && outcome == Outcome::Ack {
+            self.ack_failed.store(true, Ordering::Release);
+        }
         let next = if result.is_ok() { DONE } else { PENDING };
         self.state.store(next, Ordering::Release);
         result
@@ -329,8 +336,11 @@ impl Drop for Inner {
             return;
         }
         // Never taken by the consumer (a stopped subscription's buffer): hand it back as
-        // it was. Taken and abandoned: the consumer failed, which is a nack.
-        let outcome = if *self.handed_out.get_mut() {
+        // it was. Acked, but the ack was lost: ack again. Taken and abandoned: the consumer
+        // failed, which is a nack.
+        let outcome = if *self.ack_failed.get_mut() {
+            Outcome::Ack
+        } else if *self.handed_out.get_mut() {
             Outcome::Nack
         } else {
             Outcome::Release
@@ -959,6 +969,7 @@ async fn deliver(
                 attempt: parsed.attempt,
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),
+                ack_failed: AtomicBool::new(false),
             }),
         };
         if tx.send(delivery).await.is_err() {

@@ -342,6 +342,38 @@ async fn a_delivery_dropped_unsettled_counts_as_a_nack() {
 }
 
 #[tokio::test]
+async fn a_delivery_whose_ack_was_lost_is_acked_again_when_dropped_not_redelivered() {
+    let server = Server::start("streams-lostack");
+    let (ps, _) = pubsub(&server);
+    let mut sub = ps
+        .subscribe("d", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    ps.publish("d", ev(1)).await.unwrap();
+    let first = next(&mut sub).await;
+    // Refused outright, not merely unanswered (an unanswered XACK may still run later):
+    // XACK is forbidden for a moment.
+    server.cli(&["ACL", "SETUSER", "default", "-xack"]);
+    assert!(
+        first.ack().await.is_err(),
+        "the ack must fail while XACK is forbidden"
+    );
+    server.cli(&["ACL", "SETUSER", "default", "+xack"]);
+    assert_eq!(pending(&server, "t:d", "g"), "1");
+    drop(first);
+    // The event was handled: no redelivery with attempt 2, and nothing left pending.
+    nothing_within(&mut sub, 500).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while pending(&server, "t:d", "g") != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped delivery was never acked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn an_entry_a_crashed_consumer_never_acked_is_reclaimed_after_the_idle_threshold() {
     let server = Server::start("streams-reclaim");
     let (ps, _) = pubsub(&server);
