@@ -361,10 +361,10 @@ impl StreamsPubSub {
 
     /// Parses `json` (a JSON object) and publishes it; for callers that hold text.
     pub async fn publish_json(&self, topic: &str, json: &str) -> Result<Published> {
-        let event = serde_json::from_str::<Json>(json).map_err(|err| {
-            LeaseError::streams_argument(InputErrorKind::Type, format!("event is not JSON: {err}"))
-        })?;
-        self.publish(topic, event).await
+        self.publish_json_batch(vec![(topic.to_owned(), json.to_owned())])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
     }
 
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group

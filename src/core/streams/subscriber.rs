@@ -286,6 +286,18 @@ struct Inner {
 }
 
 impl Inner {
+    /// What settling this entry needs, detached from the delivery (the event is shared).
+    fn settlement(&self) -> Settlement {
+        Settlement {
+            shared: Arc::clone(&self.shared),
+            sub: Arc::clone(&self.sub),
+            entry_id: self.entry_id.clone(),
+            json: Arc::clone(&self.json),
+            event: Arc::clone(&self.event),
+            attempt: self.attempt,
+        }
+    }
+
     async fn settle(&self, outcome: Outcome) -> Result<Settled> {
         if self
             .state
@@ -294,14 +306,7 @@ impl Inner {
         {
             return Ok(Settled::AlreadySettled);
         }
-        let settlement = Settlement {
-            shared: Arc::clone(&self.shared),
-            sub: Arc::clone(&self.sub),
-            entry_id: self.entry_id.clone(),
-            json: Arc::clone(&self.json),
-            event: Arc::clone(&self.event),
-            attempt: self.attempt,
-        };
+        let settlement = self.settlement();
         let result = settlement.run_checked(outcome).await;
         // A transport failure leaves the entry pending: the caller may try again. If it never
         // does, dropping the delivery retries a failed ack, and nacks otherwise
@@ -319,14 +324,7 @@ impl Inner {
         self.state
             .compare_exchange(PENDING, DONE, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
-        Some(Settlement {
-            shared: Arc::clone(&self.shared),
-            sub: Arc::clone(&self.sub),
-            entry_id: self.entry_id.clone(),
-            json: Arc::clone(&self.json),
-            event: Arc::clone(&self.event),
-            attempt: self.attempt,
-        })
+        Some(self.settlement())
     }
 }
 
@@ -348,14 +346,7 @@ impl Drop for Inner {
         if outcome == Outcome::Release && self.sub.group.is_none() {
             return; // fan-out: nothing is held in Redis
         }
-        let settlement = Settlement {
-            shared: Arc::clone(&self.shared),
-            sub: Arc::clone(&self.sub),
-            entry_id: std::mem::take(&mut self.entry_id),
-            json: std::mem::take(&mut self.json),
-            event: std::mem::take(&mut self.event),
-            attempt: self.attempt,
-        };
+        let settlement = self.settlement();
         let runtime = self.shared.runtime.clone();
         runtime.spawn(async move {
             let _ = settlement.run(outcome).await;
