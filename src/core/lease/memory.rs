@@ -70,7 +70,14 @@ impl MemoryStore {
         self.lock().reclaim(Instant::now(), budget)
     }
 
-    fn apply_at(&self, now: Instant, call: &Call) -> Result<Answer> {
+    /// [`MemoryStore::reclaim_expired`] at a given instant, for the property tests.
+    #[cfg(test)]
+    pub(super) fn reclaim_expired_at(&self, now: Instant, budget: usize) -> usize {
+        self.lock().reclaim(now, budget)
+    }
+
+    /// [`MemoryStore::apply`] at a given instant: the clock seam the property tests use.
+    pub(super) fn apply_at(&self, now: Instant, call: &Call) -> Result<Answer> {
         call.check(&self.limits)?;
         let mut table = self.lock_at(now);
         Ok(match call {

@@ -2,6 +2,8 @@
 //! enforces on its input before doing any work.
 
 pub mod memory;
+#[cfg(test)]
+mod props;
 pub mod redis;
 
 use std::future::Future;
