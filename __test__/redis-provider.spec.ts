@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import net from 'node:net'
 import path from 'node:path'
+import { inspect } from 'node:util'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
@@ -434,20 +435,38 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBeUndefined()
     })
 
-    it('an out-of-memory server rejects acquire with ERR_LEASE_REDIS, and works once memory is back', async () => {
-      const server = await ownServer()
+    it('with maxmemory and noeviction, a write that needs memory (acquire, transfer) rejects with ERR_LEASE_REDIS, never false; the rest tell the truth; all works once memory is back', async () => {
+      const server = await ownServer({ args: ['--maxmemory-policy', 'noeviction'] })
       const p = provider({ url: server.url })
       const held = uniqueKey('oom-held')
+      const handed = uniqueKey('oom-handed')
+      const fresh = uniqueKey('oom-fresh')
       await p.acquireLease(held, 'A', LONG)
+      await p.acquireLease(handed, 'A', LONG)
       await server.cli('CONFIG', 'SET', 'maxmemory', '1')
       try {
-        await expectRejection(() => p.acquireLease(uniqueKey('oom'), 'A', LONG), Error, 'ERR_LEASE_REDIS')
+        // A new key and an overwrite need memory: Redis refuses them (OOM), and the caller hears it.
+        const oom = [
+          await expectRejection(() => p.acquireLease(fresh, 'A', LONG), Error, 'ERR_LEASE_REDIS'),
+          await expectRejection(() => p.transferLease(handed, 'A', 'B', LONG), Error, 'ERR_LEASE_REDIS'),
+        ]
+        for (const err of oom) expect(err.message).toContain('OOM')
+        expect(await server.cli('EXISTS', `mastra:topic:lease:${fresh}`)).toBe(0)
+        expect(await server.cli('GET', `mastra:topic:lease:${handed}`)).toBe('A')
+        // PEXPIRE, GET and DEL need no memory: Redis runs them, and every answer is true to the state.
+        expect(await p.renewLease(held, 'A', LONG)).toBe(true)
+        expect(await p.acquireLease(held, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+        expect(await p.acquireLease(held, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+        expect(await p.renewLease(held, 'B', LONG)).toBe(false)
+        expect(await p.transferLease(held, 'B', 'C', LONG)).toBe(false)
         expect(await p.getLeaseOwner(held)).toBe('A')
+        await p.releaseLease(held, 'A')
+        expect(await server.cli('EXISTS', `mastra:topic:lease:${held}`)).toBe(0)
       } finally {
         await server.cli('CONFIG', 'SET', 'maxmemory', '0')
       }
-      const key = uniqueKey('oom-after')
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(fresh, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.transferLease(handed, 'A', 'B', LONG)).toBe(true)
     })
   })
 
@@ -462,6 +481,20 @@ describe('RedisLeaseProvider', () => {
       return server
     }
     const hostPort = (s: RedisServer) => `127.0.0.1:${s.port}`
+
+    /** A logger keeping everything it is told, to check it for secrets. */
+    const recorder = () => {
+      const lines: unknown[] = []
+      return { lines, warn: (...args: unknown[]) => lines.push(args), debug: (...args: unknown[]) => lines.push(args) }
+    }
+
+    /** No secret in the error: not in its message, stack, cause chain or any property. */
+    function expectNoSecret(err: unknown, logged: unknown[], secrets: string[]) {
+      const seen = [String((err as Error | undefined)?.message), String((err as Error | undefined)?.stack), inspect(err, { depth: 10, showHidden: true })]
+      for (let cause = (err as Error | undefined)?.cause; cause !== undefined; cause = (cause as Error).cause) seen.push(inspect(cause, { depth: 10, showHidden: true }))
+      seen.push(JSON.stringify(logged))
+      for (const secret of secrets) for (const text of seen) expect(text).not.toContain(secret)
+    }
 
     it('a url with :password@ authenticates the default user', async () => {
       const server = await authServer()
@@ -483,14 +516,13 @@ describe('RedisLeaseProvider', () => {
       const server = await authServer()
       const wrong = 'Wr0ng-pa55word-Xy7'
       for (const url of [`redis://:${wrong}@${hostPort(server)}`, `redis://alice:${wrong}@${hostPort(server)}`]) {
-        const p = provider({ url, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000 })
+        const logger = recorder()
+        const p = provider({ url, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000, logger })
         const r = await settleWithin(p.acquireLease(uniqueKey('wrong-pass'), 'A', LONG), 3_000)
         expect(r.status, url).toBe('rejected')
         if (r.status === 'rejected') {
           expect(errorCode(r.reason), url).toBe('ERR_LEASE_AUTH')
-          const text = `${String((r.reason as Error).message)}\n${String((r.reason as Error).stack)}`
-          expect(text).not.toContain(wrong)
-          expect(text).not.toContain(PASSWORD)
+          expectNoSecret(r.reason, logger.lines, [wrong, PASSWORD])
         }
       }
     })
@@ -505,25 +537,119 @@ describe('RedisLeaseProvider', () => {
 
     it('an ACL user without access to the lease keys gets ERR_LEASE_AUTH (NOPERM) on every call', async () => {
       const server = await authServer()
-      const p = provider({ url: `redis://limited:${PASSWORD}@${hostPort(server)}` })
+      const logger = recorder()
+      const p = provider({ url: `redis://limited:${PASSWORD}@${hostPort(server)}`, logger })
       for (const [name, call] of everyCall(p, uniqueKey('noperm'))) {
         const r = await settleWithin(call(), 3_000)
         expect(r.status, name).toBe('rejected')
         if (r.status === 'rejected') {
           expect(errorCode(r.reason), name).toBe('ERR_LEASE_AUTH')
-          expect(String((r.reason as Error).message)).not.toContain(PASSWORD)
+          expectNoSecret(r.reason, logger.lines, [PASSWORD])
         }
       }
     })
 
-    it('a connection error does not reveal the password in the url either', async () => {
+    // The README's recommended ACL: the lease keys, and the six commands the scripts need.
+    const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del']
+    const leaseUser = (name: string, password: string, commands = LEASE_COMMANDS, prefix = 'mastra:topic') =>
+      ['ACL', 'SETUSER', name, 'reset', 'on', `>${password}`, `~${prefix}:lease:*`, 'resetchannels', '-@all', ...commands.map((c) => `+${c}`)]
+
+    /** The five methods through their whole life cycle; rejects at the first failure. */
+    async function lifeCycle(p: LeaseApi, key: string) {
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.getLeaseOwner(key)).toBe('A')
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      expect(await p.renewLease(key, 'B', LONG)).toBe(false)
+      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      await p.releaseLease(key, 'A') // not the holder: a no-op
+      expect(await p.getLeaseOwner(key)).toBe('B')
+      await p.releaseLease(key, 'B')
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+    }
+
+    it('an ACL user confined to the lease keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL can use all five methods; without any one of them it cannot', async () => {
+      const server = await ownServer()
+      const secret = 'L3ase-only-pa55-Wv8'
+      await server.cli(...leaseUser('lease', secret))
+      await server.cli('SCRIPT', 'FLUSH') // so SCRIPT LOAD is needed, as after a restart
+      await server.cli('ACL', 'LOG', 'RESET')
+      const logger = recorder()
+      const url = `redis://lease:${secret}@${hostPort(server)}`
+      const p = provider({ url, logger })
+      await lifeCycle(p, uniqueKey('acl-least'))
+      // Nothing was denied, but the optional INFO of the eviction-policy check.
+      const denied = ((await server.cli('ACL', 'LOG')) as unknown[][]).map((entry) => entry[entry.indexOf('object') + 1])
+      expect(denied.filter((object) => object !== 'info')).toEqual([])
+      expectNoSecret(undefined, logger.lines, [secret])
+
+      // Each of the six is needed: a user without it fails somewhere in the life cycle.
+      for (const missing of LEASE_COMMANDS) {
+        await server.cli(...leaseUser('lacking', secret, LEASE_COMMANDS.filter((c) => c !== missing)))
+        await server.cli('SCRIPT', 'FLUSH')
+        const lacking = provider({ url: `redis://lacking:${secret}@${hostPort(server)}` })
+        const r = await settleWithin(lifeCycle(lacking, uniqueKey('acl-lacking')), 5_000)
+        expect(r.status, `without ${missing}`).toBe('rejected')
+        if (r.status === 'rejected') {
+          // Refused at the top (EVALSHA, SCRIPT LOAD) it is NOPERM; refused inside a script
+          // (where the life cycle first meets GET, SET, PEXPIRE, DEL), a script error.
+          const expected = ['evalsha', 'script|load'].includes(missing) ? 'ERR_LEASE_AUTH' : 'ERR_LEASE_REDIS'
+          expect(errorCode(r.reason), `without ${missing}`).toBe(expected)
+        }
+      }
+    })
+
+    it('the confined user reaching outside its prefix gets ERR_LEASE_AUTH (NOPERM) on every call, and the keys stay untouched', async () => {
+      const server = await ownServer()
+      const secret = 'Tenant-a-pa55-Rr2'
+      await server.cli(...leaseUser('tenant-a', secret, LEASE_COMMANDS, 'tenant-a'))
+      const own = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-a' })
+      const key = uniqueKey('tenant')
+      expect(await own.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      await server.cli('SET', `tenant-b:lease:${key}`, 'B', 'PX', LONG)
+      const logger = recorder()
+      const p = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-b', logger })
+      const connections = async () => Number((await server.info('stats')).total_connections_received)
+      const opened = await connections()
+      for (const [name, call] of everyCall(p, key)) {
+        const r = await settleWithin(call(), 3_000)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), name).toBe('ERR_LEASE_AUTH')
+          expect(String((r.reason as Error).message), name).toMatch(/NoPerm/i)
+          expectNoSecret(r.reason, logger.lines, [secret])
+        }
+      }
+      expect(await server.cli('GET', `tenant-b:lease:${key}`)).toBe('B')
+      expect(await server.cli('GET', `tenant-a:lease:${key}`)).toBe('A')
+      // The connection answered: it is kept, not reopened for every refused call.
+      expect((await connections()) - opened).toBe(1)
+    })
+
+    it('a connection error (nothing listening, a host that does not resolve) or a url that does not parse does not reveal the password either', async () => {
       const port = await freePort()
-      const p = provider({ url: `redis://bob:${PASSWORD}@127.0.0.1:${port}`, connectTimeoutMs: 300, commandTimeoutMs: 300 })
-      const r = await settleWithin(p.getLeaseOwner(uniqueKey('leak')), 2_500)
-      expect(r.status).toBe('rejected')
-      if (r.status === 'rejected') {
-        expect(String((r.reason as Error).message)).not.toContain(PASSWORD)
-        expect(String((r.reason as Error).stack)).not.toContain(PASSWORD)
+      // Nothing listening, and a host that does not resolve.
+      for (const host of [`127.0.0.1:${port}`, 'no-such-host.invalid:6379']) {
+        const logger = recorder()
+        const p = provider({ url: `redis://bob:${PASSWORD}@${host}`, connectTimeoutMs: 300, commandTimeoutMs: 300, logger })
+        const r = await settleWithin(p.getLeaseOwner(uniqueKey('leak')), 2_500)
+        expect(r.status, host).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), host).toBe('ERR_LEASE_CONNECTION')
+          expectNoSecret(r.reason, logger.lines, [PASSWORD])
+        }
+      }
+      // A url that does not parse is refused in the constructor, without echoing it.
+      for (const url of [`redis://bob:${PASSWORD}@127.0.0.1:notaport`, `redis://bob:${PASSWORD}@[::1`, `http://bob:${PASSWORD}@h`]) {
+        let thrown: unknown
+        try {
+          new RedisLeaseProvider({ url })
+        } catch (err) {
+          thrown = err
+        }
+        expect(errorCode(thrown), url).toBe('ERR_LEASE_INVALID_OPTION')
+        expectNoSecret(thrown, [], [PASSWORD])
       }
     })
 

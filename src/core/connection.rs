@@ -3,13 +3,19 @@
 //! reconnected by redis-rs' `ConnectionManager`, every call bounded by the command timeout.
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, FromRedisValue, RedisResult, Value};
+use serde_json::{Map, Value as Json};
 
 use crate::core::error::{InputErrorKind, LeaseError, Result};
+use crate::core::streams::{Level, Logger, Notice};
+
+/// The `code` field of the eviction-policy warning (and of Node's `process.emitWarning`).
+pub const EVICTION_WARNING_CODE: &str = "MASTRA_LEASE_EVICTION_POLICY";
 
 /// A lazily opened, shared connection to one Redis.
 pub struct Connection {
@@ -19,6 +25,8 @@ pub struct Connection {
     /// password), which the manager keeps and would answer every later call with.
     slot: Mutex<Option<ConnectionManager>>,
     timeout: Duration,
+    /// Checks the server's eviction policy once per established connection.
+    eviction: Arc<EvictionCheck>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -56,6 +64,7 @@ impl Connection {
             config,
             slot: Mutex::new(None),
             timeout: command_timeout,
+            eviction: Arc::new(EvictionCheck::default()),
         })
     }
 
@@ -69,6 +78,12 @@ impl Connection {
         self.timeout
     }
 
+    /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
+    /// read (no extra command). The first logger set stays.
+    pub fn set_logger(&self, logger: Arc<dyn Logger>) {
+        let _ = self.eviction.logger.set(logger);
+    }
+
     /// Runs commands on the connection, the whole call (connecting included) bounded by the
     /// command timeout. Must run inside a Tokio runtime.
     pub async fn run<T, F, Fut>(&self, work: F) -> Result<T>
@@ -78,7 +93,11 @@ impl Connection {
     {
         let connection = self.get()?;
         match tokio::time::timeout(self.timeout, work(connection)).await {
-            Ok(outcome) => outcome.map_err(|err| self.sort(err)),
+            Ok(Ok(value)) => {
+                self.check_eviction();
+                Ok(value)
+            }
+            Ok(Err(err)) => Err(self.sort(err)),
             Err(_) => Err(LeaseError::Timeout(self.timeout)),
         }
     }
@@ -86,11 +105,64 @@ impl Connection {
     /// Sorts a redis-rs error into the variant a caller can act on, and forgets a connection
     /// Redis refused to authenticate so the next call tries again.
     pub fn sort(&self, err: redis::RedisError) -> LeaseError {
+        if err.is_unrecoverable_error() || err.is_io_error() {
+            // The manager replaces the connection after these: the next one is checked.
+            self.eviction.unchecked.store(true, Ordering::Relaxed);
+        }
         let err = LeaseError::from_redis(err, self.timeout);
         if matches!(err, LeaseError::Auth(_)) {
             self.slot().take();
+            self.eviction.unchecked.store(true, Ordering::Relaxed);
         }
         err
+    }
+
+    /// Sorts the error in one reply of a pipeline. The connection answered, so it is kept,
+    /// even for NOPERM: a key outside the user's ACL must not cost a reconnect per call.
+    pub fn sort_reply(&self, err: redis::RedisError) -> LeaseError {
+        LeaseError::from_redis(err, self.timeout)
+    }
+
+    /// After a call succeeded on a connection not yet checked: reads the eviction policy in
+    /// a task of its own, so the call that got here is never delayed or failed by it.
+    fn check_eviction(&self) {
+        let Some(logger) = self.eviction.logger.get() else {
+            return;
+        };
+        // A plain load first: the calls on a checked connection only read the flag.
+        let unchecked = &self.eviction.unchecked;
+        if !unchecked.load(Ordering::Relaxed) || !unchecked.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(mut connection) = self.get() else {
+            return;
+        };
+        let (check, logger, timeout) = (self.eviction.clone(), logger.clone(), self.timeout);
+        tokio::spawn(async move {
+            let mut info = redis::cmd("INFO");
+            info.arg("memory");
+            let info = info.query_async::<String>(&mut connection);
+            let error = match tokio::time::timeout(timeout, info).await {
+                Ok(Ok(text)) => return check.judge(&text, &*logger),
+                Ok(Err(err)) => {
+                    if err.is_unrecoverable_error() || err.is_io_error() {
+                        check.unchecked.store(true, Ordering::Relaxed);
+                    }
+                    LeaseError::from_redis(err, timeout).to_string()
+                }
+                Err(_) => {
+                    check.unchecked.store(true, Ordering::Relaxed);
+                    LeaseError::Timeout(timeout).to_string()
+                }
+            };
+            // Refused (an ACL without INFO) or failed: the check is advice, so it is skipped.
+            notice(
+                &*logger,
+                Level::Debug,
+                SKIPPED,
+                [("error", Json::from(error))],
+            );
+        });
     }
 
     fn get(&self) -> Result<ConnectionManager> {
@@ -114,6 +186,93 @@ impl Connection {
     }
 }
 
+const SKIPPED: &str =
+    "mastra-lease: could not read the Redis eviction policy (INFO memory); not checked";
+
+/// The eviction-policy check of one [`Connection`].
+struct EvictionCheck {
+    logger: OnceLock<Arc<dyn Logger>>,
+    /// Set while the connection in use has not been checked: at first, and whenever an
+    /// error means the manager replaces the connection.
+    unchecked: AtomicBool,
+    /// Policies already warned about: one warning per policy value.
+    warned: Mutex<Vec<String>>,
+}
+
+impl Default for EvictionCheck {
+    fn default() -> Self {
+        Self {
+            logger: OnceLock::new(),
+            unchecked: AtomicBool::new(true),
+            warned: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl EvictionCheck {
+    /// Warns, once per policy value, when `INFO memory` shows a policy that may evict leases.
+    fn judge(&self, info: &str, logger: &dyn Logger) {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let maxmemory = field("maxmemory").and_then(|v| v.parse::<u64>().ok());
+        let (Some(maxmemory), Some(policy)) = (maxmemory, field("maxmemory_policy")) else {
+            return;
+        };
+        let Some(message) = eviction_warning(maxmemory, policy) else {
+            return;
+        };
+        {
+            let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            if warned.iter().any(|p| p == policy) {
+                return;
+            }
+            warned.push(policy.to_owned());
+        }
+        let fields = [
+            ("code", Json::from(EVICTION_WARNING_CODE)),
+            ("maxmemory", Json::from(maxmemory)),
+            ("maxmemoryPolicy", Json::from(policy)),
+        ];
+        notice(logger, Level::Warn, &message, fields);
+    }
+}
+
+/// The warning for a server that may evict lease keys, or `None` when it never does: only
+/// `noeviction` is safe once `maxmemory` is set (0 means no limit).
+pub fn eviction_warning(maxmemory: u64, policy: &str) -> Option<String> {
+    if maxmemory == 0 || policy == "noeviction" {
+        return None;
+    }
+    let why = if policy.starts_with("volatile-") {
+        " (volatile-* policies evict keys that have a TTL, and every lease has one)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "mastra-lease: Redis may evict lease keys under memory pressure: maxmemory-policy is \
+         {policy}{why} with maxmemory {maxmemory}. An evicted lease is free for another owner \
+         while its holder still believes it holds it. Set maxmemory-policy noeviction, or keep \
+         leases on a Redis of their own."
+    ))
+}
+
+fn notice<const N: usize>(
+    logger: &dyn Logger,
+    level: Level,
+    message: &str,
+    fields: [(&str, Json); N],
+) {
+    let fields: Map<String, Json> = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    logger.log(Notice {
+        level,
+        message: message.to_owned(),
+        fields,
+    });
+}
+
 /// Parses a reply, turning an error reply into the error.
 pub fn parse<T: FromRedisValue>(reply: Value) -> RedisResult<T> {
     redis::from_redis_value::<RedisResult<T>>(reply)?
@@ -135,4 +294,73 @@ fn install_tls_provider() {
         // Another library in the process may have installed one already; that one serves.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<Notice>>);
+
+    impl Logger for Collect {
+        fn log(&self, notice: Notice) {
+            self.0.lock().unwrap().push(notice);
+        }
+    }
+
+    fn info(maxmemory: u64, policy: &str) -> String {
+        format!(
+            "# Memory\r\nused_memory:1024\r\nmaxmemory:{maxmemory}\r\nmaxmemory_human:x\r\n\
+             maxmemory_policy:{policy}\r\nmem_allocator:jemalloc\r\n"
+        )
+    }
+
+    #[test]
+    fn only_noeviction_or_no_limit_is_safe() {
+        assert_eq!(eviction_warning(0, "allkeys-lru"), None);
+        assert_eq!(eviction_warning(1 << 20, "noeviction"), None);
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-ttl",
+        ] {
+            let message = eviction_warning(1 << 20, policy).unwrap();
+            assert!(message.contains(policy), "{message}");
+        }
+        assert!(eviction_warning(1, "volatile-lru")
+            .unwrap()
+            .contains("every lease has one"));
+        assert!(!eviction_warning(1, "allkeys-lru")
+            .unwrap()
+            .contains("every lease has one"));
+    }
+
+    #[test]
+    fn warns_once_per_policy_from_info_memory() {
+        let check = EvictionCheck::default();
+        let logger = Collect::default();
+        check.judge(&info(0, "allkeys-lru"), &logger);
+        check.judge(&info(100, "noeviction"), &logger);
+        check.judge("# Memory\r\nmaxmemory_human:0B\r\n", &logger);
+        assert!(logger.0.lock().unwrap().is_empty());
+        check.judge(&info(100, "allkeys-lru"), &logger);
+        check.judge(&info(200, "allkeys-lru"), &logger);
+        check.judge(&info(100, "volatile-lru"), &logger);
+        let notices = logger.0.lock().unwrap();
+        let policies: Vec<_> = notices
+            .iter()
+            .map(|n| (n.level, n.fields["maxmemoryPolicy"].clone()))
+            .collect();
+        assert_eq!(
+            policies,
+            [
+                (Level::Warn, Json::from("allkeys-lru")),
+                (Level::Warn, Json::from("volatile-lru"))
+            ]
+        );
+        assert_eq!(notices[0].fields["maxmemory"], Json::from(100));
+        assert_eq!(notices[0].fields["code"], Json::from(EVICTION_WARNING_CODE));
+    }
 }

@@ -5,6 +5,7 @@ mod args;
 mod bridge;
 mod inbox;
 mod js;
+mod log;
 pub mod memory;
 pub mod options;
 pub mod redis;

@@ -26,7 +26,7 @@ pub struct MemoryLeaseProviderOptions {
 }
 
 /// Options of `new RedisLeaseProvider(options?)`.
-#[napi(object)]
+#[napi(object, object_from_js = false, object_to_js = false)]
 pub struct RedisLeaseProviderOptions {
     /// `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
     /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
@@ -45,6 +45,15 @@ pub struct RedisLeaseProviderOptions {
     pub max_owner_bytes: Option<u32>,
     /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
+    /// Gets the warning when the server's eviction policy could evict leases (any policy
+    /// but `noeviction` with `maxmemory` set), once per policy, and a debug note when the
+    /// policy cannot be read. Anything with `warn(message, fields)` and
+    /// `debug(message, fields)`, as Mastra's logger. Default: none, and the warning goes to
+    /// `process.emitWarning` with code `MASTRA_LEASE_EVICTION_POLICY`.
+    #[napi(
+        ts_type = "{ warn(message: string, fields?: Record<string, unknown>): void; debug(message: string, fields?: Record<string, unknown>): void }"
+    )]
+    pub logger: Option<Value>,
 }
 
 /// Options of the Redis Streams transport underneath `RedisStreamsPubSub`. Lease limits are
@@ -199,6 +208,7 @@ impl RedisLeaseProviderOptions {
             max_key_bytes: reader.count(c"maxKeyBytes")?,
             max_owner_bytes: reader.count(c"maxOwnerBytes")?,
             max_ttl_ms: reader.millis(c"maxTtlMs", TTL_CEILING_MS)?,
+            logger: reader.logger()?,
         })
     }
 
@@ -255,6 +265,24 @@ impl Reader {
         let value = js::property(self.env, object, name);
         let kind = js::type_of(self.env, value);
         (kind != ValueType::napi_undefined).then_some((value, kind))
+    }
+
+    /// `logger`: an object with `warn` and `debug` methods, valid during this call only.
+    fn logger(&self) -> Result<Option<Value>> {
+        let Some((value, kind)) = self.get(c"logger") else {
+            return Ok(None);
+        };
+        let method = |name: &CStr| {
+            js::type_of(self.env, js::property(self.env, value, name)) == ValueType::napi_function
+        };
+        let object = matches!(kind, ValueType::napi_object | ValueType::napi_function);
+        if kind == ValueType::napi_null || !(object && method(c"warn") && method(c"debug")) {
+            return Err(LeaseError::option(
+                InputErrorKind::Type,
+                "logger must have debug(message, fields) and warn(message, fields) methods",
+            ));
+        }
+        Ok(Some(value))
     }
 
     fn string(&self, name: &CStr) -> Result<Option<String>> {

@@ -9,6 +9,7 @@ use napi_derive::napi;
 use super::args;
 use super::bridge::Bridge;
 use super::js;
+use super::log::JsLog;
 use super::options::RedisLeaseProviderOptions;
 use super::reply::{resolved, settled};
 use super::{runtime, unknown};
@@ -29,6 +30,10 @@ pub struct RedisLeaseProvider {
 impl RedisLeaseProvider {
     /// Checks the options and prepares the connection; nothing connects until the first
     /// call. Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION`.
+    ///
+    /// Once per connection (the first, and each after a reconnect) it reads the server's
+    /// eviction policy with `INFO memory`, after a call succeeded and without delaying any,
+    /// and warns through `logger` (or `process.emitWarning`) if Redis could evict leases.
     #[napi(
         constructor,
         ts_args_type = "options?: RedisLeaseProviderOptions | undefined | null"
@@ -37,8 +42,16 @@ impl RedisLeaseProvider {
         let raw = env.raw();
         let store =
             RedisLeaseProviderOptions::read(raw, options.map(|o| o.raw())).and_then(|options| {
+                let log = match options.logger {
+                    Some(logger) => Some(JsLog::logger(raw, logger)?),
+                    None => JsLog::process(raw).ok(),
+                };
                 let _context = runtime()?.enter();
-                RedisStore::new(options.into_core())
+                let store = RedisStore::new(options.into_core())?;
+                if let Some(log) = log {
+                    store.connection().set_logger(Arc::new(log));
+                }
+                Ok(store)
             });
         match store {
             Ok(store) => Ok(Self {

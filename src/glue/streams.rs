@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use super::inbox::{lock, Inbox};
 use super::js::{self, Value};
+use super::log::JsLog;
 use super::options::RedisStreamsOptions;
 use super::redis::RedisLeaseProvider;
 use super::reply::{settled, Reply};
@@ -70,7 +71,8 @@ struct Pending {
 #[napi]
 impl RedisStreamsTransport {
     /// Checks the options; connects on first use. `log(level, message, fieldsJson)`, when
-    /// given, receives the transport's warnings and debug notes.
+    /// given, receives the transport's warnings and debug notes, the eviction-policy warning
+    /// among them (without it, that one goes to `process.emitWarning`).
     #[napi(
         constructor,
         catch_unwind,
@@ -100,8 +102,18 @@ impl RedisStreamsTransport {
                 }
             }
             let key_prefix = options.key_prefix.clone();
+            // The eviction-policy warning goes to the log, or to process.emitWarning.
+            let eviction_log = match &options.logger {
+                Some(logger) => Some(logger.clone()),
+                None => JsLog::process(raw)
+                    .ok()
+                    .map(|log| Arc::new(log) as Arc<dyn Logger>),
+            };
             let _context = runtime()?.enter();
             let pubsub = StreamsPubSub::new(options)?;
+            if let Some(log) = eviction_log {
+                pubsub.connection().set_logger(log);
+            }
             let store = RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
             Ok((pubsub, store))
         })();

@@ -14,7 +14,11 @@ export interface StreamsLogger {
 
 /** Options of `new RedisStreamsPubSub(options?)`; every field has a default. */
 export interface RedisStreamsPubSubOptions extends RedisStreamsOptions {
-  /** Receives dropped-event warnings and connection trouble (at most once per 30 s). */
+  /**
+   * Receives dropped-event warnings, connection trouble (at most once per 30 s), and the
+   * warning when Redis's eviction policy could evict leases (once per policy). Without it,
+   * that warning goes to `process.emitWarning` (code `MASTRA_LEASE_EVICTION_POLICY`).
+   */
   logger?: StreamsLogger
 }
 

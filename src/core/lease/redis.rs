@@ -94,6 +94,11 @@ impl RedisStore {
         })
     }
 
+    /// The connection the calls go through.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
     /// The Redis key a lease key lives at: `<keyPrefix>:lease:<key>`.
     pub fn redis_key(&self, key: &str) -> Vec<u8> {
         let mut full = Vec::with_capacity(self.key_prefix.len() + key.len());
@@ -115,8 +120,9 @@ impl RedisStore {
             match self.round_trip(&calls, &sent).await {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
-                        answers[i] =
-                            Some(decode(&calls[i], reply).map_err(|e| self.connection.sort(e)));
+                        answers[i] = Some(
+                            decode(&calls[i], reply).map_err(|e| self.connection.sort_reply(e)),
+                        );
                     }
                 }
                 Err(err) => {
@@ -169,11 +175,19 @@ impl RedisStore {
                 for &j in &missing {
                     self.encode(&calls[sent[j]], &mut retry);
                 }
-                let again = connection
-                    .send_packed_commands(&retry, loaded.len(), missing.len())
+                let mut again = connection
+                    .send_packed_commands(&retry, 0, loaded.len() + missing.len())
                     .await?;
+                // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
+                // the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
+                let refused = again
+                    .drain(..loaded.len())
+                    .find(|reply| matches!(reply, Value::ServerError(_)));
                 for (&j, reply) in missing.iter().zip(again) {
-                    replies[j] = reply;
+                    replies[j] = match &refused {
+                        Some(load_error) if is_noscript(&reply) => load_error.clone(),
+                        _ => reply,
+                    };
                 }
                 Ok(replies)
             })

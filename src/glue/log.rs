@@ -1,0 +1,129 @@
+//! Where a Redis connection's notices go in Node: a logger's `warn` and `debug` (Mastra's
+//! logger fits), or, without one, `process.emitWarning` for the warnings.
+
+use std::ptr;
+
+use napi::sys::{self, ValueType};
+use serde_json::{Map, Value as Json};
+
+use super::js::{self, Env, Value};
+use super::tsfn::JsCallback;
+use crate::core::connection::EVICTION_WARNING_CODE;
+use crate::core::streams::{Level, Logger, Notice};
+use crate::core::{LeaseError, Result};
+
+/// Notices on their way to JavaScript functions, called on Node's thread.
+pub struct JsLog {
+    warn: JsCallback<Notice>,
+    debug: Option<JsCallback<Notice>>,
+}
+
+impl Logger for JsLog {
+    fn log(&self, notice: Notice) {
+        match notice.level {
+            Level::Warn => {
+                self.warn.call(notice);
+            }
+            Level::Debug => {
+                if let Some(debug) = &self.debug {
+                    debug.call(notice);
+                }
+            }
+        }
+    }
+}
+
+impl JsLog {
+    /// `logger.warn(message, fields)` and `logger.debug(message, fields)`; `logger` was
+    /// checked to have both methods.
+    pub fn logger(env: Env, logger: Value) -> Result<Self> {
+        let method = |name: &std::ffi::CStr| {
+            let function = bound(env, js::property(env, logger, name), logger)?;
+            JsCallback::new(env, function, message_and_fields).ok()
+        };
+        match (method(c"warn"), method(c"debug")) {
+            (Some(warn), Some(debug)) => Ok(Self {
+                warn,
+                debug: Some(debug),
+            }),
+            _ => Err(LeaseError::Internal(
+                "could not bind the logger's methods".into(),
+            )),
+        }
+    }
+
+    /// `process.emitWarning(message, { code })` for warnings; debug notes are dropped.
+    pub fn process(env: Env) -> Result<Self> {
+        let mut global = ptr::null_mut();
+        // SAFETY: a plain lookup on the JavaScript thread.
+        unsafe { sys::napi_get_global(env, &mut global) };
+        let process = js::property(env, global, c"process");
+        let emit = (js::type_of(env, process) == ValueType::napi_object)
+            .then(|| bound(env, js::property(env, process, c"emitWarning"), process))
+            .flatten()
+            .and_then(|function| JsCallback::new(env, function, message_and_code).ok());
+        match emit {
+            Some(warn) => Ok(Self { warn, debug: None }),
+            None => Err(LeaseError::Internal(
+                "process.emitWarning is unavailable".into(),
+            )),
+        }
+    }
+}
+
+/// `function.bind(this)`, so the callback keeps its object when called on its own.
+fn bound(env: Env, function: Value, this: Value) -> Option<Value> {
+    if js::type_of(env, function) != ValueType::napi_function {
+        return None;
+    }
+    let bind = js::property(env, function, c"bind");
+    if js::type_of(env, bind) != ValueType::napi_function {
+        return None;
+    }
+    let mut out = ptr::null_mut();
+    // SAFETY: live functions of this environment, called on its thread with one argument.
+    let status = unsafe { sys::napi_call_function(env, function, bind, 1, &this, &mut out) };
+    if status != sys::Status::napi_ok || out.is_null() {
+        js::clear_exception(env);
+        return None;
+    }
+    Some(out)
+}
+
+fn message_and_fields(env: Env, notice: Notice) -> Vec<Value> {
+    vec![
+        js::string(env, &notice.message),
+        object(env, &notice.fields),
+    ]
+}
+
+fn message_and_code(env: Env, notice: Notice) -> Vec<Value> {
+    let code = notice
+        .fields
+        .get("code")
+        .and_then(Json::as_str)
+        .unwrap_or(EVICTION_WARNING_CODE);
+    let mut options = Map::new();
+    options.insert("code".into(), Json::from(code));
+    vec![js::string(env, &notice.message), object(env, &options)]
+}
+
+/// A flat object of the fields: strings, numbers and booleans as themselves, anything else
+/// as its JSON text.
+fn object(env: Env, fields: &Map<String, Json>) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain object creation and property writes on the JavaScript thread.
+    unsafe {
+        sys::napi_create_object(env, &mut out);
+        for (name, value) in fields {
+            let value = match value {
+                Json::String(text) => js::string(env, text),
+                Json::Number(n) => js::number_value(env, n.as_f64().unwrap_or(f64::NAN)),
+                Json::Bool(b) => js::boolean(env, *b),
+                other => js::string(env, &other.to_string()),
+            };
+            sys::napi_set_property(env, out, js::string(env, name), value);
+        }
+    }
+    out
+}
