@@ -3,7 +3,7 @@
 //! reconnected by redis-rs' `ConnectionManager`, every call bounded by the command timeout.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
@@ -21,9 +21,12 @@ pub const EVICTION_WARNING_CODE: &str = "MASTRA_LEASE_EVICTION_POLICY";
 pub struct Connection {
     client: Client,
     config: ConnectionManagerConfig,
-    /// Made on first use. Replaced only when Redis refused the connection itself (a wrong
-    /// password), which the manager keeps and would answer every later call with.
-    slot: Mutex<Option<ConnectionManager>>,
+    /// Made on first use, numbered. Replaced when Redis refused the connection itself (a
+    /// wrong password, which the manager keeps and would answer every later call with), and
+    /// when a call on it timed out (see [`Connection::run`]).
+    slot: Mutex<Option<(u64, ConnectionManager)>>,
+    /// The number the next connection made gets.
+    made: AtomicU64,
     timeout: Duration,
     /// Checks the server's eviction policy once per established connection.
     eviction: Arc<EvictionCheck>,
@@ -63,6 +66,7 @@ impl Connection {
             client,
             config,
             slot: Mutex::new(None),
+            made: AtomicU64::new(0),
             timeout: command_timeout,
             eviction: Arc::new(EvictionCheck::default()),
         })
@@ -91,14 +95,37 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let connection = self.get()?;
+        let (number, connection) = self.get()?;
         match tokio::time::timeout(self.timeout, work(connection)).await {
             Ok(Ok(value)) => {
                 self.check_eviction();
                 Ok(value)
             }
-            Ok(Err(err)) => Err(self.sort(err)),
-            Err(_) => Err(LeaseError::Timeout(self.timeout)),
+            Ok(Err(err)) => {
+                let err = self.sort(err);
+                if matches!(err, LeaseError::Timeout(_)) {
+                    self.forget(number);
+                }
+                Err(err)
+            }
+            Err(_) => {
+                self.forget(number);
+                Err(LeaseError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// Drops connection `number` after a call on it timed out, unless a newer one replaced
+    /// it already. The manager reconnects after I/O errors only, and a connection that went
+    /// silent (a forgotten NAT flow, a vanished host, a reply lost by a middlebox) raises
+    /// none: without this every later call would time out on it, for as long as the kernel
+    /// keeps the socket (minutes). Calls still waiting on it keep it until they settle; the
+    /// price is one reconnect when the server was merely slow.
+    fn forget(&self, number: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(current, _)| *current == number) {
+            *slot = None;
+            self.eviction.unchecked.store(true, Ordering::Relaxed);
         }
     }
 
@@ -134,7 +161,7 @@ impl Connection {
         if !unchecked.load(Ordering::Relaxed) || !unchecked.swap(false, Ordering::Relaxed) {
             return;
         }
-        let Ok(mut connection) = self.get() else {
+        let Ok((_, mut connection)) = self.get() else {
             return;
         };
         let (check, logger, timeout) = (self.eviction.clone(), logger.clone(), self.timeout);
@@ -165,19 +192,20 @@ impl Connection {
         });
     }
 
-    fn get(&self) -> Result<ConnectionManager> {
+    fn get(&self) -> Result<(u64, ConnectionManager)> {
         let mut slot = self.slot();
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
+        if let Some(current) = slot.as_ref() {
+            return Ok(current.clone());
         }
         let connection =
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
                 .map_err(|err| LeaseError::from_redis(err, self.timeout))?;
-        *slot = Some(connection.clone());
-        Ok(connection)
+        let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);
+        *slot = Some(current.clone());
+        Ok(current)
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<ConnectionManager>> {
+    fn slot(&self) -> MutexGuard<'_, Option<(u64, ConnectionManager)>> {
         // Only a clone or a replacement happens under this lock; poisoning cannot leave it
         // half-written.
         self.slot
