@@ -169,12 +169,12 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     servers.push(server)
   })
 
-  it('an acquire storm of 8 processes on 3 keys never lets two owners believe they hold a key at once, and loses no update', async () => {
+  it('an acquire storm of 16 processes on 4 keys never lets two owners believe they hold a key at once, and loses no update', async () => {
     const { history, report, counters } = await storm(server, {
-      workers: 8,
-      keys: 3,
+      workers: 16,
+      keys: 4,
       durationMs: 5_000,
-      maxOps: 1_500,
+      maxOps: 1_000,
       ttlMinMs: 200,
       ttlMaxMs: 500,
       paceMs: 6,
@@ -189,7 +189,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     )
 
     // Not vacuous: every worker finished, and there was real contention over the keys.
-    expect(history.summaries).toHaveLength(8)
+    expect(history.summaries).toHaveLength(16)
     expect(report.operations).toBeGreaterThanOrEqual(3_000)
     expect(report.acquisitions).toBeGreaterThanOrEqual(200)
     expect(uses).toBeGreaterThanOrEqual(200)
