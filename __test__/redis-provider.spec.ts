@@ -299,6 +299,67 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
+    it('Redis absent at start: a process that never closes its providers gets fast coded rejections, no unhandled rejection, and exits by itself', async () => {
+      const port = await freePort()
+      // Both Redis surfaces, pointed at a port nobody listens on, never closed. Each call is
+      // timed alone; the process must then end on its own (no handle left open).
+      const script = `
+        const { RedisLeaseProvider, RedisStreamsPubSub } = require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'cjs', 'index.js'))});
+        const failures = [];
+        const results = [];
+        process.on('unhandledRejection', (e) => failures.push('unhandledRejection ' + ((e && e.code) || String(e))));
+        process.on('uncaughtException', (e) => failures.push('uncaughtException ' + ((e && e.code) || String(e))));
+        process.on('exit', () => process.stdout.write(JSON.stringify({ results, failures })));
+        const options = { url: 'redis://127.0.0.1:${port}', commandTimeoutMs: 5000 };
+        const provider = new RedisLeaseProvider(options);
+        const pubsub = new RedisStreamsPubSub(options);
+        const calls = (p, who) => [
+          [who + ' acquireLease', () => p.acquireLease('k', 'a', 60000)],
+          [who + ' getLeaseOwner', () => p.getLeaseOwner('k')],
+          [who + ' releaseLease', () => p.releaseLease('k', 'a')],
+          [who + ' renewLease', () => p.renewLease('k', 'a', 60000)],
+          [who + ' transferLease', () => p.transferLease('k', 'a', 'b', 60000)],
+        ];
+        const all = [
+          ...calls(provider, 'provider'),
+          ...calls(pubsub, 'pubsub'),
+          ['pubsub publish', () => pubsub.publish('topic', { type: 'test', runId: 'r', data: {} })],
+        ];
+        (async () => {
+          for (const [name, call] of all) {
+            const started = performance.now();
+            const outcome = await call().then(() => 'resolved', (e) => e.code);
+            results.push({ name, outcome, ms: Math.round(performance.now() - started) });
+          }
+        })();
+      `
+      const started = performance.now()
+      const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+      let out = ''
+      let err = ''
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()))
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()))
+      const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
+      try {
+        const r = await settleWithin(exit, 8_000)
+        if (r.status !== 'fulfilled') throw new Error(`child did not exit by itself within 8 s (a handle is left open); stderr: ${err}`)
+        expect(r.value, err).toBe(0)
+      } finally {
+        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+      }
+      const lifetime = performance.now() - started
+      const { results, failures } = JSON.parse(out) as { results: Array<{ name: string; outcome: string; ms: number }>; failures: string[] }
+      expect(failures).toEqual([])
+      expect(results.map((r) => r.name)).toHaveLength(11)
+      for (const r of results) {
+        expect(r.outcome, r.name).toMatch(/^ERR_LEASE_(CONNECTION|TIMEOUT)$/)
+        // A refused connection is known at once: far under commandTimeoutMs (5 s).
+        expect(r.ms, r.name).toBeLessThan(1_000)
+      }
+      // Eleven refused calls and Node's start-up, far from 11 command timeouts.
+      expect(lifetime).toBeLessThan(8_000)
+    })
+
     it('a server that accepts but never answers: calls reject within connect + command timeout', async () => {
       const sockets = new Set<net.Socket>()
       const silent = net.createServer((s) => {

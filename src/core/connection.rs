@@ -8,7 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, FromRedisValue, RedisResult, Value};
+use redis::{
+    Client, ClientTlsConfig, ConnectionAddr, FromRedisValue, RedisResult, TlsCertificates, Value,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Map, Value as Json};
 
 use crate::core::error::{InputErrorKind, LeaseError, Result};
@@ -16,6 +20,94 @@ use crate::core::streams::{Level, Logger, Notice};
 
 /// The `code` field of the eviction-policy warning (and of Node's `process.emitWarning`).
 pub const EVICTION_WARNING_CODE: &str = "MASTRA_LEASE_EVICTION_POLICY";
+
+/// TLS material for a `rediss://` URL, each PEM-encoded. Without any, the server certificate
+/// is verified against the platform's roots (and the file named by `SSL_CERT_FILE`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// The certificates trusted to sign the server's, one or more; replaces the platform's
+    /// roots.
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate (chain), for servers with `tls-auth-clients yes`. With `key`.
+    pub cert: Option<Vec<u8>>,
+    /// The client certificate's private key. With `cert`.
+    pub key: Option<Vec<u8>>,
+}
+
+impl TlsOptions {
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// Checks the PEM: `ca` and `cert` hold certificates that parse, `key` a private key
+    /// that matches `cert`. The messages never repeat the material.
+    fn check(&self) -> Result<()> {
+        let range = |message: String| LeaseError::option(InputErrorKind::Range, message);
+        let mut roots = rustls::RootCertStore::empty();
+        if let Some(ca) = &self.ca {
+            for (n, cert) in certificates("ca", ca)?.into_iter().enumerate() {
+                roots.add(cert).map_err(|_| {
+                    range(format!(
+                        "tls.ca: certificate {} is not a valid X.509 certificate",
+                        n + 1
+                    ))
+                })?;
+            }
+        }
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(()),
+            (Some(_), None) | (None, Some(_)) => Err(LeaseError::option(
+                InputErrorKind::Type,
+                "tls.cert and tls.key go together: give both (the client certificate and its \
+                 private key) or neither",
+            )),
+            (Some(cert), Some(key)) => {
+                let chain = certificates("cert", cert)?;
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+                    range("tls.key holds no PEM private key (PKCS#8, PKCS#1 or SEC1)".to_owned())
+                })?;
+                // The same check rustls makes when it connects, made now: an unsupported key
+                // type, or a key that is not the certificate's.
+                let provider = rustls::crypto::ring::default_provider();
+                rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+                    .map(drop)
+                    .map_err(|_| {
+                        range(
+                            "tls.key is not the private key of tls.cert's first certificate, \
+                             or its type is not supported"
+                                .to_owned(),
+                        )
+                    })
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Says only what is set: the key is a secret.
+        f.debug_struct("TlsOptions")
+            .field("ca", &self.ca.is_some())
+            .field("cert", &self.cert.is_some())
+            .field("key", &self.key.is_some())
+            .finish()
+    }
+}
+
+/// The certificates in a PEM option: at least one, each block well-formed.
+fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
+    let range = |message: String| LeaseError::option(InputErrorKind::Range, message);
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| range(format!("tls.{label} is not well-formed PEM")))?;
+    if certs.is_empty() {
+        return Err(range(format!(
+            "tls.{label} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        )));
+    }
+    Ok(certs)
+}
 
 /// A lazily opened, shared connection to one Redis.
 pub struct Connection {
@@ -42,10 +134,15 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Checks the URL; does not connect.
-    pub fn new(url: &str, connect_timeout: Duration, command_timeout: Duration) -> Result<Self> {
+    /// Checks the URL and the TLS material; does not connect.
+    pub fn new(
+        url: &str,
+        tls: &TlsOptions,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<Self> {
         install_tls_provider();
-        let client = Client::open(url).map_err(|err| {
+        let mut client = Client::open(url).map_err(|err| {
             // The URL may carry a password, so neither it nor the parser's echo of it is
             // repeated; the parser's complaint without the URL is enough to fix it.
             LeaseError::option(
@@ -56,6 +153,37 @@ impl Connection {
                 ),
             )
         })?;
+        if !tls.is_empty() {
+            if !matches!(
+                client.get_connection_info().addr(),
+                ConnectionAddr::TcpTls { .. }
+            ) {
+                return Err(LeaseError::option(
+                    InputErrorKind::Range,
+                    "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// \
+                     only",
+                ));
+            }
+            tls.check()?;
+            let certificates = TlsCertificates {
+                client_tls: tls.cert.clone().zip(tls.key.clone()).map(
+                    |(client_cert, client_key)| ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    },
+                ),
+                root_cert: tls.ca.clone(),
+            };
+            // The material was checked above, so this fails only on what redis-rs itself
+            // refuses; its message is not repeated in case it quotes the material.
+            client = Client::build_with_tls(client.get_connection_info().clone(), certificates)
+                .map_err(|_| {
+                    LeaseError::option(
+                        InputErrorKind::Range,
+                        "tls: the Redis client refused the certificates or key",
+                    )
+                })?;
+        }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(command_timeout))
@@ -342,6 +470,42 @@ mod tests {
             "# Memory\r\nused_memory:1024\r\nmaxmemory:{maxmemory}\r\nmaxmemory_human:x\r\n\
              maxmemory_policy:{policy}\r\nmem_allocator:jemalloc\r\n"
         )
+    }
+
+    #[test]
+    fn tls_options_never_print_or_echo_their_material() {
+        let secret = b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n";
+        let tls = TlsOptions {
+            ca: Some(secret.to_vec()),
+            cert: None,
+            key: Some(secret.to_vec()),
+        };
+        let shown = format!("{tls:?}");
+        assert_eq!(shown, "TlsOptions { ca: true, cert: false, key: true }");
+        let err = Connection::new(
+            "rediss://localhost:1",
+            &tls,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("tls.ca holds no PEM certificate"),
+            "{message}"
+        );
+        assert!(!message.contains("c2VjcmV0"), "{message}");
+        let lone_key = TlsOptions {
+            key: Some(secret.to_vec()),
+            ..TlsOptions::default()
+        };
+        assert!(matches!(
+            lone_key.check(),
+            Err(LeaseError::InvalidOption {
+                kind: InputErrorKind::Type,
+                ..
+            })
+        ));
     }
 
     #[test]

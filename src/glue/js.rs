@@ -93,6 +93,64 @@ pub fn property(env: Env, object: Value, name: &std::ffi::CStr) -> Value {
     out
 }
 
+/// A copy of the bytes of a `Uint8Array` (a `Buffer` is one), or `None` for anything else.
+pub fn uint8_bytes(env: Env, value: Value) -> Option<Vec<u8>> {
+    let mut is_typed = false;
+    // SAFETY: value comes from the current call on the JavaScript thread.
+    let status = unsafe { sys::napi_is_typedarray(env, value, &mut is_typed) };
+    if status != sys::Status::napi_ok || !is_typed {
+        return None;
+    }
+    let mut kind = sys::TypedarrayType::int8_array;
+    let mut len = 0usize;
+    let mut data = ptr::null_mut();
+    // SAFETY: value is a typed array; N-API reports its element type, length and data.
+    let status = unsafe {
+        sys::napi_get_typedarray_info(
+            env,
+            value,
+            &mut kind,
+            &mut len,
+            &mut data,
+            ptr::null_mut(),
+            ptr::null_mut(),
+        )
+    };
+    if status != sys::Status::napi_ok || kind != sys::TypedarrayType::uint8_array {
+        return None;
+    }
+    if len == 0 || data.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: a Uint8Array's data holds `len` bytes, alive during this call.
+    Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
+}
+
+/// The names of an object's enumerable string-keyed properties (as `for...in` lists them);
+/// names that cannot be read are left out.
+pub fn property_names(env: Env, object: Value) -> Vec<String> {
+    let mut names = ptr::null_mut();
+    // SAFETY: object was checked to be an object.
+    let status = unsafe { sys::napi_get_property_names(env, object, &mut names) };
+    if status != sys::Status::napi_ok || names.is_null() {
+        clear_exception(env);
+        return Vec::new();
+    }
+    let mut len = 0u32;
+    // SAFETY: names is the array N-API just made.
+    unsafe { sys::napi_get_array_length(env, names, &mut len) };
+    (0..len)
+        .filter_map(|i| {
+            let mut name = ptr::null_mut();
+            // SAFETY: i is below the array's length.
+            let status = unsafe { sys::napi_get_element(env, names, i, &mut name) };
+            (status == sys::Status::napi_ok)
+                .then(|| string_value(env, name).ok())
+                .flatten()
+        })
+        .collect()
+}
+
 pub fn undefined(env: Env) -> Value {
     let mut out = ptr::null_mut();
     // SAFETY: plain value creation on the JavaScript thread.

@@ -10,6 +10,7 @@ use napi_derive::napi;
 
 use super::args::{safe_integer, type_name};
 use super::js::{self, Env, Value};
+use crate::core::connection::TlsOptions as CoreTls;
 use crate::core::lease::TTL_CEILING_MS;
 use crate::core::streams::StreamsOptions;
 use crate::core::{InputErrorKind, LeaseError, Limits, RedisOptions, Result};
@@ -25,12 +26,51 @@ pub struct MemoryLeaseProviderOptions {
     pub max_ttl_ms: Option<f64>,
 }
 
+/// TLS material for a `rediss://` URL (option `tls`), each a PEM string or `Buffer`. Without
+/// it, the server certificate is verified against the platform's roots and the file named
+/// by `SSL_CERT_FILE`. Checked at construction: unparsable PEM, a `cert` without its `key`
+/// (or the reverse), a key that is not the certificate's, or `tls` with a URL that is not
+/// `rediss://` throw `ERR_LEASE_INVALID_OPTION`; no message repeats the material.
+///
+/// The server certificate is always verified against the URL's host: reach the server by
+/// the name on its certificate (a DNS or hosts entry), not by its IP address, unless the
+/// certificate names the IP. (`servername`, to verify against another name, is not
+/// supported and is refused.)
+#[napi(object, object_from_js = false, object_to_js = false)]
+pub struct TlsOptions {
+    /// The CA certificates (PEM, one or more) trusted to sign the server's certificate, in
+    /// place of the platform's roots.
+    #[napi(ts_type = "string | Buffer")]
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate (PEM, the chain leaf first) for servers with
+    /// `tls-auth-clients yes`. Give `key` with it.
+    #[napi(ts_type = "string | Buffer")]
+    pub cert: Option<Vec<u8>>,
+    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1, unencrypted).
+    #[napi(ts_type = "string | Buffer")]
+    pub key: Option<Vec<u8>>,
+}
+
+impl TlsOptions {
+    fn into_core(self) -> CoreTls {
+        CoreTls {
+            ca: self.ca,
+            cert: self.cert,
+            key: self.key,
+        }
+    }
+}
+
 /// Options of `new RedisLeaseProvider(options?)`.
 #[napi(object, object_from_js = false, object_to_js = false)]
 pub struct RedisLeaseProviderOptions {
     /// `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
     /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
     pub url: Option<String>,
+    /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
+    /// roots).
+    #[napi(ts_type = "TlsOptions")]
+    pub tls: Option<TlsOptions>,
     /// Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's own
     /// Redis backend, so both can share a fleet's leases.
     pub key_prefix: Option<String>,
@@ -58,10 +98,14 @@ pub struct RedisLeaseProviderOptions {
 
 /// Options of the Redis Streams transport underneath `RedisStreamsPubSub`. Lease limits are
 /// those of `RedisLeaseProviderOptions`.
-#[napi(object)]
+#[napi(object, object_from_js = false, object_to_js = false)]
 pub struct RedisStreamsOptions {
     /// As for `RedisLeaseProviderOptions`. Default `redis://127.0.0.1:6379`.
     pub url: Option<String>,
+    /// CA, client certificate and key for a `rediss://` URL, for the publishing, reading
+    /// and lease connections alike. Default: none (the platform's roots).
+    #[napi(ts_type = "TlsOptions")]
+    pub tls: Option<TlsOptions>,
     /// A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`. Default
     /// `mastra:topic`, Mastra's own layout.
     pub key_prefix: Option<String>,
@@ -110,6 +154,7 @@ impl RedisStreamsOptions {
         };
         Ok(Self {
             url: reader.string(c"url")?,
+            tls: reader.tls()?,
             key_prefix: reader.string(c"keyPrefix")?,
             connect_timeout_ms: reader.millis(c"connectTimeoutMs", MAX_TIMEOUT_MS)?,
             command_timeout_ms: reader.millis(c"commandTimeoutMs", MAX_TIMEOUT_MS)?,
@@ -143,6 +188,7 @@ impl RedisStreamsOptions {
         let limits = limits(self.max_key_bytes, self.max_owner_bytes, self.max_ttl_ms);
         let options = StreamsOptions {
             url: self.url.unwrap_or(d.url),
+            tls: self.tls.map_or(d.tls, TlsOptions::into_core),
             key_prefix: self.key_prefix.unwrap_or(d.key_prefix),
             connect_timeout: ms(self.connect_timeout_ms, d.connect_timeout),
             command_timeout: ms(self.command_timeout_ms, d.command_timeout),
@@ -202,6 +248,7 @@ impl RedisLeaseProviderOptions {
         let reader = Reader::new(env, value)?;
         Ok(Self {
             url: reader.string(c"url")?,
+            tls: reader.tls()?,
             key_prefix: reader.string(c"keyPrefix")?,
             connect_timeout_ms: reader.millis(c"connectTimeoutMs", MAX_TIMEOUT_MS)?,
             command_timeout_ms: reader.millis(c"commandTimeoutMs", MAX_TIMEOUT_MS)?,
@@ -221,6 +268,7 @@ impl RedisLeaseProviderOptions {
         RedisOptions {
             limits: limits(self.max_key_bytes, self.max_owner_bytes, self.max_ttl_ms),
             url: self.url.unwrap_or(defaults.url),
+            tls: self.tls.map_or(defaults.tls, TlsOptions::into_core),
             key_prefix: self.key_prefix.unwrap_or(defaults.key_prefix),
             connect_timeout: ms(self.connect_timeout_ms, defaults.connect_timeout),
             command_timeout: ms(self.command_timeout_ms, defaults.command_timeout),
@@ -283,6 +331,75 @@ impl Reader {
             ));
         }
         Ok(Some(value))
+    }
+
+    /// `tls`: an object with `ca`, `cert` and `key`, each a string or a `Uint8Array` (a
+    /// `Buffer`). `null` means none. Any other property is refused, so a misspelt option
+    /// (or one this library does not have, like `servername` or `rejectUnauthorized`)
+    /// cannot silently change what is verified.
+    fn tls(&self) -> Result<Option<TlsOptions>> {
+        let Some((value, kind)) = self.get(c"tls") else {
+            return Ok(None);
+        };
+        match kind {
+            ValueType::napi_null => return Ok(None),
+            ValueType::napi_object => {}
+            _ => {
+                return Err(LeaseError::option(
+                    InputErrorKind::Type,
+                    format!("tls must be an object, got {}", type_name(kind)),
+                ))
+            }
+        }
+        for name in js::property_names(self.env, value) {
+            let why = match name.as_str() {
+                "ca" | "cert" | "key" => continue,
+                "servername" => {
+                    "; the server certificate is verified against the URL's host, so reach the \
+                     server by the name on its certificate (a DNS or hosts entry)"
+                }
+                "rejectUnauthorized" | "checkServerIdentity" => {
+                    "; the server certificate and its name are always verified"
+                }
+                _ => "",
+            };
+            return Err(LeaseError::option(
+                InputErrorKind::Type,
+                format!(
+                    "tls.{} is not supported (tls takes ca, cert and key){why}",
+                    name.escape_debug()
+                ),
+            ));
+        }
+        let pem = |name: &CStr| -> Result<Option<Vec<u8>>> {
+            let field = js::property(self.env, value, name);
+            let label = name.to_string_lossy();
+            match js::type_of(self.env, field) {
+                ValueType::napi_undefined => Ok(None),
+                ValueType::napi_string => js::string_value(self.env, field)
+                    .map(|text| Some(text.into_bytes()))
+                    .map_err(|_| {
+                        LeaseError::option(
+                            InputErrorKind::Type,
+                            format!("tls.{label} must be well-formed UTF-16"),
+                        )
+                    }),
+                kind => js::uint8_bytes(self.env, field).map(Some).ok_or_else(|| {
+                    LeaseError::option(
+                        InputErrorKind::Type,
+                        format!(
+                            "tls.{label} must be a PEM string or Buffer, got {}",
+                            type_name(kind)
+                        ),
+                    )
+                }),
+            }
+        };
+        Ok(Some(TlsOptions {
+            ca: pem(c"ca")?,
+            cert: pem(c"cert")?,
+            key: pem(c"key")?,
+        }))
     }
 
     fn string(&self, name: &CStr) -> Result<Option<String>> {

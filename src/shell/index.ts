@@ -7,6 +7,7 @@ export type {
   MemoryLeaseProviderOptions,
   RedisLeaseProviderOptions,
   RedisStreamsOptions,
+  TlsOptions,
 } from '../../index.js'
 export { LeasedPubSub, withLeases } from './leased-pubsub.js'
 export { RedisStreamsPubSub } from './redis-streams-pubsub.js'

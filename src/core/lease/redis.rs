@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::{Pipeline, Script, Value};
 
 use super::{Answer, Call, Grant, LeaseStore, Limits};
-use crate::core::connection::{parse, Connection};
+use crate::core::connection::{parse, Connection, TlsOptions};
 use crate::core::error::{InputErrorKind, LeaseError, Result};
 
 const ACQUIRE_LUA: &str = include_str!("acquire.lua");
@@ -38,6 +38,8 @@ pub struct RedisOptions {
     pub command_timeout: Duration,
     /// Input limits.
     pub limits: Limits,
+    /// CA, client certificate and key for a `rediss://` URL. Default none.
+    pub tls: TlsOptions,
 }
 
 impl Default for RedisOptions {
@@ -48,6 +50,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
             limits: Limits::default(),
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ impl RedisStore {
     pub fn new(options: RedisOptions) -> Result<Self> {
         let connection = Connection::new(
             &options.url,
+            &options.tls,
             options.connect_timeout,
             options.command_timeout,
         )?;

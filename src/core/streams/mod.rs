@@ -25,7 +25,7 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, Client, Pipeline, RedisResult, Value};
 use serde_json::{Map, Value as Json};
 
-use crate::core::connection::{parse, Connection};
+use crate::core::connection::{parse, Connection, TlsOptions};
 use crate::core::error::{InputErrorKind, LeaseError, Result};
 
 pub use subscriber::{Acker, Delivery, Settled, Subscription};
@@ -67,6 +67,8 @@ pub struct StreamsOptions {
     pub reclaim_idle: Duration,
     /// Receives warnings (dropped events, connection trouble) and debug notes.
     pub logger: Option<Arc<dyn Logger>>,
+    /// CA, client certificate and key for a `rediss://` URL. Default none.
+    pub tls: TlsOptions,
 }
 
 impl Default for StreamsOptions {
@@ -84,6 +86,7 @@ impl Default for StreamsOptions {
             reclaim_interval: Some(Duration::from_secs(30)),
             reclaim_idle: Duration::from_secs(60),
             logger: None,
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -103,6 +106,7 @@ impl fmt::Debug for StreamsOptions {
             .field("reclaim_interval", &self.reclaim_interval)
             .field("reclaim_idle", &self.reclaim_idle)
             .field("logger", &self.logger.is_some())
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -190,6 +194,7 @@ impl StreamsPubSub {
         })?;
         let writer = Arc::new(Connection::new(
             &options.url,
+            &options.tls,
             options.connect_timeout,
             options.command_timeout,
         )?);
