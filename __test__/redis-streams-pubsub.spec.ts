@@ -461,6 +461,44 @@ describe('RedisStreamsPubSub', () => {
       expect(await pendingCount(redis, key, 'workers')).toBe(0)
     })
 
+    it('a message that kills every consumer reading it is reclaimed with a rising deliveryAttempt and, past maxDeliveryAttempts, dropped with the warning instead of circulating for ever', async () => {
+      const prefix = uniquePrefix('poison-crash')
+      const key = `${prefix}:jobs`
+      const MAX = 3
+      // Short reclaim settings, so each new consumer takes the entry over soon after the last
+      // one died; the children reclaim (XAUTOCLAIM) the first time as soon as they subscribe.
+      const options = { maxDeliveryAttempts: MAX, reclaimIdleMs: 300, reclaimIntervalMs: 100 }
+      const publisher = open({ keyPrefix: prefix })
+      const seen: Array<Record<string, unknown>> = []
+      for (let attempt = 1; attempt <= MAX; attempt++) {
+        const victim = holdingChild({ mode: 'die-on', url: redis.url, keyPrefix: prefix, topic: 'jobs', group: 'workers', options })
+        await victim.line('ready', 10_000)
+        if (attempt === 1) await publisher.publish('jobs', { type: 'test', runId: 'run-1', data: { n: 1, poison: true } })
+        seen.push(await victim.line('event', 10_000))
+        await new Promise<void>((resolve) => (victim.child.signalCode !== null ? resolve() : victim.child.once('exit', () => resolve())))
+        expect(victim.child.signalCode).toBe('SIGKILL') // it died handling the event
+      }
+      expect(seen.map((l) => l.deliveryAttempt)).toEqual([1, 2, 3])
+      expect(new Set(seen.map((l) => l.id)).size).toBe(1)
+
+      // A healthy consumer of the group: the fourth delivery would exceed the cap, so it never
+      // gets the event; the event is dropped with the nack cap's warning and leaves the group.
+      const logger = recordingLogger()
+      const healthy = open({ keyPrefix: prefix, logger, ...options })
+      const inbox = new Inbox()
+      await healthy.subscribe('jobs', inbox.cb, { group: 'workers' })
+      await publisher.publish('jobs', ev(2))
+      await inbox.count(1)
+      const deadline = Date.now() + 5_000
+      while (!logger.warnings().some((l) => /max delivery attempts/i.test(l.message)) && Date.now() < deadline) await sleep(50)
+      await sleep(500) // later reclaim passes find nothing more
+      expect(inbox.numbers).toEqual([2])
+      const dropped = logger.warnings().filter((l) => /max delivery attempts/i.test(l.message))
+      expect(dropped, JSON.stringify(logger.lines)).toHaveLength(1)
+      expect(dropped[0]!.fields).toMatchObject({ topic: 'jobs', eventId: seen[0]!.id, attempt: MAX + 1, max: MAX, reason: 'reclaimed' })
+      expect(await pendingCount(redis, key, 'workers')).toBe(0)
+    })
+
     it('with reclaiming off (reclaimIntervalMs 0), the event a killed consumer held stays pending and no live consumer gets it', async () => {
       const prefix = uniquePrefix('no-reclaim')
       const holder = holdingChild({ url: redis.url, keyPrefix: prefix, topic: 'jobs', group: 'workers' })
@@ -526,37 +564,56 @@ describe('RedisStreamsPubSub', () => {
       expect(inbox.numbers).toEqual([1, 2])
     })
 
-    // Known limitation, not yet fixed: readers resume after the last id they read, so a stream
-    // deleted and re-created by another process within that same millisecond loses the new
-    // stream's first entries (ids not above it). Mastra's own backend recovers NOGROUP the same
-    // way. Kept, skipped, as the reproduction for the fix.
-    it.skip('after the stream is deleted and re-created within the same millisecond, the first entries of the new stream still reach fan-out and group subscribers', async () => {
-      // A re-created stream numbers its entries from <now ms>-0 again. Within the millisecond
-      // of the last entry a subscriber read (another process's clearTopic, then a publish),
-      // `XADD *` answers exactly that last id: written here explicitly, so the test does not
-      // depend on the clock.
+    /**
+     * Another process deletes the stream and re-creates it within the millisecond of the last
+     * entry the subscribers read: the new stream's first entry has an id at or below that
+     * entry's (written explicitly here, so the test does not depend on the clock), then `n`
+     * is published normally.
+     */
+    async function recreateWithinTheSameMillisecond(key: string, n: number) {
+      const [[lastId]] = (await entries(redis, key)) as [[string, string[]]]
+      const lastMs = lastId.split('-')[0]!
+      await redis.cli('DEL', key)
+      const peerEvent = { type: 'test', runId: 'run-1', data: { n }, id: `peer-${n}`, createdAt: new Date().toISOString(), deliveryAttempt: 1 }
+      expect(await redis.cli('XADD', key, `${lastMs}-0`, 'event', JSON.stringify(peerEvent))).toBe(`${lastMs}-0`)
+    }
+
+    it('after the stream is deleted and re-created within the same millisecond, a group subscriber still gets the first entries of the new stream', async () => {
+      const prefix = uniquePrefix('recreated-group')
+      const key = `${prefix}:jobs`
+      const pubsub = open({ keyPrefix: prefix })
+      const grouped = new Inbox()
+      await pubsub.subscribe('jobs', grouped.cb, { group: 'g' })
+      await pubsub.publish('jobs', ev(1))
+      await grouped.count(1)
+      await recreateWithinTheSameMillisecond(key, 2)
+      await sleep(300)
+      await pubsub.publish('jobs', ev(3))
+      await grouped.until((events) => events.some((e) => numberOf(e) === 3), 5_000, 'event 3 in the group')
+      await sleep(200)
+      expect(grouped.numbers).toEqual([1, 2, 3])
+      expect(await pendingCount(redis, key, 'g')).toBe(0)
+    })
+
+    // Known limitation: a fan-out reader resumes after the last id it read (as Mastra's own
+    // backend does), and XREAD says nothing about which stream it read, so a stream deleted
+    // and re-created by another process within that same millisecond loses the new stream's
+    // first entries for fan-out subscribers. Detecting it would cost a command per read (see
+    // the README). Kept, skipped, as the reproduction.
+    it.skip('after the stream is deleted and re-created within the same millisecond, the first entries of the new stream still reach fan-out subscribers', async () => {
       const prefix = uniquePrefix('recreated')
       const key = `${prefix}:news`
       const pubsub = open({ keyPrefix: prefix })
       const fanned = new Inbox()
-      const grouped = new Inbox()
       await pubsub.subscribe('news', fanned.cb)
-      await pubsub.subscribe('news', grouped.cb, { group: 'g' })
       await pubsub.publish('news', ev(1))
       await fanned.count(1)
-      await grouped.count(1)
-      const [[lastId]] = (await entries(redis, key)) as [[string, string[]]]
-      const lastMs = lastId.split('-')[0]!
-      await redis.cli('DEL', key)
-      const peerEvent = { type: 'test', runId: 'run-1', data: { n: 2 }, id: 'peer-2', createdAt: new Date().toISOString(), deliveryAttempt: 1 }
-      expect(await redis.cli('XADD', key, `${lastMs}-0`, 'event', JSON.stringify(peerEvent))).toBe(`${lastMs}-0`)
+      await recreateWithinTheSameMillisecond(key, 2)
       await sleep(300)
       await pubsub.publish('news', ev(3))
       await fanned.until((events) => events.some((e) => numberOf(e) === 3), 5_000, 'event 3 fanned out')
-      await grouped.until((events) => events.some((e) => numberOf(e) === 3), 5_000, 'event 3 in the group')
       await sleep(200)
       expect(fanned.numbers).toEqual([1, 2, 3])
-      expect(grouped.numbers).toEqual([1, 2, 3])
     })
   })
 
@@ -927,6 +984,38 @@ describe('RedisStreamsPubSub', () => {
       await sleep(200)
       expect([...first.numbers, ...second.numbers].sort()).toEqual([1, 2, 3, 4])
       expect(fanned.numbers).toEqual([1, 2, 3, 4])
+    })
+
+    it('a nacked localOnly event is redelivered in this process with deliveryAttempt + 1 and the same live data, and after maxDeliveryAttempts dropped with the warning (as Mastra’s in-process pubsubs redeliver)', async () => {
+      const prefix = uniquePrefix('local-nack')
+      const logger = recordingLogger()
+      const pubsub = open({ keyPrefix: prefix, maxDeliveryAttempts: 3, logger })
+      const fanned = new Inbox((_event, _ack, nack) => nack())
+      const grouped = new Inbox(() => {
+        throw new Error('handler failed') // a throw counts as a nack
+      })
+      const flaky = new Inbox(async (event, ack, nack) => ((event.deliveryAttempt ?? 1) < 2 ? nack() : ack()))
+      await pubsub.subscribe('local', fanned.cb)
+      await pubsub.subscribe('local', grouped.cb, { group: 'g' })
+      await pubsub.subscribe('flaky', flaky.cb)
+      const data = { n: 1, callback: () => 'live' }
+      await pubsub.publish('local', { type: 'test', runId: 'run-1', data }, { localOnly: true })
+      await pubsub.publish('flaky', ev(2), { localOnly: true })
+      await fanned.count(3)
+      await grouped.count(3)
+      await flaky.count(2)
+      await pubsub.flush()
+      await sleep(300) // no fourth attempt, and no third for the one acked on its second
+      for (const inbox of [fanned, grouped]) {
+        expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual([1, 2, 3])
+        expect(new Set(inbox.events.map((e) => e.id)).size).toBe(1)
+        for (const event of inbox.events) expect(event.data).toBe(data) // never serialised
+      }
+      expect(flaky.events.map((e) => e.deliveryAttempt)).toEqual([1, 2])
+      const dropped = logger.warnings().filter((l) => /max delivery attempts/i.test(l.message))
+      expect(dropped, JSON.stringify(logger.lines)).toHaveLength(2)
+      for (const line of dropped) expect(line.fields).toMatchObject({ topic: 'local', eventId: fanned.events[0]!.id, attempt: 3, max: 3 })
+      expect(await redis.cli('XLEN', `${prefix}:local`)).toBe(0) // still never written (the group made the stream)
     })
 
     it('reaches no subscriber of another topic and no unsubscribed callback', async () => {

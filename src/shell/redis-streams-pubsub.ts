@@ -39,6 +39,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly subscriptions = new Map<string, Map<EventCallback, Subscribed>>()
   /** Round-robin position per topic and group, for `localOnly` events. */
   private readonly turns = new Map<string, number>()
+  /** `localOnly` redeliveries scheduled after a nack; each settles once it has run. */
+  private readonly localRetries = new Map<ReturnType<typeof setTimeout>, { ran: Promise<void>; done: () => void }>()
+  /** `maxDeliveryAttempts` as validated by the transport (Infinity when unlimited). */
+  private readonly maxAttempts: number
+  private readonly logger: StreamsLogger | undefined
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
     if (options !== null && options !== undefined && typeof options !== 'object') {
@@ -62,6 +67,10 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     super(leases)
     this.transport = transport
     this.ownLeases = leases
+    this.logger = logger
+    // The transport accepted it: undefined (default 5), 0 or Infinity (unlimited), or a whole number.
+    const max = native.maxDeliveryAttempts
+    this.maxAttempts = max === undefined ? 5 : max === 0 ? Infinity : max
   }
 
   override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {
@@ -72,11 +81,13 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * Appends the event to the topic's stream, stamped with `id`, `createdAt` and
    * `deliveryAttempt`. With `localOnly`, the event never leaves this process: this process's
    * subscribers of the topic get the very object (live values survive), nothing is written.
+   * A nacked `localOnly` event is redelivered in this process, as Mastra's in-process pubsubs
+   * do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then dropped with a warning.
    */
   async publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
     if (options?.localOnly) {
       const local: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: event.deliveryAttempt ?? 1 }
-      for (const cb of this.localRecipients(topic)) invoke(cb, local, settledAlready, settledAlready)
+      for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, local, cb, group)
       return
     }
     await this.transport.publish(topic, JSON.stringify(event))
@@ -123,9 +134,13 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     await this.transport.unsubscribe(await subscribed.id.catch(() => 0))
   }
 
-  /** Resolves once every publish made so far has settled. */
-  flush(): Promise<void> {
-    return this.transport.flush()
+  /**
+   * Resolves once every publish made so far has settled, and every `localOnly` redelivery
+   * already scheduled has been handed to its subscriber.
+   */
+  async flush(): Promise<void> {
+    const retries = [...this.localRetries.values()].map((r) => r.ran)
+    await Promise.all([this.transport.flush(), ...retries])
   }
 
   /** Deletes the topic's stream and its groups. Never rejects. */
@@ -136,25 +151,92 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
   async close(): Promise<void> {
     this.subscriptions.clear()
+    for (const [timer, { done }] of this.localRetries) {
+      clearTimeout(timer)
+      done() // a flush waiting for it resolves
+    }
+    this.localRetries.clear()
     await this.transport.close()
     await this.ownLeases.close()
   }
 
-  /** Who gets a `localOnly` event: every fan-out subscriber, and one member of each group. */
-  private localRecipients(topic: string): EventCallback[] {
-    const recipients: EventCallback[] = []
+  /**
+   * Who gets a `localOnly` event: every fan-out subscriber, and one member of each group
+   * (in turn), each with its group.
+   */
+  private localRecipients(topic: string): Array<[EventCallback, string | undefined]> {
+    const recipients: Array<[EventCallback, string | undefined]> = []
     const groups = new Map<string, EventCallback[]>()
     for (const [cb, { group }] of this.subscriptions.get(topic) ?? []) {
-      if (group === undefined) recipients.push(cb)
+      if (group === undefined) recipients.push([cb, undefined])
       else groups.set(group, [...(groups.get(group) ?? []), cb])
     }
-    for (const [group, members] of groups) {
-      const key = `${topic}\0${group}`
-      const turn = this.turns.get(key) ?? 0
-      this.turns.set(key, turn + 1)
-      recipients.push(members[turn % members.length]!)
-    }
+    for (const [group, members] of groups) recipients.push([this.nextMember(topic, group, members), group])
     return recipients
+  }
+
+  /** The member of `group` whose turn it is for a `localOnly` event. */
+  private nextMember(topic: string, group: string, members: EventCallback[]): EventCallback {
+    const key = `${topic}\0${group}`
+    const turn = this.turns.get(key) ?? 0
+    this.turns.set(key, turn + 1)
+    return members[turn % members.length]!
+  }
+
+  /**
+   * Hands a `localOnly` event to one subscriber. A nack (or a throw, or a rejection)
+   * redelivers it on a later turn of the event loop with `deliveryAttempt + 1` (same id,
+   * same live data): to the same callback for fan-out, to a member of the group for a group,
+   * while there is one; at `maxDeliveryAttempts` it is dropped with the warning a stream
+   * event gets.
+   */
+  private deliverLocal(topic: string, event: Event, cb: EventCallback, group: string | undefined): void {
+    let settled = false
+    const ack = async () => {
+      settled = true
+    }
+    const nack = async () => {
+      if (settled) return
+      settled = true
+      const attempt = event.deliveryAttempt ?? 1
+      if (attempt >= this.maxAttempts) {
+        try {
+          this.logger?.warn('mastra-lease streams: dropping event after max delivery attempts', {
+            topic,
+            eventId: event.id,
+            eventType: event.type,
+            attempt,
+            max: this.maxAttempts,
+            reason: 'nacked',
+            localOnly: true,
+          })
+        } catch {
+          // A logger that throws must not break delivery.
+        }
+        return
+      }
+      let done = () => {}
+      const ran = new Promise<void>((resolve) => (done = resolve))
+      const timer = setTimeout(() => {
+        this.localRetries.delete(timer)
+        done()
+        const to = this.localRedeliveryTarget(topic, cb, group)
+        if (to) this.deliverLocal(topic, { ...event, deliveryAttempt: attempt + 1 }, to, group)
+      }, 0)
+      this.localRetries.set(timer, { ran, done })
+    }
+    invoke(cb, event, ack, nack)
+  }
+
+  /** Who gets a nacked `localOnly` event again, if anyone is still subscribed to take it. */
+  private localRedeliveryTarget(topic: string, cb: EventCallback, group: string | undefined): EventCallback | undefined {
+    const byCallback = this.subscriptions.get(topic)
+    if (group === undefined) {
+      const subscribed = byCallback?.get(cb)
+      return subscribed && subscribed.group === undefined ? cb : undefined
+    }
+    const members = [...(byCallback ?? [])].filter(([, s]) => s.group === group).map(([member]) => member)
+    return members.length > 0 ? this.nextMember(topic, group, members) : undefined
   }
 
   private deliver(delivery: number, json: string, cb: EventCallback): void {
@@ -181,8 +263,6 @@ interface Subscribed {
   id: Promise<number>
   group: string | undefined
 }
-
-const settledAlready = async () => {}
 
 /** The same coded error the native option checks throw. */
 function optionError(message: string): TypeError {

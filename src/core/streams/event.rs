@@ -105,11 +105,14 @@ pub(crate) fn iso8601(ms: u64) -> String {
     )
 }
 
-/// One stream entry as read: its stream id and the `event` field, if it had one.
+/// One stream entry as read: its stream id, the `event` field (if it had one), and how many
+/// times Redis has delivered it to the group (1 for a fresh read; a reclaim's XAUTOCLAIM
+/// counts one more each time).
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub id: String,
     pub event: Option<Vec<u8>>,
+    pub deliveries: u64,
 }
 
 /// Reads the entries of an XREAD / XREADGROUP reply for one stream. A timed-out blocking
@@ -129,18 +132,38 @@ pub(crate) fn read_reply(reply: Value) -> Vec<Entry> {
     streams.into_iter().flat_map(entries).collect()
 }
 
-/// Reads an XAUTOCLAIM reply: the cursor to continue from and the claimed entries. Ids of
-/// entries that were trimmed away are in the reply's third element; Redis has already
-/// removed them from the pending list, so they are ignored here.
-pub(crate) fn autoclaim_reply(reply: Value) -> (String, Vec<Entry>) {
-    let Value::Array(mut parts) = reply else {
+/// Reads the reply of `reclaim.lua`: the cursor to continue from, the claimed entries, and
+/// (aligned with them) how many times Redis has now delivered each. Entries that were
+/// trimmed away are not in it: Redis has already removed them from the pending list.
+pub(crate) fn reclaim_reply(reply: Value) -> (String, Vec<Entry>) {
+    let Value::Array(parts) = reply else {
         return ("0-0".into(), Vec::new());
     };
-    if parts.len() < 2 {
-        return ("0-0".into(), Vec::new());
-    }
-    let claimed = entries(parts.swap_remove(1));
-    let cursor = text(&parts[0]).unwrap_or_else(|| "0-0".into());
+    let mut parts = parts.into_iter();
+    let cursor = parts
+        .next()
+        .and_then(|c| text(&c))
+        .unwrap_or_else(|| "0-0".into());
+    let (Some(claimed), Some(Value::Array(counts))) = (parts.next(), parts.next()) else {
+        return (cursor, Vec::new());
+    };
+    let Value::Array(claimed) = claimed else {
+        return (cursor, Vec::new());
+    };
+    // The script returns both lists aligned and without holes; a pair that does not read as
+    // an entry is skipped with its count, so the two never drift apart.
+    let claimed = claimed
+        .into_iter()
+        .zip(counts)
+        .filter_map(|(entry, count)| {
+            let mut entry = one_entry(entry)?;
+            entry.deliveries = match count {
+                Value::Int(n) => u64::try_from(n).unwrap_or(1).max(1),
+                _ => 1,
+            };
+            Some(entry)
+        })
+        .collect();
     (cursor, claimed)
 }
 
@@ -150,22 +173,24 @@ fn entries(list: Value) -> Vec<Entry> {
     let Value::Array(list) = list else {
         return Vec::new();
     };
-    list.into_iter()
-        .filter_map(|entry| {
-            let Value::Array(mut parts) = entry else {
-                return None;
-            };
-            if parts.len() != 2 {
-                return None;
-            }
-            let fields = parts.pop()?;
-            let id = text(&parts[0])?;
-            Some(Entry {
-                id,
-                event: field(fields, EVENT_FIELD),
-            })
-        })
-        .collect()
+    list.into_iter().filter_map(one_entry).collect()
+}
+
+/// One `[id, [field, value, ...]]`, as read for the first time (delivered once).
+fn one_entry(entry: Value) -> Option<Entry> {
+    let Value::Array(mut parts) = entry else {
+        return None;
+    };
+    if parts.len() != 2 {
+        return None;
+    }
+    let fields = parts.pop()?;
+    let id = text(&parts[0])?;
+    Some(Entry {
+        id,
+        event: field(fields, EVENT_FIELD),
+        deliveries: 1,
+    })
 }
 
 fn field(fields: Value, name: &str) -> Option<Vec<u8>> {

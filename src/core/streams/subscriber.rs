@@ -17,7 +17,10 @@
 //! A nack appends the event again with `deliveryAttempt + 1` and, for a group, acks the
 //! original, atomically and only while this consumer still owns the entry (`settle.lua`).
 //! At `maxDeliveryAttempts` the event is dropped with a warning. Entries another consumer
-//! read and never settled (it crashed) are taken over with XAUTOCLAIM once idle long enough.
+//! read and never settled (it crashed) are taken over with XAUTOCLAIM once idle long enough;
+//! each takeover counts as a delivery (Redis's own delivery counter, read back in the same
+//! script), so a message that kills every consumer reading it still reaches the cap and is
+//! dropped there, acked, instead of circulating for ever.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -36,6 +39,7 @@ use crate::core::connection::parse;
 use crate::core::error::{LeaseError, Result};
 
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
+static RECLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reclaim.lua")));
 
 /// Deliveries read but not yet taken by `recv`, at least. Kept small: what sits here is read
 /// (and, for a group, owned by this consumer) but not yet being handled; unsubscribe hands
@@ -264,6 +268,9 @@ enum Outcome {
     Nack,
     /// Give back unchanged: read, never handed to the consumer.
     Release,
+    /// Reclaimed past `maxDeliveryAttempts` (it was delivered that often and never settled):
+    /// dropped with the nack cap's warning, never handed to the consumer.
+    Drop,
 }
 
 const PENDING: u8 = 0;
@@ -407,13 +414,14 @@ impl Settlement {
                 }
             }),
             (Outcome::Nack, _) => self.nack().await,
+            (Outcome::Drop, _) => self.drop_at_cap("reclaimed").await,
         };
         // NOGROUP: the stream or group was deleted (clearTopic, TTL expiry), and with it
         // every pending entry. Nothing is left to settle or to redeliver.
         let result = match result {
             Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => Ok(match outcome {
                 Outcome::Ack => Settled::Acked,
-                Outcome::Nack | Outcome::Release => Settled::NotOwned,
+                Outcome::Nack | Outcome::Release | Outcome::Drop => Settled::NotOwned,
             }),
             other => other,
         };
@@ -431,31 +439,7 @@ impl Settlement {
             .max_attempts
             .is_some_and(|max| self.attempt >= max)
         {
-            let settled = match sub.group {
-                Some(_) => self.settle_owned("").await?,
-                None => true,
-            };
-            if !settled {
-                return Ok(Settled::NotOwned);
-            }
-            shared.notice(
-                Level::Warn,
-                "dropping event after max delivery attempts",
-                &[
-                    ("topic", sub.topic.clone().into()),
-                    (
-                        "eventId",
-                        self.event.get("id").cloned().unwrap_or(Json::Null),
-                    ),
-                    (
-                        "eventType",
-                        self.event.get("type").cloned().unwrap_or(Json::Null),
-                    ),
-                    ("attempt", self.attempt.into()),
-                    ("max", shared.tuning.max_attempts.into()),
-                ],
-            );
-            return Ok(Settled::Dropped);
+            return self.drop_at_cap("nacked").await;
         }
         let next = self.attempt.saturating_add(1);
         let payload = event::with_attempt(&self.event, next)?;
@@ -478,6 +462,39 @@ impl Settlement {
                 Ok(Settled::Redelivered { attempt: next })
             }
         }
+    }
+
+    /// Acks the entry without appending it again (if still ours) and warns: the event used up
+    /// its delivery attempts. `reason` says how the last one ended (`nacked`, `reclaimed`).
+    async fn drop_at_cap(&self, reason: &str) -> Result<Settled> {
+        let shared = &self.shared;
+        let sub = &self.sub;
+        let settled = match sub.group {
+            Some(_) => self.settle_owned("").await?,
+            None => true,
+        };
+        if !settled {
+            return Ok(Settled::NotOwned);
+        }
+        shared.notice(
+            Level::Warn,
+            "dropping event after max delivery attempts",
+            &[
+                ("topic", sub.topic.clone().into()),
+                (
+                    "eventId",
+                    self.event.get("id").cloned().unwrap_or(Json::Null),
+                ),
+                (
+                    "eventType",
+                    self.event.get("type").cloned().unwrap_or(Json::Null),
+                ),
+                ("attempt", self.attempt.into()),
+                ("max", shared.tuning.max_attempts.into()),
+                ("reason", reason.into()),
+            ],
+        );
+        Ok(Settled::Dropped)
     }
 
     /// Runs `settle.lua`: appends `payload` (unless empty) and acks, if still ours.
@@ -516,6 +533,9 @@ pub(crate) struct Group {
 #[derive(Debug)]
 struct Cursor {
     position: Option<String>,
+    /// For a group, the event `id` of the entry at `position`: after NOGROUP, tells the
+    /// stream we read from apart from one re-created under the same key.
+    position_event: Option<String>,
     anchor: &'static str,
     /// Bumped by clearTopic: a read issued before it is discarded, its position is stale.
     epoch: u64,
@@ -565,6 +585,7 @@ impl SubState {
     pub fn restart(&self) {
         let mut cursor = self.cursor();
         cursor.position = self.group.is_none().then(|| "0-0".to_owned());
+        cursor.position_event = None;
         cursor.anchor = "0";
         cursor.epoch += 1;
     }
@@ -605,6 +626,7 @@ pub(crate) async fn open(
         group,
         cursor: Mutex::new(Cursor {
             position,
+            position_event: None,
             anchor,
             epoch: 0,
         }),
@@ -664,6 +686,34 @@ async fn create_group(shared: &Shared, key: &str, group: &str, at: &str) -> Resu
         Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
         Err(err) => Err(shared.writer.sort(err)),
     }
+}
+
+/// The greatest entry of the stream at or below `id`, with its event `id` (if it has one).
+async fn greatest_at_or_below(
+    shared: &Shared,
+    key: &str,
+    id: &str,
+) -> Result<Option<(String, Option<String>)>> {
+    let mut cmd = redis::cmd("XREVRANGE");
+    cmd.arg(key).arg(id).arg("-").arg("COUNT").arg(1);
+    let reply = shared
+        .writer
+        .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+        .await?;
+    let wrapped = Value::Array(vec![Value::Array(vec![Value::Nil, reply])]);
+    Ok(event::read_reply(wrapped).pop().map(|entry| {
+        let event = entry.event.and_then(event::parse);
+        (entry.id, event.as_ref().and_then(event_id))
+    }))
+}
+
+/// The `id` field of a parsed event.
+fn event_id(parsed: &event::Parsed) -> Option<String> {
+    parsed
+        .event
+        .get("id")
+        .and_then(Json::as_str)
+        .map(str::to_owned)
 }
 
 /// The id of the stream's last entry, `0-0` when it is empty or missing.
@@ -876,14 +926,41 @@ fn read_command(shared: &Shared, sub: &SubState, count: usize) -> (redis::Cmd, u
 /// After NOGROUP (stream or group deleted: clearTopic elsewhere, TTL expiry, FLUSHALL),
 /// recreate the group after the last entry this subscription read, so entries appended
 /// since are delivered; before any read, at the subscription's own anchor.
+///
+/// The key may now hold another stream: deleted and re-created by another process (its
+/// clearTopic, then a publish). A re-created stream numbers entries from the current time
+/// again, so within the millisecond of our position its first entries have ids at or below
+/// it, and a group created there would skip them. So the stream is checked first (one
+/// XREVRANGE, on this rare path only): when the greatest entry at or below our position is
+/// the very entry we last read (same id, same event `id`), it is the same stream and the
+/// group resumes after it; when the stream holds nothing at or below our position, starting
+/// at `0` is the same as starting there, and also right for a stream re-created moments ago
+/// whose first entries are yet to come; anything else means a new stream, read from its
+/// start. (If the entry we last read was XDELed from the old stream, this reads the old
+/// stream's earlier entries again: at least once, never lost.)
 async fn recover_group(shared: &Shared, sub: &SubState) {
     let Some(group) = &sub.group else { return };
-    let at = {
+    let (position, seen_event) = {
         let cursor = sub.cursor();
-        cursor
-            .position
-            .clone()
-            .unwrap_or_else(|| cursor.anchor.to_owned())
+        (cursor.position.clone(), cursor.position_event.clone())
+    };
+    let at = match position {
+        None => sub.cursor().anchor.to_owned(),
+        Some(position) => match greatest_at_or_below(shared, &sub.key, &position).await {
+            Ok(None) => "0".to_owned(),
+            Ok(Some((id, event))) if id == position && event == seen_event => position,
+            Ok(Some(_)) => {
+                shared.notice(
+                    Level::Debug,
+                    "the stream was re-created; reading it from its start",
+                    &[("topic", sub.topic.clone().into())],
+                );
+                "0".to_owned()
+            }
+            // Cannot tell: resume after our position, as before (the create will likely fail
+            // the same way and be retried).
+            Err(_) => position,
+        },
     };
     match create_group(shared, &sub.key, &group.name, &at).await {
         Ok(()) => shared.notice(
@@ -905,8 +982,9 @@ async fn recover_group(shared: &Shared, sub: &SubState) {
     }
 }
 
-/// One XAUTOCLAIM step: takes over up to `count` entries of the group idle for at least
-/// the reclaim threshold, starting at `cursor`.
+/// One XAUTOCLAIM step (`reclaim.lua`): takes over up to `count` entries of the group idle
+/// for at least the reclaim threshold, starting at `cursor`, each with the number of times
+/// Redis has now delivered it. One round trip, whatever the batch.
 async fn reclaim(
     shared: &Shared,
     sub: &SubState,
@@ -914,22 +992,27 @@ async fn reclaim(
     cursor: &str,
     count: usize,
 ) -> Result<(String, Vec<Entry>)> {
-    let mut cmd = redis::cmd("XAUTOCLAIM");
-    cmd.arg(&sub.key)
+    let mut invocation = RECLAIM.prepare_invoke();
+    invocation
+        .key(&sub.key)
         .arg(&group.name)
         .arg(&group.consumer)
         .arg(shared.tuning.reclaim_idle_ms)
         .arg(cursor)
-        .arg("COUNT")
         .arg(count);
-    let reply = shared
+    let reply: Value = shared
         .writer
-        .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+        .run(|mut c| async move { invocation.invoke_async(&mut c).await })
         .await?;
-    Ok(event::autoclaim_reply(reply))
+    Ok(event::reclaim_reply(reply))
 }
 
 /// Hands entries to the channel. Returns `false` once the subscription is gone.
+///
+/// A reclaimed entry was delivered `deliveries` times by Redis, each a consumer that never
+/// settled it: its attempt is the one it was appended with plus the deliveries after the
+/// first, and the event handed out carries that `deliveryAttempt`. Past the cap it is
+/// dropped (acked, with the cap's warning) instead of handed out.
 async fn deliver(
     shared: &Arc<Shared>,
     sub: &Arc<SubState>,
@@ -937,11 +1020,18 @@ async fn deliver(
     tx: &mpsc::Sender<Delivery>,
     fresh: bool,
 ) -> bool {
+    let mut drops = Vec::new();
+    let mut open = true;
     for entry in entries {
+        let parsed = entry.event.and_then(event::parse);
         if fresh {
-            sub.cursor().position = Some(entry.id.clone());
+            let mut cursor = sub.cursor();
+            cursor.position = Some(entry.id.clone());
+            if sub.group.is_some() {
+                cursor.position_event = parsed.as_ref().and_then(event_id);
+            }
         }
-        let Some(parsed) = entry.event.and_then(event::parse) else {
+        let Some(mut parsed) = parsed else {
             malformed(shared, sub, &entry.id).await;
             continue;
         };
@@ -950,6 +1040,19 @@ async fn deliver(
         if sub.group.is_some() && !sub.in_flight().insert(entry.id.clone()) {
             continue;
         }
+        let attempt = parsed
+            .attempt
+            .saturating_add(entry.deliveries.saturating_sub(1));
+        if attempt != parsed.attempt {
+            parsed
+                .event
+                .insert("deliveryAttempt".into(), Json::from(attempt));
+            // A map with string keys always serialises; were it not to, the stored JSON
+            // (with the older attempt) is still the event.
+            if let Ok(json) = serde_json::to_string(&parsed.event) {
+                parsed.json = json;
+            }
+        }
         let delivery = Delivery {
             inner: Arc::new(Inner {
                 shared: Arc::clone(shared),
@@ -957,17 +1060,26 @@ async fn deliver(
                 entry_id: entry.id,
                 json: Arc::from(parsed.json),
                 event: Arc::new(parsed.event),
-                attempt: parsed.attempt,
+                attempt,
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),
                 ack_failed: AtomicBool::new(false),
             }),
         };
+        if shared.tuning.max_attempts.is_some_and(|max| attempt > max) {
+            if let Some(settlement) = delivery.inner.take_settlement() {
+                drops.push(settlement.run(Outcome::Drop));
+            }
+            continue;
+        }
         if tx.send(delivery).await.is_err() {
-            return false;
+            open = false;
+            break;
         }
     }
-    true
+    // Concurrent over the multiplexed connection: one round trip for the whole batch.
+    futures::future::join_all(drops).await;
+    open
 }
 
 /// An entry without a usable `event` field can never be handled: warn, and for a group

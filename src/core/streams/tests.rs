@@ -412,6 +412,75 @@ async fn an_entry_a_crashed_consumer_never_acked_is_reclaimed_after_the_idle_thr
 }
 
 #[tokio::test]
+async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped_not_handed_out() {
+    let server = Server::start("streams-reclaim-cap");
+    let logger = Arc::new(Collect::default());
+    let ps = StreamsPubSub::new(StreamsOptions {
+        max_delivery_attempts: Some(3),
+        logger: Some(logger.clone()),
+        ..options(&server)
+    })
+    .unwrap();
+    server.cli(&["XGROUP", "CREATE", "t:p", "workers", "0", "MKSTREAM"]);
+    let published = ps.publish("p", ev(1)).await.unwrap();
+    // Attempt 1: a consumer reads it and crashes (never settles, never comes back).
+    let read = server.cli(&[
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "crashed",
+        "COUNT",
+        "1",
+        "STREAMS",
+        "t:p",
+        ">",
+    ]);
+    assert!(read.contains(&published.entry_id), "{read}");
+    // Attempts 2 and 3: consumers of ours reclaim it and crash too (the delivery is leaked,
+    // so nothing settles it, and the subscription is gone).
+    for attempt in 2..=3 {
+        let mut sub = ps
+            .subscribe("p", group("workers", StartFrom::Earliest))
+            .await
+            .unwrap();
+        let d = next(&mut sub).await;
+        assert_eq!(d.entry_id(), published.entry_id);
+        assert_eq!(d.delivery_attempt(), attempt);
+        assert_eq!(d.event()["deliveryAttempt"], json!(attempt));
+        let carried: Json = serde_json::from_str(d.json()).unwrap();
+        assert_eq!(
+            carried["deliveryAttempt"],
+            json!(attempt),
+            "the JSON handed out"
+        );
+        assert_eq!(carried["id"], json!(published.id));
+        std::mem::forget(d);
+        drop(sub);
+    }
+    assert!(!logger.warned("max delivery attempts"));
+    // The fourth delivery would exceed the cap: dropped with the nack cap's warning, acked.
+    let mut sub = ps
+        .subscribe("p", group("workers", StartFrom::Earliest))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !logger.warned("max delivery attempts") {
+        assert!(Instant::now() < deadline, "never dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nothing_within(&mut sub, 500).await;
+    assert_eq!(pending(&server, "t:p", "workers"), "0");
+    let notices = logger.0.lock().unwrap().clone();
+    let drop = notices
+        .iter()
+        .find(|n| n.message.contains("max delivery attempts"))
+        .unwrap();
+    assert_eq!(drop.fields["eventId"], json!(published.id));
+    assert_eq!(drop.fields["attempt"], json!(4));
+    assert_eq!(drop.fields["reason"], json!("reclaimed"));
+}
+
+#[tokio::test]
 async fn a_nack_after_another_consumer_reclaimed_the_entry_changes_nothing() {
     let server = Server::start("streams-notowned");
     let (ps, _) = pubsub(&server);
@@ -446,6 +515,32 @@ async fn delivery_resumes_after_the_stream_is_deleted_under_a_group() {
     let d = next(&mut sub).await;
     assert_eq!(n(&d), 2);
     d.ack().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_reads_a_stream_re_created_at_or_below_its_position_from_the_start() {
+    let server = Server::start("streams-recreated");
+    let (ps, _) = pubsub(&server);
+    let mut sub = ps
+        .subscribe("rc", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    let first = ps.publish("rc", ev(1)).await.unwrap();
+    next(&mut sub).await.ack().await.unwrap();
+    // Another process deletes the stream and re-creates it within the same millisecond: the
+    // new stream's first entry takes the very id this group last read.
+    server.cli(&["DEL", "t:rc"]);
+    let peer = r#"{"type":"step","id":"peer-2","runId":"run-1","data":{"n":2},"createdAt":"2024-01-01T00:00:00.000Z"}"#;
+    let added = server.cli(&["XADD", "t:rc", &first.entry_id, "event", peer]);
+    assert_eq!(added, first.entry_id);
+    tokio::time::sleep(Duration::from_millis(250)).await; // the reader meets NOGROUP
+    ps.publish("rc", ev(3)).await.unwrap();
+    for expected in [2, 3] {
+        let d = next(&mut sub).await;
+        assert_eq!(n(&d), expected);
+        d.ack().await.unwrap();
+    }
+    nothing_within(&mut sub, 300).await;
 }
 
 #[tokio::test]
