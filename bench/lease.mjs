@@ -107,13 +107,24 @@ async function measure(wl, name, p, units) {
       try { await wl.unit(ctx, i, w); } catch (e) { ctx.bad++; ctx.error ??= String(e?.message ?? e); }
     }
   };
+  const cpu0 = wl.memory ? 0 : await serverCpu();
   const t0 = hr();
   await Promise.all(Array.from({ length: wl.inFlight }, (_, w) => worker(w)));
   const secs = Number(hr() - t0) / 1e9;
+  // Redis's own main-thread CPU for this run: its cost per call, and how busy it was.
+  const serverUs = wl.memory ? null : ((await serverCpu()) - cpu0) * 1e6;
   if (wl.verify) ctx.bad += await wl.verify(ctx, name);
   const lat = ctx.lat.subarray(0, ctx.li).sort();
   if (ctx.error) console.warn(`\n!! ${name}: ${ctx.error}`);
-  return { opsPerSec: ctx.li / secs, p50Us: pct(lat, 0.5), p99Us: pct(lat, 0.99), calls: ctx.li, bad: ctx.bad };
+  return { opsPerSec: ctx.li / secs, p50Us: pct(lat, 0.5), p99Us: pct(lat, 0.99), calls: ctx.li, bad: ctx.bad,
+    serverUsPerCall: serverUs == null ? null : serverUs / ctx.li,
+    serverBusy: serverUs == null ? null : serverUs / 1e6 / secs };
+}
+// Seconds of CPU redis-server's main thread has used (user + system).
+async function serverCpu() {
+  const info = await admin.info('cpu');
+  const get = (f) => Number(new RegExp(`${f}:([\\d.]+)`).exec(info)?.[1] ?? NaN);
+  return get('used_cpu_user_main_thread') + get('used_cpu_sys_main_thread');
 }
 
 // Warm up every contestant, then two rounds in alternating order; keep each one's best run.
@@ -140,7 +151,7 @@ const acquireDistinct = (inFlight, units) => ({
   verify: async (c, nm) => (await countKeys(`${prefixOf[nm]}:lease:${c.tag}:*`)) === c.li ? 0 : 1,
 });
 const lifecycle = (inFlight, units, memory = false) => ({
-  label: memory ? 'in-memory lifecycle' : 'lifecycle (5 calls)', inFlight, units, calls: 5,
+  label: memory ? 'in-memory lifecycle' : 'lifecycle (5 calls)', inFlight, units, calls: 5, memory,
   async unit(c, i, w) {
     const k = `${c.tag}:l${i}`, a = `a${w}`, b = `b${w}`, p = c.p;
     let t = hr(); const r = await p.acquireLease(k, a, TTL); c.rec(t);
@@ -217,6 +228,23 @@ const ratios = [
   ratioRow(m1, OURS_MEM, EE, 0.9), ratioRow(m64, OURS_MEM, EE, 0.9), // "≈ match": within 10%
 ];
 printRatios(ratios);
+
+// What Redis itself spent per call, from its own CPU counters: a throughput ratio between two
+// contestants cannot exceed the inverse ratio of their server cost once Redis is saturated.
+console.log(`\n${'redis-server main thread'.padEnd(36)}${'contestant'.padEnd(29)}${'µs/call'.padStart(9)}${'busy'.padStart(7)}`);
+for (const w of W.slice(0, 5)) {
+  let first = true;
+  for (const [nm, r] of Object.entries(w.results)) {
+    if (r.serverUsPerCall == null) continue;
+    console.log(`${(first ? `${w.label} @${w.inFlight}` : '').padEnd(36)}${nm.padEnd(29)}${r.serverUsPerCall.toFixed(2).padStart(9)}${`${Math.round(r.serverBusy * 100)}%`.padStart(7)}`);
+    first = false;
+  }
+}
+const ceiling = lc.results[MASTRA]?.serverUsPerCall / lc.results[OURS]?.serverUsPerCall;
+if (Number.isFinite(ceiling)) {
+  console.log(`\nlifecycle @64: per call, Redis spends ${(1 / ceiling).toFixed(2)}x as much CPU on ours (a Lua acquire) as on ` +
+    `Mastra's algorithm (a plain SET NX); where Redis is the bottleneck, ours reaches at most ${ceiling.toFixed(2)}x its throughput`);
+}
 const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
   scale: SCALE, native: !!native, nativeError: nativeError?.message, workloads: W, ratios };
 writeFileSync(new URL('./results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
