@@ -223,8 +223,17 @@ impl Connection {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.run_within(self.timeout, work).await
+    }
+
+    /// Like [`Connection::run`], bounded by `budget` (what is left of a call's timeout).
+    pub async fn run_within<T, F, Fut>(&self, budget: Duration, work: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let (number, connection) = self.get()?;
-        match tokio::time::timeout(self.timeout, work(connection)).await {
+        match tokio::time::timeout(budget, work(connection)).await {
             Ok(Ok(value)) => {
                 self.check_eviction();
                 Ok(value)

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Pipeline, Script, Value};
 
@@ -114,25 +114,42 @@ impl RedisStore {
     /// Executes a batch of calls in one round trip: every call with good arguments becomes
     /// one command (EVALSHA of its script, or GET) in one pipelined write. Each call gets
     /// its own answer or error; the whole batch is bounded by the command timeout.
+    ///
+    /// A connection that breaks under the batch (a server restart, an idle connection closed
+    /// by the server or a proxy) leaves unknown whether the calls ran. Those whose second
+    /// run answers as their first would have are sent once more, on a fresh connection and
+    /// within the same timeout: acquire and renew by the same owner refresh again, a release
+    /// or a read is harmless. A transfer is not repeated: after a first run that went through,
+    /// a second would answer `false` for a transfer made.
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
+        let deadline = Instant::now() + self.connection.timeout();
         let mut answers: Vec<Option<Result<Answer>>> = calls
             .iter()
             .map(|call| call.check(&self.limits).err().map(Err))
             .collect();
-        let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
-        if !sent.is_empty() {
-            match self.round_trip(&calls, &sent).await {
+        let mut sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
+        for attempt in 0..2 {
+            if sent.is_empty() {
+                break;
+            }
+            let budget = deadline.saturating_duration_since(Instant::now());
+            match self.round_trip(&calls, &sent, budget).await {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
                         answers[i] = Some(
                             decode(&calls[i], reply).map_err(|e| self.connection.sort_reply(e)),
                         );
                     }
+                    break;
                 }
                 Err(err) => {
                     for &i in &sent {
                         answers[i] = Some(Err(err.clone()));
                     }
+                    if attempt > 0 || !matches!(err, LeaseError::Connection(_)) {
+                        break;
+                    }
+                    sent.retain(|&i| !matches!(calls[i], Call::Transfer { .. }));
                 }
             }
         }
@@ -147,9 +164,14 @@ impl RedisStore {
     /// Sends the calls at `sent` as one pipeline and reads their replies. Scripts Redis does
     /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and the calls that
     /// did not run are sent again in a second round trip, invisibly to callers.
-    async fn round_trip(&self, calls: &[Call], sent: &[usize]) -> Result<Vec<Value>> {
+    async fn round_trip(
+        &self,
+        calls: &[Call],
+        sent: &[usize],
+        budget: Duration,
+    ) -> Result<Vec<Value>> {
         self.connection
-            .run(|mut connection| async move {
+            .run_within(budget, |mut connection| async move {
                 let mut pipe = redis::pipe();
                 for &i in sent {
                     self.encode(&calls[i], &mut pipe);
