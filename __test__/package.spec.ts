@@ -1,7 +1,7 @@
 // The packed tarball is what users install: it must load without a Rust toolchain, from
 // both ESM and CommonJS, and carry working providers and their types.
 import { execFileSync } from 'node:child_process'
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -41,11 +41,16 @@ describe('the npm package', () => {
       encoding: 'utf8',
     }).trim().split('\n').pop()!
     writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true }))
-    execFileSync('npm', ['install', '--offline', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball)], {
+    // The peer @mastra/core is the user's own install; here it is this repository's copy
+    // (linked in, so its dependencies resolve where they live), since an offline npm may
+    // hold its tarball but not its registry metadata.
+    execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball)], {
       cwd: project,
       env: { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) },
       stdio: 'pipe',
     })
+    mkdirSync(path.join(project, 'node_modules', '@mastra'), { recursive: true })
+    symlinkSync(path.join(root, 'node_modules', '@mastra', 'core'), path.join(project, 'node_modules', '@mastra', 'core'), 'dir')
   }, 120_000)
 
   afterAll(() => rmSync(project, { recursive: true, force: true }))
