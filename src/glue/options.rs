@@ -123,8 +123,8 @@ pub struct RedisStreamsOptions {
     pub max_stream_length: Option<f64>,
     /// A stream idle this long expires; 0 (the default) never.
     pub stream_idle_ttl_ms: Option<f64>,
-    /// A nacked event is redelivered until its `deliveryAttempt` reaches this, then dropped
-    /// with a warning; 0 or `Infinity` redeliver forever. Default 5.
+    /// A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
+    /// this, then dropped with a warning; 0 or `Infinity` redeliver forever. Default 5.
     pub max_delivery_attempts: Option<f64>,
     /// How often a consumer group looks for entries a crashed consumer never settled
     /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.

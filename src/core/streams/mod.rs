@@ -55,8 +55,9 @@ pub struct StreamsOptions {
     /// Sliding idle expiry of a stream, refreshed (PEXPIRE) by every append and group
     /// creation. Default `None` (Mastra's `streamIdleTtlMs: 0`).
     pub idle_ttl: Option<Duration>,
-    /// A nacked event is redelivered until its `deliveryAttempt` reaches this, then dropped
-    /// with a warning. `None` redelivers forever. Default `Some(5)`, as Mastra's.
+    /// A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
+    /// this, then dropped with a warning. `None` redelivers forever. Default `Some(5)`, as
+    /// Mastra's.
     pub max_delivery_attempts: Option<u64>,
     /// How often a grouped subscription looks for entries another consumer read and never
     /// settled (XAUTOCLAIM). `None` disables reclaiming. Default 30 s (Mastra's
