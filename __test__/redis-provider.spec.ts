@@ -517,11 +517,17 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBe('A')
       await closeIdle()
       expect(await p.releaseLease(uniqueKey('not-held'), 'A')).toBeUndefined()
-      // A transfer that ran once would answer false if run again: it is not repeated.
+      // A transfer that ran once would answer false if run again, so it is not repeated (the
+      // fault-proxy reset test pins that down). Here it either meets the closed connection
+      // and rejects, coded, with nothing moved, or finds a connection already replaced.
       await closeIdle()
-      await expectRejection(() => p.transferLease(key, 'A', 'B', LONG), Error, 'ERR_LEASE_CONNECTION')
-      expect(await server.cli('GET', lease)).toBe('A')
-      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      const moved = await p.transferLease(key, 'A', 'B', LONG).then(
+        (done) => done,
+        (err: unknown) => String(errorCode(err)),
+      )
+      expect([true, 'ERR_LEASE_CONNECTION']).toContain(moved)
+      expect(await server.cli('GET', lease)).toBe(moved === true ? 'B' : 'A')
+      if (moved !== true) expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
       expect(await server.cli('GET', lease)).toBe('B')
     })
 
