@@ -186,6 +186,40 @@ describe('RedisStreamsPubSub', () => {
       const [event] = await inbox.count(1)
       expect(event!.deliveryAttempt).toBe(3)
     })
+
+    it('always assigns its own id and createdAt, and a deliveryAttempt that is not a positive integer becomes 1', async () => {
+      const prefix = uniquePrefix('stamp')
+      const pubsub = open({ keyPrefix: prefix })
+      const inbox = new Inbox()
+      await pubsub.subscribe('stamp', inbox.cb)
+      const forged = { ...ev(1), id: 'forged', createdAt: new Date(0) } as unknown as Parameters<typeof pubsub.publish>[1]
+      await pubsub.publish('stamp', forged)
+      for (const deliveryAttempt of [0, -2, 1.5, '4', null]) {
+        await pubsub.publish('stamp', { ...ev(2), deliveryAttempt } as unknown as Parameters<typeof pubsub.publish>[1])
+      }
+      const events = await inbox.count(6)
+      expect(events[0]!.id).not.toBe('forged')
+      expect(events[0]!.createdAt.getTime()).toBeGreaterThan(0)
+      expect(events.map((e) => e.deliveryAttempt)).toEqual([1, 1, 1, 1, 1, 1])
+      // One key each in the stored JSON: a stamp replaces, never duplicates.
+      const [, fields] = (await entries(redis, `${prefix}:stamp`))[0]!
+      expect(fields[1]!.match(/"id":/g)).toHaveLength(1)
+      expect(fields[1]!.match(/"createdAt":/g)).toHaveLength(1)
+    })
+
+    it('rejects an event that is not an object with a coded TypeError, and writes nothing', async () => {
+      const prefix = uniquePrefix('not-object')
+      const pubsub = open({ keyPrefix: prefix })
+      for (const bad of ['text', 42, null, [1, 2]]) {
+        const err = await pubsub.publish('bad', bad as unknown as Parameters<typeof pubsub.publish>[1]).then(
+          () => undefined,
+          (e: unknown) => e as Error & { code?: string },
+        )
+        expect(err, JSON.stringify(bad)).toBeInstanceOf(TypeError)
+        expect(err!.code).toBe('ERR_STREAMS_INVALID_ARGUMENT')
+      }
+      expect(await redis.cli('EXISTS', `${prefix}:bad`)).toBe(0)
+    })
   })
 
   describe('delivery', () => {

@@ -65,7 +65,8 @@ struct Pending {
     deferred: js::Deferred,
     topic: String,
     json: String,
-    _guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    /// Keeps a flush or close waiting until this publish was written.
+    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
 }
 
 #[napi]
@@ -144,8 +145,8 @@ impl RedisStreamsTransport {
         RedisLeaseProvider::over(&env, self.store.clone())
     }
 
-    /// Appends `json` (an event object's JSON) to the topic's stream, stamped with `id`,
-    /// `createdAt` and `deliveryAttempt`.
+    /// Appends `json`, an event object's JSON already stamped with `id`, `createdAt` and
+    /// `deliveryAttempt` (the TypeScript shell does that), to the topic's stream as it is.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
         let Some(shared) = &self.shared else {
@@ -161,7 +162,7 @@ impl RedisStreamsTransport {
                 deferred,
                 topic,
                 json,
-                _guard: guard,
+                guard,
             });
             outbox.len() == 1
         };
@@ -356,17 +357,17 @@ impl Shared {
         };
         let shared = self.clone();
         runtime.spawn(async move {
-            let events = batch
-                .iter()
-                .map(|p| (p.topic.clone(), p.json.clone()))
-                .collect();
-            let answers = shared.pubsub.publish_json_batch(events).await;
+            let (waiting, events): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .map(|p| ((p.deferred, p.guard), (p.topic, p.json)))
+                .unzip();
+            let answers = shared.pubsub.publish_stamped_batch(events).await;
             // Each pending publish's guard drops here, after the write: a flush waiting on
             // it sees the publish done.
-            let outcomes = batch
+            let outcomes = waiting
                 .into_iter()
                 .zip(answers)
-                .map(|(pending, answer)| (pending.deferred, answer.map(|_| Reply::Undefined)));
+                .map(|((deferred, _guard), answer)| (deferred, answer.map(|_| Reply::Undefined)));
             shared.inbox.complete(outcomes.collect());
         });
     }

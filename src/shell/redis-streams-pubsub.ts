@@ -85,12 +85,16 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then dropped with a warning.
    */
   async publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+    if (typeof event !== 'object' || event === null || Array.isArray(event)) {
+      throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+    }
+    // Stamped here, where the object is at hand: the native side writes the text as it is.
+    const stamped: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: attemptOf(event.deliveryAttempt) }
     if (options?.localOnly) {
-      const local: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: event.deliveryAttempt ?? 1 }
-      for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, local, cb, group)
+      for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
       return
     }
-    await this.transport.publish(topic, JSON.stringify(event))
+    await this.transport.publish(topic, JSON.stringify(stamped))
   }
 
   /**
@@ -262,6 +266,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 interface Subscribed {
   id: Promise<number>
   group: string | undefined
+}
+
+/** A caller's `deliveryAttempt` when it is a positive integer, else 1 (as a fresh event). */
+function attemptOf(attempt: unknown): number {
+  return typeof attempt === 'number' && Number.isSafeInteger(attempt) && attempt >= 1 ? attempt : 1
 }
 
 /** The same coded error the native option checks throw. */

@@ -312,21 +312,74 @@ impl StreamsPubSub {
     /// Appends several events in one pipelined write; each gets its own answer, in order.
     /// A bad event fails alone, before anything is sent.
     pub async fn publish_batch(&self, events: Vec<(String, Json)>) -> Vec<Result<Published>> {
+        let mut ids = Vec::with_capacity(events.len());
+        let stamped = events
+            .into_iter()
+            .map(|(topic, event)| {
+                let (id, json) = event::stamp(event)?;
+                ids.push(id);
+                Ok((topic, json))
+            })
+            .collect::<Vec<_>>();
+        // The ids of the events that stamped, in order; the others answer with their error.
+        let mut ids = ids.into_iter();
+        let stamped_ok: Vec<bool> = stamped.iter().map(Result::is_ok).collect();
+        self.append_batch(stamped)
+            .await
+            .into_iter()
+            .zip(stamped_ok)
+            .map(|(appended, ok)| {
+                let id = if ok { ids.next() } else { None };
+                appended.map(|entry_id| Published {
+                    id: id.unwrap_or_default(),
+                    entry_id,
+                })
+            })
+            .collect()
+    }
+
+    /// Appends events whose JSON already carries `id`, `createdAt` and `deliveryAttempt`, as
+    /// the TypeScript shell stamps them: the text goes to Redis as it is, never parsed and
+    /// written again. Each must be an object's JSON (it starts with `{`). Answers the entry
+    /// ids Redis assigned, in order.
+    pub async fn publish_stamped_batch(
+        &self,
+        events: Vec<(String, String)>,
+    ) -> Vec<Result<String>> {
+        let checked = events
+            .into_iter()
+            .map(|(topic, json)| {
+                if json.starts_with('{') {
+                    Ok((topic, json))
+                } else {
+                    Err(LeaseError::streams_argument(
+                        InputErrorKind::Type,
+                        "event must be a JSON object",
+                    ))
+                }
+            })
+            .collect();
+        self.append_batch(checked).await
+    }
+
+    /// XADDs every `Ok((topic, json))` in one pipelined write, in order; an `Err` answers
+    /// for itself. Answers each appended entry's id.
+    async fn append_batch(&self, events: Vec<Result<(String, String)>>) -> Vec<Result<String>> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
             return events.iter().map(|_| Err(LeaseError::Closed)).collect();
         }
-        let mut answers: Vec<Option<Result<Published>>> = Vec::with_capacity(events.len());
+        let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
         let mut pipe = redis::pipe();
-        // (answer index, event id, index of the reply that carries the entry id)
-        let mut sent: Vec<(usize, String, usize)> = Vec::new();
+        // (answer index, index of the reply that carries the entry id)
+        let mut sent: Vec<(usize, usize)> = Vec::new();
         let mut replies = 0;
-        for (i, (topic, event)) in events.into_iter().enumerate() {
-            match event::stamp(event) {
-                Ok((id, json)) => {
+        for (i, event) in events.into_iter().enumerate() {
+            match event {
+                Ok((topic, json)) => {
                     let key = shared.stream_key(&topic);
                     let at = shared.append(&mut pipe, &key, &json, &mut replies);
-                    sent.push((i, id, at));
+                    sent.push((i, at));
                     answers.push(None);
                 }
                 Err(err) => answers.push(Some(Err(err))),
@@ -341,17 +394,14 @@ impl StreamsPubSub {
                 .await
             {
                 Ok(mut values) => {
-                    for (i, id, at) in sent {
+                    for (i, at) in sent {
                         let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                        answers[i] = Some(
-                            appended_id(value)
-                                .map(|entry_id| Published { id, entry_id })
-                                .map_err(|err| shared.writer.sort(err)),
-                        );
+                        answers[i] =
+                            Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
                     }
                 }
                 Err(err) => {
-                    for (i, _, _) in sent {
+                    for (i, _) in sent {
                         answers[i] = Some(Err(err.clone()));
                     }
                 }
