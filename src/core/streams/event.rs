@@ -46,13 +46,23 @@ pub(crate) fn attempt_of(fields: &Map<String, Json>) -> u64 {
         .unwrap_or(1)
 }
 
-/// The same event with `deliveryAttempt` set to `attempt`, serialised: the payload a
+/// The event in `json` with `deliveryAttempt` set to `attempt`, serialised: the payload a
 /// redelivery appends to the stream. `id` and `createdAt` stay those of the original.
-pub(crate) fn with_attempt(event: &Map<String, Json>, attempt: u64) -> Result<String> {
-    let mut fields = event.clone();
+pub(crate) fn with_attempt(json: &str, attempt: u64) -> Result<String> {
+    let mut fields = object(json).ok_or_else(|| {
+        LeaseError::Internal("a delivered event is no longer a JSON object".into())
+    })?;
     fields.insert("deliveryAttempt".into(), Json::from(attempt));
     serde_json::to_string(&Json::Object(fields))
         .map_err(|err| LeaseError::Internal(format!("could not serialise an event: {err}")))
+}
+
+/// The whole event object in `json`, or `None` when it is not a JSON object.
+pub(crate) fn object(json: &str) -> Option<Map<String, Json>> {
+    match serde_json::from_str::<Json>(json) {
+        Ok(Json::Object(fields)) => Some(fields),
+        _ => None,
+    }
 }
 
 /// A random (version 4) UUID, as `crypto.randomUUID()` formats it.
@@ -238,25 +248,47 @@ pub(crate) fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// A parsed delivery payload: the raw JSON and the event object it holds.
+/// A delivery payload: the raw JSON, and the two fields delivery needs from it.
 pub(crate) struct Parsed {
     pub json: String,
-    pub event: Map<String, Json>,
+    /// The event's `id`, when it is a string.
+    pub id: Option<String>,
     pub attempt: u64,
 }
 
-/// Parses an entry's `event` field. `None` when the entry is malformed: no `event` field,
-/// not UTF-8, not JSON, or JSON that is not an object (an event is always an object).
+/// The fields of an event that delivery reads; the rest is skipped, not built.
+#[derive(serde::Deserialize)]
+struct Head {
+    id: Option<Json>,
+    #[serde(rename = "deliveryAttempt")]
+    delivery_attempt: Option<Json>,
+}
+
+/// Reads an entry's `event` field. `None` when the entry is malformed: no `event` field,
+/// not UTF-8, not JSON, or JSON that is not an object (an event is always an object). Every
+/// delivery goes through here, so only `id` and `deliveryAttempt` are decoded; the text is
+/// handed to JavaScript as it is.
 pub(crate) fn parse(bytes: Vec<u8>) -> Option<Parsed> {
     let json = String::from_utf8(bytes).ok()?;
-    let Ok(Json::Object(event)) = serde_json::from_str::<Json>(&json) else {
+    // A struct also deserialises from a JSON array, field by position: rule that out first.
+    if !json.trim_start().starts_with('{') {
         return None;
+    }
+    let (id, attempt) = match serde_json::from_str::<Head>(&json) {
+        Ok(head) => (head.id, head.delivery_attempt),
+        // Repeated keys, which a struct refuses: read it whole, the last one wins.
+        Err(_) => {
+            let mut fields = object(&json)?;
+            (fields.remove("id"), fields.remove("deliveryAttempt"))
+        }
     };
-    let attempt = attempt_of(&event);
     Some(Parsed {
+        id: id.and_then(|id| id.as_str().map(str::to_owned)),
+        attempt: attempt
+            .and_then(|a| a.as_u64())
+            .filter(|&n| n >= 1)
+            .unwrap_or(1),
         json,
-        event,
-        attempt,
     })
 }
 
@@ -271,6 +303,36 @@ mod tests {
         assert_eq!(iso8601(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         // A leap day: new Date(Date.UTC(2024, 1, 29, 23, 59, 59, 999)).toJSON()
         assert_eq!(iso8601(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_payload_is_read_for_its_id_and_attempt_and_must_be_an_object() {
+        let read = |text: &str| parse(text.as_bytes().to_vec()).map(|p| (p.id, p.attempt));
+        let id = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            read(r#"{"id":"e1","deliveryAttempt":3,"data":{"deep":[1,{"x":null}]}}"#),
+            Some((id("e1"), 3))
+        );
+        assert_eq!(read(r#" {"type":"t"}"#), Some((None, 1)));
+        assert_eq!(read(r#"{"id":7,"deliveryAttempt":0}"#), Some((None, 1)));
+        assert_eq!(read(r#"{"deliveryAttempt":2.5}"#), Some((None, 1)));
+        // Repeated keys: read whole, the last one wins (as JSON.parse does).
+        assert_eq!(
+            read(r#"{"id":"a","id":"b","deliveryAttempt":2,"deliveryAttempt":4}"#),
+            Some((id("b"), 4))
+        );
+        for bad in [
+            r#"["e1",3]"#,
+            r#""text""#,
+            "42",
+            "null",
+            "{",
+            "not json",
+            "",
+        ] {
+            assert_eq!(read(bad), None, "{bad}");
+        }
+        assert_eq!(parse(vec![b'{', 0xff, b'}']).map(|p| p.attempt), None);
     }
 
     #[test]

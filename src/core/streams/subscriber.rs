@@ -191,8 +191,9 @@ impl std::fmt::Debug for Delivery {
 
 impl Delivery {
     /// The event, as published: a JSON object with `id`, `createdAt`, `deliveryAttempt`.
-    pub fn event(&self) -> &Map<String, Json> {
-        &self.inner.event
+    /// Decoded from [`Delivery::json`] on each call.
+    pub fn event(&self) -> Map<String, Json> {
+        event::object(&self.inner.json).unwrap_or_default()
     }
 
     /// The event exactly as stored in the entry's `event` field.
@@ -281,9 +282,8 @@ struct Inner {
     shared: Arc<Shared>,
     sub: Arc<SubState>,
     entry_id: String,
-    /// Shared, not copied: every settlement carries them, and most only need the entry id.
+    /// Shared, not copied: every settlement carries it, and most only need the entry id.
     json: Arc<str>,
-    event: Arc<Map<String, Json>>,
     attempt: u64,
     state: AtomicU8,
     handed_out: AtomicBool,
@@ -300,7 +300,6 @@ impl Inner {
             sub: Arc::clone(&self.sub),
             entry_id: self.entry_id.clone(),
             json: Arc::clone(&self.json),
-            event: Arc::clone(&self.event),
             attempt: self.attempt,
         }
     }
@@ -367,7 +366,6 @@ struct Settlement {
     sub: Arc<SubState>,
     entry_id: String,
     json: Arc<str>,
-    event: Arc<Map<String, Json>>,
     attempt: u64,
 }
 
@@ -442,7 +440,7 @@ impl Settlement {
             return self.drop_at_cap("nacked").await;
         }
         let next = self.attempt.saturating_add(1);
-        let payload = event::with_attempt(&self.event, next)?;
+        let payload = event::with_attempt(&self.json, next)?;
         match sub.group {
             Some(_) => Ok(if self.settle_owned(&payload).await? {
                 Settled::Redelivered { attempt: next }
@@ -476,18 +474,16 @@ impl Settlement {
         if !settled {
             return Ok(Settled::NotOwned);
         }
+        let event = event::object(&self.json).unwrap_or_default();
         shared.notice(
             Level::Warn,
             "dropping event after max delivery attempts",
             &[
                 ("topic", sub.topic.clone().into()),
-                (
-                    "eventId",
-                    self.event.get("id").cloned().unwrap_or(Json::Null),
-                ),
+                ("eventId", event.get("id").cloned().unwrap_or(Json::Null)),
                 (
                     "eventType",
-                    self.event.get("type").cloned().unwrap_or(Json::Null),
+                    event.get("type").cloned().unwrap_or(Json::Null),
                 ),
                 ("attempt", self.attempt.into()),
                 ("max", shared.tuning.max_attempts.into()),
@@ -709,11 +705,7 @@ async fn greatest_at_or_below(
 
 /// The `id` field of a parsed event.
 fn event_id(parsed: &event::Parsed) -> Option<String> {
-    parsed
-        .event
-        .get("id")
-        .and_then(Json::as_str)
-        .map(str::to_owned)
+    parsed.id.clone()
 }
 
 /// The id of the stream's last entry, `0-0` when it is empty or missing.
@@ -1044,12 +1036,9 @@ async fn deliver(
             .attempt
             .saturating_add(entry.deliveries.saturating_sub(1));
         if attempt != parsed.attempt {
-            parsed
-                .event
-                .insert("deliveryAttempt".into(), Json::from(attempt));
             // A map with string keys always serialises; were it not to, the stored JSON
             // (with the older attempt) is still the event.
-            if let Ok(json) = serde_json::to_string(&parsed.event) {
+            if let Ok(json) = event::with_attempt(&parsed.json, attempt) {
                 parsed.json = json;
             }
         }
@@ -1059,7 +1048,6 @@ async fn deliver(
                 sub: Arc::clone(sub),
                 entry_id: entry.id,
                 json: Arc::from(parsed.json),
-                event: Arc::new(parsed.event),
                 attempt,
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),

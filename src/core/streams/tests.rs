@@ -110,7 +110,8 @@ async fn publish_stamps_the_event_and_writes_the_mastra_layout() {
     assert_eq!(d.event()["deliveryAttempt"], json!(1));
     assert_eq!(d.event()["type"], "step");
     assert_eq!(n(&d), 1);
-    let created = d.event()["createdAt"].as_str().unwrap();
+    let event = d.event();
+    let created = event["createdAt"].as_str().unwrap();
     assert_eq!(created.len(), 24, "{created}");
     assert!(created.ends_with('Z') && created.as_bytes()[10] == b'T');
     assert_eq!(d.ack().await.unwrap(), Settled::Acked);
