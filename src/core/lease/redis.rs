@@ -116,24 +116,24 @@ impl RedisStore {
     /// its own answer or error; the whole batch is bounded by the command timeout.
     ///
     /// A connection that breaks under the batch (a server restart, an idle connection closed
-    /// by the server or a proxy) leaves unknown whether the calls ran. Those whose second
-    /// run answers as their first would have are sent once more, on a fresh connection and
-    /// within the same timeout: acquire and renew by the same owner refresh again, a release
-    /// or a read is harmless. A transfer is not repeated: after a first run that went through,
-    /// a second would answer `false` for a transfer made.
+    /// by the server or a proxy) leaves unknown whether the calls ran. They are sent once
+    /// more, in order, on a fresh connection and within the same timeout, where a second run
+    /// answers as the first would have: acquire and renew by the same owner refresh again, a
+    /// release or a read is harmless, and a transfer sent again also succeeds when it finds
+    /// the lease already with `toOwner` (see `transfer.lua`).
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
         let deadline = Instant::now() + self.connection.timeout();
         let mut answers: Vec<Option<Result<Answer>>> = calls
             .iter()
             .map(|call| call.check(&self.limits).err().map(Err))
             .collect();
-        let mut sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
-        for attempt in 0..2 {
+        let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
+        for again in [false, true] {
             if sent.is_empty() {
                 break;
             }
             let budget = deadline.saturating_duration_since(Instant::now());
-            match self.round_trip(&calls, &sent, budget).await {
+            match self.round_trip(&calls, &sent, budget, again).await {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
                         answers[i] = Some(
@@ -146,10 +146,9 @@ impl RedisStore {
                     for &i in &sent {
                         answers[i] = Some(Err(err.clone()));
                     }
-                    if attempt > 0 || !matches!(err, LeaseError::Connection(_)) {
+                    if !matches!(err, LeaseError::Connection(_)) {
                         break;
                     }
-                    sent.retain(|&i| !matches!(calls[i], Call::Transfer { .. }));
                 }
             }
         }
@@ -169,12 +168,13 @@ impl RedisStore {
         calls: &[Call],
         sent: &[usize],
         budget: Duration,
+        again: bool,
     ) -> Result<Vec<Value>> {
         self.connection
             .run_within(budget, |mut connection| async move {
                 let mut pipe = redis::pipe();
                 for &i in sent {
-                    self.encode(&calls[i], &mut pipe);
+                    self.encode(&calls[i], &mut pipe, again);
                 }
                 let mut replies = connection
                     .send_packed_commands(&pipe, 0, sent.len())
@@ -199,7 +199,7 @@ impl RedisStore {
                     }
                 }
                 for &j in &missing {
-                    self.encode(&calls[sent[j]], &mut retry);
+                    self.encode(&calls[sent[j]], &mut retry, again);
                 }
                 let mut again = connection
                     .send_packed_commands(&retry, 0, loaded.len() + missing.len())
@@ -220,8 +220,9 @@ impl RedisStore {
             .await
     }
 
-    /// Appends the one command that performs `call`.
-    fn encode(&self, call: &Call, pipe: &mut Pipeline) {
+    /// Appends the one command that performs `call`; `again` marks a second send after a
+    /// connection broke (it changes what a transfer may answer).
+    fn encode(&self, call: &Call, pipe: &mut Pipeline, again: bool) {
         match call {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
@@ -241,6 +242,9 @@ impl RedisStore {
                 ttl_ms,
             } => {
                 self.evalsha(pipe, call, key).arg(from).arg(to).arg(*ttl_ms);
+                if again {
+                    pipe.arg("1");
+                }
             }
         }
     }

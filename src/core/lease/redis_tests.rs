@@ -124,3 +124,37 @@ async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
         .unwrap_err();
     assert_eq!(err.code(), "ERR_LEASE_CONNECTION");
 }
+
+#[tokio::test]
+async fn a_transfer_sent_again_answers_true_only_when_the_lease_is_already_with_its_new_owner() {
+    let server = Server::start("lease-transfer-again");
+    let store = store(&server, Duration::from_secs(2));
+    let script = super::TRANSFER_LUA;
+    let run = |holder: &str, again: bool| {
+        server.cli(&["SET", "t:lease:k", holder, "PX", "60000"]);
+        let mut args = vec!["EVAL", script, "1", "t:lease:k", "a", "b", "5000"];
+        if again {
+            args.push("1");
+        }
+        (server.cli(&args), server.cli(&["GET", "t:lease:k"]))
+    };
+    // A first send: only fromOwner may hand the lease over.
+    assert_eq!(run("a", false), ("1".into(), "b".into()));
+    assert_eq!(run("b", false), ("0".into(), "b".into()));
+    assert_eq!(run("c", false), ("0".into(), "c".into()));
+    // A second send also succeeds when the first went through; a third owner still wins.
+    assert_eq!(run("a", true), ("1".into(), "b".into()));
+    assert_eq!(run("b", true), ("1".into(), "b".into()));
+    assert_eq!(run("c", true), ("0".into(), "c".into()));
+    // Through the store, a first send never takes that shortcut.
+    server.cli(&["SET", "t:lease:k", "b", "PX", "60000"]);
+    let answers = store
+        .execute(vec![Call::Transfer {
+            key: "k".into(),
+            from: "a".into(),
+            to: "b".into(),
+            ttl_ms: 5000,
+        }])
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap(), &Answer::Transferred(false));
+}
