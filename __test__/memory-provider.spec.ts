@@ -82,5 +82,5 @@ describe('MemoryLeaseProvider', () => {
     expect(typeof p.size).toBe('number')
   })
 
-  it.todo('ignores wall-clock jumps (needs control of the system clock; covered by the Rust tests)')
+  // Wall-clock jumps: lease-matrix.spec.ts (row 13) jumps a child's clock ±1 h under libfaketime.
 })
