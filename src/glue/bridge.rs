@@ -6,14 +6,13 @@
 //! A napi `async fn` pays, per call, for a hop onto the runtime and a wake-up of Node's event
 //! loop; at 64 calls in flight that crossing, not Redis, is the bottleneck.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use futures::FutureExt;
-
-use super::inbox::{lock, Inbox};
+use super::inbox::Inbox;
 use super::js::{Deferred, Env, Value};
-use super::reply::{panic_message, Reply};
-use super::{runtime, turn};
+use super::reply::{guarded, Reply};
+use super::runtime;
+use super::turn::Outbox;
 use crate::core::{Call, LeaseError, LeaseStore};
 
 /// The most calls sent as one pipeline.
@@ -35,7 +34,7 @@ pub struct Bridge<S> {
     store: Arc<S>,
     inbox: Arc<Inbox>,
     /// Calls made since the last flush, waiting for the end of this turn of JavaScript.
-    outbox: Mutex<Vec<(Deferred, Call)>>,
+    outbox: Outbox<(Deferred, Call)>,
 }
 
 impl<S: LeaseStore + 'static> Bridge<S> {
@@ -44,7 +43,7 @@ impl<S: LeaseStore + 'static> Bridge<S> {
         Ok(Arc::new(Self {
             store,
             inbox: Inbox::new(env)?,
-            outbox: Mutex::new(Vec::new()),
+            outbox: Outbox::default(),
         }))
     }
 
@@ -52,15 +51,7 @@ impl<S: LeaseStore + 'static> Bridge<S> {
     /// turn schedules the flush that sends the whole turn's calls together.
     pub fn submit(self: &Arc<Self>, env: Env, call: Call) -> Value {
         let (deferred, promise) = self.inbox.promise(env);
-        let first = {
-            let mut outbox = lock(&self.outbox);
-            outbox.push((deferred, call));
-            outbox.len() == 1
-        };
-        if first {
-            let bridge = self.clone();
-            turn::at_end(env, Box::new(move || bridge.flush()));
-        }
+        self.outbox.push(env, (deferred, call), self, Self::flush);
         promise
     }
 
@@ -69,7 +60,7 @@ impl<S: LeaseStore + 'static> Bridge<S> {
     /// run, while Redis still works on the rest, instead of everyone waiting for the last
     /// reply of one big batch.
     fn flush(self: &Arc<Self>) {
-        let batch = std::mem::take(&mut *lock(&self.outbox));
+        let batch = self.outbox.take();
         if batch.is_empty() {
             return;
         }
@@ -87,12 +78,9 @@ impl<S: LeaseStore + 'static> Bridge<S> {
             let bridge = self.clone();
             runtime.spawn(async move {
                 let count = calls.len();
-                let mut answers = std::panic::AssertUnwindSafe(bridge.store.execute(calls))
-                    .catch_unwind()
+                let mut answers = guarded(async { Ok(bridge.store.execute(calls).await) })
                     .await
-                    .unwrap_or_else(|panic| {
-                        vec![Err(LeaseError::Internal(panic_message(panic.as_ref()))); count]
-                    });
+                    .unwrap_or_else(|panic| vec![Err(panic); count]);
                 answers.resize_with(count, || {
                     Err(LeaseError::Internal("a call went unanswered".into()))
                 });

@@ -14,13 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use futures::FutureExt;
 
 use super::js::{self, Deferred, Env, Value};
-use super::reply::{panic_message, to_js, Outcome};
+use super::reply::{guarded, to_js, Outcome};
+use super::runtime;
 use super::tsfn::Tsfn;
-use super::{runtime, turn};
-use crate::core::LeaseError;
+use super::turn::Outbox;
 
 type Work = BoxFuture<'static, Outcome>;
 
@@ -28,7 +27,7 @@ type Work = BoxFuture<'static, Outcome>;
 pub struct Inbox {
     tsfn: Tsfn,
     /// Work deferred in this turn of JavaScript, sent to the runtime together at its end.
-    deferred: Mutex<Vec<(Deferred, Work)>>,
+    deferred: Outbox<(Deferred, Work)>,
     /// Outcomes waiting for the JavaScript thread.
     queue: Mutex<Vec<(Deferred, Outcome)>>,
     /// A wake-up of the JavaScript thread is on its way; later outcomes ride along with it.
@@ -43,7 +42,7 @@ impl Inbox {
         let tsfn = Tsfn::new(env, None, ptr::null_mut(), call_js)?;
         Ok(Arc::new(Self {
             tsfn,
-            deferred: Mutex::new(Vec::new()),
+            deferred: Outbox::default(),
             queue: Mutex::new(Vec::new()),
             wake_scheduled: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -71,12 +70,7 @@ impl Inbox {
             Ok(runtime) => {
                 let inbox = self.clone();
                 runtime.spawn(async move {
-                    let outcome = std::panic::AssertUnwindSafe(work)
-                        .catch_unwind()
-                        .await
-                        .unwrap_or_else(|panic| {
-                            Err(LeaseError::Internal(panic_message(panic.as_ref())))
-                        });
+                    let outcome = guarded(work).await;
                     inbox.complete(vec![(deferred, outcome)]);
                 });
             }
@@ -95,21 +89,14 @@ impl Inbox {
         work: impl Future<Output = Outcome> + Send + 'static,
     ) -> Value {
         let (deferred, promise) = self.promise(env);
-        let first = {
-            let mut pending = lock(&self.deferred);
-            pending.push((deferred, Box::pin(work)));
-            pending.len() == 1
-        };
-        if first {
-            let inbox = self.clone();
-            turn::at_end(env, Box::new(move || inbox.send_deferred()));
-        }
+        self.deferred
+            .push(env, (deferred, Box::pin(work)), self, Self::send_deferred);
         promise
     }
 
     /// Sends the turn's deferred work to the runtime as one task.
     fn send_deferred(self: &Arc<Self>) {
-        let batch = std::mem::take(&mut *lock(&self.deferred));
+        let batch = self.deferred.take();
         if batch.is_empty() {
             return;
         }
@@ -124,15 +111,7 @@ impl Inbox {
         runtime.spawn(async move {
             let mut running: FuturesUnordered<_> = batch
                 .into_iter()
-                .map(|(deferred, work)| async move {
-                    let outcome = std::panic::AssertUnwindSafe(work)
-                        .catch_unwind()
-                        .await
-                        .unwrap_or_else(|panic| {
-                            Err(LeaseError::Internal(panic_message(panic.as_ref())))
-                        });
-                    (deferred, outcome)
-                })
+                .map(|(deferred, work)| async move { (deferred, guarded(work).await) })
                 .collect();
             while let Some(done) = running.next().await {
                 inbox.complete(vec![done]);

@@ -50,6 +50,16 @@ pub fn resolved(env: Env) -> Value {
     promise
 }
 
+/// Awaits `work` on the runtime, turning a panic into an internal error so it never tears
+/// down the task that would have answered the caller.
+pub async fn guarded<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(LeaseError::Internal(panic_message(panic.as_ref()))))
+}
+
 /// Runs `f`, turning a panic into an internal error so it never unwinds into Node.
 pub fn catching<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))

@@ -20,7 +20,8 @@ use super::options::RedisStreamsOptions;
 use super::redis::RedisLeaseProvider;
 use super::reply::{settled, Reply};
 use super::tsfn::JsCallback;
-use super::{runtime, turn, unknown};
+use super::turn::Outbox;
+use super::{runtime, unknown};
 use crate::core::streams::{
     Delivery, Level, Logger, Notice, StartFrom, StreamsPubSub, SubscribeOptions,
 };
@@ -51,7 +52,7 @@ struct Shared {
     publishes: Arc<tokio::sync::RwLock<()>>,
     /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
     /// write in call order (Mastra publishes without awaiting and relies on that order).
-    outbox: Mutex<Vec<Pending>>,
+    outbox: Outbox<Pending>,
 }
 
 /// A running subscription: the signal that stops its forwarding task, and the signal the
@@ -128,7 +129,7 @@ impl RedisStreamsTransport {
                     subscriptions: Mutex::new(HashMap::new()),
                     next_subscription: AtomicU32::new(1),
                     publishes: Arc::new(tokio::sync::RwLock::new(())),
-                    outbox: Mutex::new(Vec::new()),
+                    outbox: Outbox::default(),
                 })),
                 store: Arc::new(store),
             }),
@@ -156,20 +157,15 @@ impl RedisStreamsTransport {
         // Unavailable only while a flush or close is waiting: a publish made after it need
         // not be waited for.
         let guard = shared.publishes.clone().try_read_owned().ok();
-        let first = {
-            let mut outbox = lock(&shared.outbox);
-            outbox.push(Pending {
-                deferred,
-                topic,
-                json,
-                guard,
-            });
-            outbox.len() == 1
+        let pending = Pending {
+            deferred,
+            topic,
+            json,
+            guard,
         };
-        if first {
-            let shared = shared.clone();
-            turn::at_end(env.raw(), Box::new(move || shared.send_publishes()));
-        }
+        shared
+            .outbox
+            .push(env.raw(), pending, shared, Shared::send_publishes);
         unknown(env, promise)
     }
 
@@ -344,7 +340,7 @@ impl RedisStreamsTransport {
 impl Shared {
     /// Sends the turn's publishes as one ordered batch.
     fn send_publishes(self: &Arc<Self>) {
-        let batch = std::mem::take(&mut *lock(&self.outbox));
+        let batch = self.outbox.take();
         if batch.is_empty() {
             return;
         }

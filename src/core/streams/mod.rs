@@ -276,39 +276,6 @@ impl StreamsPubSub {
             .unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
     }
 
-    /// [`StreamsPubSub::publish_batch`] for events given as JSON text: one pipelined write, in
-    /// order; text that is not JSON fails alone.
-    pub async fn publish_json_batch(
-        &self,
-        events: Vec<(String, String)>,
-    ) -> Vec<Result<Published>> {
-        let mut answers: Vec<Option<Result<Published>>> = Vec::with_capacity(events.len());
-        let mut parsed = Vec::with_capacity(events.len());
-        for (topic, json) in events {
-            match serde_json::from_str::<Json>(&json) {
-                Ok(event) => {
-                    answers.push(None);
-                    parsed.push((topic, event));
-                }
-                Err(err) => answers.push(Some(Err(LeaseError::streams_argument(
-                    InputErrorKind::Type,
-                    format!("event is not JSON: {err}"),
-                )))),
-            }
-        }
-        let mut published = self.publish_batch(parsed).await.into_iter();
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    published.next().unwrap_or_else(|| {
-                        Err(LeaseError::Internal("a publish went unanswered".into()))
-                    })
-                })
-            })
-            .collect()
-    }
-
     /// Appends several events in one pipelined write; each gets its own answer, in order.
     /// A bad event fails alone, before anything is sent.
     pub async fn publish_batch(&self, events: Vec<(String, Json)>) -> Vec<Result<Published>> {
@@ -417,10 +384,10 @@ impl StreamsPubSub {
 
     /// Parses `json` (a JSON object) and publishes it; for callers that hold text.
     pub async fn publish_json(&self, topic: &str, json: &str) -> Result<Published> {
-        self.publish_json_batch(vec![(topic.to_owned(), json.to_owned())])
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
+        let event = serde_json::from_str::<Json>(json).map_err(|err| {
+            LeaseError::streams_argument(InputErrorKind::Type, format!("event is not JSON: {err}"))
+        })?;
+        self.publish(topic, event).await
     }
 
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group
