@@ -18,6 +18,7 @@ import { isLeaseProvider, PubSub, type LeaseProvider } from '@mastra/core/events
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
+import { startFaultProxy } from './helpers/fault-proxy.js'
 import { expectThrow, settleWithin } from './helpers/lease.js'
 import { NODE } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RespValue } from './helpers/redis-server.js'
@@ -330,6 +331,76 @@ describe('RedisStreamsPubSub', () => {
       await pubsub.subscribe('feed', inbox.cb)
       await inbox.count(3)
       expect(inbox.numbers).toEqual([1, 2, 3])
+    })
+  })
+
+  describe('reading and acking in bulk', () => {
+    it.skipIf(EXTERNAL_REDIS)('acks made in one turn reach Redis as one XACK per subscription, and each ack resolves once it has landed', async () => {
+      const prefix = uniquePrefix('bulk-ack')
+      const pubsub = open({ keyPrefix: prefix })
+      const held: Array<() => Promise<void>> = []
+      const hold = new Inbox((_event, ack) => void held.push(ack))
+      const also = new Inbox((_event, ack) => void held.push(ack))
+      await pubsub.subscribe('news', hold.cb, { group: 'g1' })
+      await pubsub.subscribe('news', also.cb, { group: 'g2' })
+      await Promise.all(range(1, 40).map((n) => pubsub.publish('news', ev(n))))
+      await hold.count(40)
+      await also.count(40)
+
+      const before = (await redis.commandCalls()).xack ?? 0
+      await Promise.all(held.splice(0).map((ack) => ack())) // 80 acks, all in this turn
+      expect((await redis.commandCalls()).xack! - before).toBe(2)
+      expect(await pendingCount(redis, `${prefix}:news`, 'g1')).toBe(0)
+      expect(await pendingCount(redis, `${prefix}:news`, 'g2')).toBe(0)
+
+      // The control: acks made in separate turns each go on their own.
+      await Promise.all(range(41, 45).map((n) => pubsub.publish('news', ev(n))))
+      await hold.count(45)
+      await also.count(45)
+      const apart = (await redis.commandCalls()).xack ?? 0
+      for (const ack of held.splice(0)) await ack()
+      expect((await redis.commandCalls()).xack! - apart).toBe(10)
+      expect(await pendingCount(redis, `${prefix}:news`, 'g1')).toBe(0)
+    })
+
+    it('a group with a backlog is read several reads per round trip, at most batchCount entries each, every event exactly once', async () => {
+      const prefix = uniquePrefix('read-ahead')
+      const publisher = open({ keyPrefix: prefix })
+      await Promise.all(range(1, 400).map((n) => publisher.publish('jobs', ev(n))))
+      const proxy = await startFaultProxy({ host: redis.host, port: redis.port })
+      try {
+        const consumer = open({ url: proxy.url, keyPrefix: prefix, batchCount: 10 })
+        const inbox = new Inbox()
+        await consumer.subscribe('jobs', inbox.cb, { group: 'workers' })
+        await inbox.count(400)
+        await sleep(200) // nothing arrives twice later either
+        expect([...inbox.numbers].sort((x, y) => x - y)).toEqual(range(1, 400))
+        const { mostInOneChunk } = proxy.stats()
+        // The reader never sends a read before the previous one answered, unless it reads ahead.
+        expect(mostInOneChunk.XREADGROUP, JSON.stringify(mostInOneChunk)).toBeGreaterThan(1)
+        expect(mostInOneChunk.XREADGROUP).toBeLessThanOrEqual(8)
+        expect(await pendingCount(redis, `${prefix}:jobs`, 'workers')).toBe(0)
+      } finally {
+        await proxy.close()
+      }
+    })
+
+    it('without a backlog the reader sends one blocking read at a time', async () => {
+      const prefix = uniquePrefix('no-read-ahead')
+      const proxy = await startFaultProxy({ host: redis.host, port: redis.port })
+      try {
+        const consumer = open({ url: proxy.url, keyPrefix: prefix, batchCount: 10, blockMs: 100 })
+        const inbox = new Inbox()
+        await consumer.subscribe('jobs', inbox.cb, { group: 'workers' })
+        for (let n = 1; n <= 20; n++) {
+          await consumer.publish('jobs', ev(n))
+          await inbox.count(n)
+        }
+        await sleep(300) // a few empty blocking reads time out meanwhile
+        expect(proxy.stats().mostInOneChunk.XREADGROUP).toBe(1)
+      } finally {
+        await proxy.close()
+      }
     })
   })
 

@@ -34,6 +34,9 @@ export interface FaultProxyStats {
   commandsUp: number
   /** Complete replies that arrived from Redis, forwarded or not. */
   repliesDown: number
+  /** Per command name (upper case), the most of it that one chunk from a client carried:
+   * more than 1 means the client sent them together, without waiting for a reply between. */
+  mostInOneChunk: Record<string, number>
   /** Faults injected. */
   faults: {
     /** Chunks (either direction) held back by delay(ms). */
@@ -106,11 +109,21 @@ function frameEnd(buf: Buffer, start: number): number {
   return next
 }
 
-/** Counts complete frames across chunk boundaries. */
+/** The name of the command a complete client frame (`*N` of bulk strings) starts with. */
+function commandName(buf: Buffer, start: number): string | undefined {
+  if (buf[start] !== 0x2a /* * */) return undefined
+  const header = buf.indexOf('\r\n', start)
+  if (header < 0 || buf[header + 2] !== 0x24 /* $ */) return undefined
+  const lenEnd = buf.indexOf('\r\n', header + 2)
+  const len = Number(buf.toString('latin1', header + 3, lenEnd))
+  return buf.toString('latin1', lenEnd + 2, lenEnd + 2 + len).toUpperCase()
+}
+
+/** Counts complete frames across chunk boundaries; `names` collects each command's name. */
 class FrameCounter {
   private pending: Buffer = Buffer.alloc(0)
 
-  push(chunk: Buffer): number {
+  push(chunk: Buffer, names?: string[]): number {
     const buf = this.pending.length ? Buffer.concat([this.pending, chunk]) : chunk
     let pos = 0
     let frames = 0
@@ -118,6 +131,8 @@ class FrameCounter {
       if (pos >= buf.length) break
       const end = frameEnd(buf, pos)
       if (end < 0) break
+      const name = names && commandName(buf, pos)
+      if (name) names.push(name)
       pos = end
       frames++
     }
@@ -190,6 +205,7 @@ export async function startFaultProxy(target: { host: string; port: number }): P
     bytesDown: 0,
     commandsUp: 0,
     repliesDown: 0,
+    mostInOneChunk: {},
     faults: { delayedChunks: 0, heldChunks: 0, droppedReplies: 0, resets: 0 },
   }
 
@@ -211,9 +227,13 @@ export async function startFaultProxy(target: { host: string; port: number }): P
 
   /** Where a chunk arriving now goes, in the current mode. */
   const admit = (lane: Lane, chunk: Buffer, direction: 'up' | 'down', link: Link) => {
-    const frames = lane.frames.push(chunk)
+    const names: string[] | undefined = direction === 'up' ? [] : undefined
+    const frames = lane.frames.push(chunk, names)
     if (direction === 'up') stats.commandsUp += frames
     else stats.repliesDown += frames
+    const inChunk = new Map<string, number>()
+    for (const name of names ?? []) inChunk.set(name, (inChunk.get(name) ?? 0) + 1)
+    for (const [name, n] of inChunk) stats.mostInOneChunk[name] = Math.max(stats.mostInOneChunk[name] ?? 0, n)
     if (mode === 'dropReplies' && direction === 'down') {
       stats.faults.droppedReplies += frames
       link.lostReplies = true
@@ -322,7 +342,7 @@ export async function startFaultProxy(target: { host: string; port: number }): P
       for (const link of current) resetLink(link)
       return current.length
     },
-    stats: () => ({ ...stats, faults: { ...stats.faults } }),
+    stats: () => ({ ...stats, mostInOneChunk: { ...stats.mostInOneChunk }, faults: { ...stats.faults } }),
     close() {
       closed ??= new Promise<void>((resolve) => {
         server.close(() => resolve())

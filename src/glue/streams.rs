@@ -18,7 +18,7 @@ use super::js::{self, Value};
 use super::log::JsLog;
 use super::options::RedisStreamsOptions;
 use super::redis::RedisLeaseProvider;
-use super::reply::{settled, Reply};
+use super::reply::{guarded, settled, Reply};
 use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
@@ -53,6 +53,8 @@ struct Shared {
     /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
     /// write in call order (Mastra publishes without awaiting and relies on that order).
     outbox: Outbox<Pending>,
+    /// Acks made in this turn of JavaScript: they leave together, one XACK per subscription.
+    acks: Outbox<(js::Deferred, Delivery)>,
 }
 
 /// A running subscription: the signal that stops its forwarding task, and the signal the
@@ -130,6 +132,7 @@ impl RedisStreamsTransport {
                     next_subscription: AtomicU32::new(1),
                     publishes: Arc::new(tokio::sync::RwLock::new(())),
                     outbox: Outbox::default(),
+                    acks: Outbox::default(),
                 })),
                 store: Arc::new(store),
             }),
@@ -310,14 +313,17 @@ impl RedisStreamsTransport {
         let Some(delivery) = lock(&shared.deliveries).remove(&delivery) else {
             return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
         };
+        if ack {
+            let (deferred, promise) = shared.inbox.promise(env.raw());
+            shared
+                .acks
+                .push(env.raw(), (deferred, delivery), shared, Shared::send_acks);
+            return unknown(env, promise);
+        }
         unknown(
             env,
             shared.inbox.defer(env.raw(), async move {
-                if ack {
-                    delivery.ack().await?;
-                } else {
-                    delivery.nack().await?;
-                }
+                delivery.nack().await?;
                 Ok(Reply::Undefined)
             }),
         )
@@ -365,6 +371,34 @@ impl Shared {
                 .zip(answers)
                 .map(|((deferred, _guard), answer)| (deferred, answer.map(|_| Reply::Undefined)));
             shared.inbox.complete(outcomes.collect());
+        });
+    }
+
+    /// Sends the turn's acks as one round trip.
+    fn send_acks(self: &Arc<Self>) {
+        let batch = self.acks.take();
+        if batch.is_empty() {
+            return;
+        }
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                let failed = batch.into_iter().map(|(d, _)| (d, Err(err.clone())));
+                return self.inbox.complete(failed.collect());
+            }
+        };
+        let inbox = self.inbox.clone();
+        runtime.spawn(async move {
+            let (waiting, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let answers: Vec<_> =
+                match guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await {
+                    Ok(answers) => answers
+                        .into_iter()
+                        .map(|answer| answer.map(|_| Reply::Undefined))
+                        .collect(),
+                    Err(err) => waiting.iter().map(|_| Err(err.clone())).collect(),
+                };
+            inbox.complete(waiting.into_iter().zip(answers).collect());
         });
     }
 

@@ -50,6 +50,8 @@ const MIN_BUFFER: usize = 16;
 const WARN_INTERVAL: Duration = Duration::from_secs(30);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Most reads sent together while a group has a backlog (see [`read_commands`]).
+const MAX_READ_AHEAD: usize = 8;
 
 /// A subscription to one topic. Deliveries arrive through [`Subscription::recv`]. Dropping
 /// it (or [`Subscription::unsubscribe`]) stops the reader; deliveries still buffered are
@@ -235,6 +237,87 @@ impl Delivery {
     pub async fn nack(&self) -> Result<Settled> {
         self.inner.settle(Outcome::Nack).await
     }
+
+    /// Acks many deliveries in one round trip: one XACK per subscription, naming all its
+    /// entries, the XACKs pipelined. Answers, in order, what [`Delivery::ack`] would have
+    /// answered for each; a failed XACK fails the deliveries it named, which stay pending.
+    pub async fn ack_all(deliveries: &[Delivery]) -> Vec<Result<Settled>> {
+        let Some(shared) = deliveries.first().map(|d| Arc::clone(&d.inner.shared)) else {
+            return Vec::new();
+        };
+        let claimed: Vec<bool> = deliveries.iter().map(|d| d.inner.begin()).collect();
+        let mut answers: Vec<Result<Settled>> = vec![Ok(Settled::AlreadySettled); deliveries.len()];
+        // A group's entries go in its subscription's XACK; the rest (fan-out, which holds
+        // nothing in Redis, or another pubsub's delivery) settle on their own.
+        let mut xacks: Vec<(&SubState, Vec<usize>)> = Vec::new();
+        let mut lone = Vec::new();
+        for (i, delivery) in deliveries.iter().enumerate().filter(|(i, _)| claimed[*i]) {
+            let inner = &delivery.inner;
+            if inner.sub.group.is_none() || !Arc::ptr_eq(&inner.shared, &shared) {
+                lone.push(i);
+                continue;
+            }
+            match xacks.iter_mut().find(|(sub, _)| sub.id == inner.sub.id) {
+                Some((_, members)) => members.push(i),
+                None => xacks.push((&inner.sub, vec![i])),
+            }
+        }
+        let mut pipe = redis::pipe();
+        for (sub, members) in &xacks {
+            if let Some(group) = &sub.group {
+                let cmd = pipe.cmd("XACK").arg(&sub.key).arg(&group.name);
+                for &i in members {
+                    cmd.arg(&deliveries[i].inner.entry_id);
+                }
+            }
+        }
+        let count = xacks.len();
+        let batch = async {
+            if count == 0 {
+                return Ok(Vec::new());
+            }
+            shared
+                .writer
+                .run(|mut c| async move { c.send_packed_commands(&pipe, 0, count).await })
+                .await
+        };
+        let singles = futures::future::join_all(lone.iter().map(|&i| async move {
+            (
+                i,
+                deliveries[i]
+                    .inner
+                    .settlement()
+                    .run_checked(Outcome::Ack)
+                    .await,
+            )
+        }));
+        let (replies, singles) = futures::join!(batch, singles);
+        for (i, answer) in singles {
+            answers[i] = answer;
+        }
+        for (k, (_, members)) in xacks.iter().enumerate() {
+            let answer = match &replies {
+                Ok(replies) => match parse::<Value>(replies.get(k).cloned().unwrap_or_default()) {
+                    Ok(_) => Ok(Settled::Acked),
+                    // The stream or group is gone, and with it every pending entry.
+                    Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
+                    Err(err) => Err(shared.writer.sort(err)),
+                },
+                Err(err) => Err(err.clone()),
+            };
+            for &i in members {
+                answers[i] = answer.clone();
+            }
+        }
+        for (i, delivery) in deliveries.iter().enumerate().filter(|(i, _)| claimed[*i]) {
+            let inner = &delivery.inner;
+            if answers[i].is_ok() && inner.sub.group.is_some() {
+                inner.sub.in_flight().remove(&inner.entry_id);
+            }
+            inner.end(Outcome::Ack, &answers[i]);
+        }
+        answers
+    }
 }
 
 /// Acks or nacks one [`Delivery`]; cloneable. See [`Delivery::acker`].
@@ -305,24 +388,30 @@ impl Inner {
     }
 
     async fn settle(&self, outcome: Outcome) -> Result<Settled> {
-        if self
-            .state
-            .compare_exchange(PENDING, BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !self.begin() {
             return Ok(Settled::AlreadySettled);
         }
-        let settlement = self.settlement();
-        let result = settlement.run_checked(outcome).await;
-        // A transport failure leaves the entry pending: the caller may try again. If it never
-        // does, dropping the delivery retries a failed ack, and nacks otherwise
-        // (ownership-checked, no duplicate).
+        let result = self.settlement().run_checked(outcome).await;
+        self.end(outcome, &result);
+        result
+    }
+
+    /// Claims the delivery for one settlement; `false` if another ack or nack has it.
+    fn begin(&self) -> bool {
+        self.state
+            .compare_exchange(PENDING, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Ends the settlement [`Inner::begin`] claimed. A transport failure leaves the entry
+    /// pending: the caller may try again. If it never does, dropping the delivery retries a
+    /// failed ack, and nacks otherwise (ownership-checked, no duplicate).
+    fn end(&self, outcome: Outcome, result: &Result<Settled>) {
         if result.is_err() && outcome == Outcome::Ack {
             self.ack_failed.store(true, Ordering::Release);
         }
         let next = if result.is_ok() { DONE } else { PENDING };
         self.state.store(next, Ordering::Release);
-        result
     }
 
     /// Claims the settlement for a caller that settles on this delivery's behalf.
@@ -776,6 +865,8 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
     // The first pass runs at once: a new consumer picks up what a crashed one left.
     let mut reclaim_at = Instant::now();
     let mut reclaim_cursor = "0-0".to_owned();
+    // The last read came back full: more is likely waiting, so read ahead without blocking.
+    let mut backlog = false;
     loop {
         if sub.stopped.load(Ordering::Acquire) {
             return;
@@ -786,7 +877,8 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
             Ok(permit) => drop(permit),
             Err(_) => return,
         }
-        let room = tx.capacity().clamp(1, tuning.batch_count);
+        let free = tx.capacity().max(1);
+        let room = free.min(tuning.batch_count);
 
         if let (Some(group), Some(interval)) = (&sub.group, tuning.reclaim_interval) {
             if Instant::now() >= reclaim_at {
@@ -831,20 +923,21 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                 }
             },
         };
-        let (cmd, epoch) = read_command(&shared, &sub, room);
+        let (pipe, reads, epoch) = read_commands(&shared, &sub, free, backlog);
         let outcome = tokio::time::timeout(
             tuning.block.saturating_add(tuning.command_timeout),
-            cmd.query_async::<Value>(&mut conn),
+            read_all(&mut conn, &pipe, reads),
         )
         .await;
         match outcome {
-            Ok(Ok(reply)) => {
+            Ok(Ok(entries)) => {
                 connection = Some(conn);
                 backoff.reset();
                 if sub.cursor().epoch != epoch {
                     continue; // read from a stream clearTopic deleted meanwhile
                 }
-                if !deliver(&shared, &sub, event::read_reply(reply), &tx, true).await {
+                backlog = sub.group.is_some() && entries.len() >= reads * room;
+                if !deliver(&shared, &sub, entries, &tx, true).await {
                     return;
                 }
             }
@@ -889,30 +982,71 @@ async fn connect(shared: &Shared) -> std::result::Result<MultiplexedConnection, 
     }
 }
 
-/// XREADGROUP for a group (`>`: entries never delivered to any consumer of it), XREAD from
-/// the kept position for fan-out. Also returns the cursor epoch the read belongs to.
-fn read_command(shared: &Shared, sub: &SubState, count: usize) -> (redis::Cmd, u64) {
+/// The next read: XREADGROUP for a group (`>`: entries never delivered to any consumer of
+/// it), XREAD from the kept position for fan-out, each of at most `batchCount` entries.
+///
+/// Normally one read that blocks until entries arrive. While a group has a backlog (the last
+/// read came back full), as many reads as the channel has room for go out together in one
+/// round trip, none blocking: a consumer keeps up with a producer at `free / batchCount`
+/// times the rate of one read per round trip, and never holds more than its channel's room.
+/// (Fan-out reads from a position, so reads sent together would return the same entries.)
+/// Returns the pipeline, how many reads it holds, and the cursor epoch they belong to.
+fn read_commands(
+    shared: &Shared,
+    sub: &SubState,
+    free: usize,
+    backlog: bool,
+) -> (redis::Pipeline, usize, u64) {
+    let batch = shared.tuning.batch_count;
+    let reads = if backlog && sub.group.is_some() {
+        (free / batch).clamp(1, MAX_READ_AHEAD)
+    } else {
+        1
+    };
     let block = super::duration_ms(shared.tuning.block);
     let cursor = sub.cursor();
-    let mut cmd = match &sub.group {
-        Some(group) => {
-            let mut cmd = redis::cmd("XREADGROUP");
-            cmd.arg("GROUP").arg(&group.name).arg(&group.consumer);
-            cmd
+    let mut pipe = redis::pipe();
+    for _ in 0..reads {
+        let cmd = match &sub.group {
+            Some(group) => pipe
+                .cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&group.name)
+                .arg(&group.consumer),
+            None => pipe.cmd("XREAD"),
+        };
+        cmd.arg("COUNT").arg(free.min(batch));
+        if !backlog {
+            cmd.arg("BLOCK").arg(block);
         }
-        None => redis::cmd("XREAD"),
-    };
-    cmd.arg("COUNT")
-        .arg(count)
-        .arg("BLOCK")
-        .arg(block)
-        .arg("STREAMS")
-        .arg(&sub.key);
-    match &sub.group {
-        Some(_) => cmd.arg(">"),
-        None => cmd.arg(cursor.position.as_deref().unwrap_or("0-0")),
-    };
-    (cmd, cursor.epoch)
+        cmd.arg("STREAMS").arg(&sub.key);
+        match &sub.group {
+            Some(_) => cmd.arg(">"),
+            None => cmd.arg(cursor.position.as_deref().unwrap_or("0-0")),
+        };
+    }
+    (pipe, reads, cursor.epoch)
+}
+
+/// Sends the reads and gathers their entries, in order. A read that failed ends the batch:
+/// what the reads before it returned is delivered (the next read meets the error again, if
+/// it lasts), and the error is the answer only when nothing was read. Entries a read after
+/// it returned stay pending for this consumer until a reclaim hands them out.
+async fn read_all(
+    conn: &mut MultiplexedConnection,
+    pipe: &redis::Pipeline,
+    reads: usize,
+) -> redis::RedisResult<Vec<Entry>> {
+    let replies = conn.send_packed_commands(pipe, 0, reads).await?;
+    let mut entries = Vec::new();
+    for reply in replies {
+        match parse::<Value>(reply) {
+            Ok(reply) => entries.extend(event::read_reply(reply)),
+            Err(err) if entries.is_empty() => return Err(err),
+            Err(_) => break,
+        }
+    }
+    Ok(entries)
 }
 
 /// After NOGROUP (stream or group deleted: clearTopic elsewhere, TTL expiry, FLUSHALL),

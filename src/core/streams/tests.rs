@@ -374,6 +374,71 @@ async fn a_delivery_whose_ack_was_lost_is_acked_again_when_dropped_not_redeliver
     }
 }
 
+/// Calls of `command` so far, from `INFO commandstats`.
+fn calls(server: &Server, command: &str) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn ack_all_sends_one_xack_per_subscription_and_a_refused_one_fails_its_deliveries_only_pending(
+) {
+    let server = Server::start("streams-ackall");
+    let (ps, _) = pubsub(&server);
+    let mut one = ps
+        .subscribe("b", group("g1", StartFrom::Earliest))
+        .await
+        .unwrap();
+    let mut two = ps
+        .subscribe("b", group("g2", StartFrom::Earliest))
+        .await
+        .unwrap();
+    let mut all = ps
+        .subscribe("b", fan_out(StartFrom::Earliest))
+        .await
+        .unwrap();
+    for i in 1..=5 {
+        ps.publish("b", ev(i)).await.unwrap();
+    }
+    let mut batch = Vec::new();
+    for sub in [&mut one, &mut two, &mut all] {
+        for _ in 0..5 {
+            batch.push(next(sub).await);
+        }
+    }
+    batch[0].ack().await.unwrap(); // settled before the batch: the first settlement counts
+
+    server.cli(&["ACL", "SETUSER", "default", "-xack"]);
+    let refused = Delivery::ack_all(&batch).await;
+    server.cli(&["ACL", "SETUSER", "default", "+xack"]);
+    assert_eq!(refused[0].as_ref().ok(), Some(&Settled::AlreadySettled));
+    assert!(refused[1..10].iter().all(Result::is_err), "{refused:?}");
+    // Fan-out holds nothing in Redis: acked whatever happened to the XACKs.
+    assert!(refused[10..]
+        .iter()
+        .all(|a| a.as_ref().ok() == Some(&Settled::Acked)));
+    assert_eq!(pending(&server, "t:b", "g1"), "4");
+    assert_eq!(pending(&server, "t:b", "g2"), "5");
+
+    let before = calls(&server, "xack");
+    let answers = Delivery::ack_all(&batch).await;
+    assert_eq!(calls(&server, "xack") - before, 2, "one XACK per group");
+    assert_eq!(answers[0].as_ref().ok(), Some(&Settled::AlreadySettled));
+    assert!(answers[1..10]
+        .iter()
+        .all(|a| a.as_ref().ok() == Some(&Settled::Acked)));
+    assert!(answers[10..]
+        .iter()
+        .all(|a| a.as_ref().ok() == Some(&Settled::AlreadySettled)));
+    assert_eq!(pending(&server, "t:b", "g1"), "0");
+    assert_eq!(pending(&server, "t:b", "g2"), "0");
+}
+
 #[tokio::test]
 async fn an_entry_a_crashed_consumer_never_acked_is_reclaimed_after_the_idle_threshold() {
     let server = Server::start("streams-reclaim");
