@@ -187,9 +187,17 @@ pub fn array(env: Env, items: &[Value]) -> Value {
 
 pub fn string(env: Env, text: &str) -> Value {
     let mut out = ptr::null_mut();
-    // SAFETY: the pointer and length describe valid UTF-8 (NUL bytes included).
+    let (bytes, len) = (text.as_ptr().cast(), text.len() as isize);
+    // ASCII is Latin-1 too, and V8 copies Latin-1 as it is, where UTF-8 is decoded first
+    // (events are mostly ASCII JSON).
+    // SAFETY: the pointer and length describe valid UTF-8 (NUL bytes included), and in the
+    // first branch valid Latin-1.
     unsafe {
-        sys::napi_create_string_utf8(env, text.as_ptr().cast(), text.len() as isize, &mut out)
+        if text.is_ascii() {
+            sys::napi_create_string_latin1(env, bytes, len, &mut out)
+        } else {
+            sys::napi_create_string_utf8(env, bytes, len, &mut out)
+        }
     };
     out
 }

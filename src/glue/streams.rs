@@ -403,13 +403,13 @@ impl Shared {
     }
 
     /// Registers a batch of deliveries under fresh ids; answers `[id, json, id, json, ...]`.
-    fn hand_out(&self, batch: &mut Vec<Delivery>) -> Vec<(u32, String)> {
+    fn hand_out(&self, batch: &mut Vec<Delivery>) -> Vec<(u32, Arc<str>)> {
         let mut deliveries = lock(&self.deliveries);
         batch
             .drain(..)
             .map(|delivery| {
                 let id = self.next_delivery.fetch_add(1, Ordering::Relaxed);
-                let json = delivery.json().to_owned();
+                let json = delivery.shared_json();
                 deliveries.insert(id, delivery);
                 (id, json)
             })
@@ -417,7 +417,7 @@ impl Shared {
     }
 }
 
-fn delivery_args(env: js::Env, batch: Vec<(u32, String)>) -> Vec<Value> {
+fn delivery_args(env: js::Env, batch: Vec<(u32, Arc<str>)>) -> Vec<Value> {
     let mut flat = Vec::with_capacity(batch.len() * 2);
     for (id, json) in &batch {
         flat.push(js::number_value(env, f64::from(*id)));

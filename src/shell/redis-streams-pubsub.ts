@@ -84,17 +84,23 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * A nacked `localOnly` event is redelivered in this process, as Mastra's in-process pubsubs
    * do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then dropped with a warning.
    */
-  async publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
-    if (typeof event !== 'object' || event === null || Array.isArray(event)) {
-      throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+  publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+    // Not an async function: the native promise is handed back as it is, one hop fewer per
+    // publish; anything thrown on the way still comes back as a rejection.
+    try {
+      if (typeof event !== 'object' || event === null || Array.isArray(event)) {
+        throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+      }
+      // Stamped here, where the object is at hand: the native side writes the text as it is.
+      const stamped: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: attemptOf(event.deliveryAttempt) }
+      if (options?.localOnly) {
+        for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
+        return Promise.resolve()
+      }
+      return this.transport.publish(topic, JSON.stringify(stamped))
+    } catch (err) {
+      return Promise.reject(err)
     }
-    // Stamped here, where the object is at hand: the native side writes the text as it is.
-    const stamped: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: attemptOf(event.deliveryAttempt) }
-    if (options?.localOnly) {
-      for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
-      return
-    }
-    await this.transport.publish(topic, JSON.stringify(stamped))
   }
 
   /**
@@ -254,10 +260,10 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       return
     }
     let settled = false
-    const settle = (how: 'ack' | 'nack') => async () => {
-      if (settled) return
+    const settle = (how: 'ack' | 'nack') => (): Promise<void> => {
+      if (settled) return Promise.resolve()
       settled = true
-      await this.transport[how](delivery)
+      return this.transport[how](delivery)
     }
     invoke(cb, event, settle('ack'), settle('nack'))
   }

@@ -203,6 +203,11 @@ impl Delivery {
         &self.inner.json
     }
 
+    /// [`Delivery::json`], shared rather than copied, for a caller that keeps it.
+    pub fn shared_json(&self) -> Arc<str> {
+        Arc::clone(&self.inner.json)
+    }
+
     /// The event's `deliveryAttempt` (1 when the producer did not set one).
     pub fn delivery_attempt(&self) -> u64 {
         self.inner.attempt
