@@ -502,6 +502,71 @@ describe('RedisStreamsPubSub', () => {
     })
   })
 
+  describe('a handler slower than reclaimIdleMs', () => {
+    /** XPENDING's detail of the group's pending entries: [entry id, consumer, idle ms, deliveries]. */
+    async function pendingDetail(key: string, group: string): Promise<Array<[string, string, number, number]>> {
+      return (await redis.cli('XPENDING', key, group, '-', '+', 10)) as Array<[string, string, number, number]>
+    }
+
+    it('keeps its event while it runs: no sibling reclaims it, its deliveryAttempt stays 1, and its ack settles it once', async () => {
+      const prefix = uniquePrefix('slow-handler')
+      const tuning = { keyPrefix: prefix, reclaimIdleMs: 300, reclaimIntervalMs: 100, blockMs: 100 }
+      const slow = open(tuning)
+      let release = () => {}
+      const held = new Promise<void>((resolve) => (release = resolve))
+      const running = new Inbox(async (_event, ack) => {
+        await held
+        await ack()
+      })
+      await slow.subscribe('jobs', running.cb, { group: 'workers' })
+      await slow.publish('jobs', ev(1))
+      await running.count(1)
+      const sibling = new Inbox()
+      await open(tuning).subscribe('jobs', sibling.cb, { group: 'workers' })
+
+      await sleep(1_500) // five times reclaimIdleMs, fifteen sibling reclaim passes
+      const [entry, ...others] = await pendingDetail(`${prefix}:jobs`, 'workers')
+      expect(others).toEqual([])
+      expect(Number(entry![3]), 'deliveries counted by Redis').toBe(1)
+      expect(Number(entry![2]), 'idle ms').toBeLessThan(300)
+      expect(sibling.events).toEqual([])
+
+      release()
+      for (let i = 0; i < 50 && (await pendingCount(redis, `${prefix}:jobs`, 'workers')) > 0; i++) await sleep(20)
+      expect(await pendingCount(redis, `${prefix}:jobs`, 'workers')).toBe(0)
+      await sleep(400)
+      expect(sibling.events).toEqual([])
+      expect(running.events).toHaveLength(1)
+    })
+
+    it('once it returns without ack or nack, its event is left to be reclaimed: delivered again after reclaimIdleMs, with deliveryAttempt 2', async () => {
+      const prefix = uniquePrefix('returned-unsettled')
+      const tuning = { keyPrefix: prefix, reclaimIdleMs: 300, reclaimIntervalMs: 100, blockMs: 100 }
+      const forgetful = open(tuning)
+      const forgot = new Inbox(async () => {}) // returns, never acks
+      await forgetful.subscribe('jobs', forgot.cb, { group: 'workers' })
+      await forgetful.publish('jobs', ev(1))
+      await forgot.count(1)
+      const started = Date.now()
+      const sibling = new Inbox()
+      await open(tuning).subscribe('jobs', sibling.cb, { group: 'workers' })
+      // Whichever consumer's reclaim pass comes first gets it: the sibling, which acks it, or
+      // the forgetful one again, which forgets it again, up to maxDeliveryAttempts (5).
+      const all = () => [...forgot.events, ...sibling.events]
+      await sibling.until(() => all().some((e) => e.deliveryAttempt === 2), 3_000, 'a second delivery')
+      expect(Date.now() - started).toBeGreaterThanOrEqual(250)
+      const again = all().find((e) => e.deliveryAttempt === 2)!
+      expect(numberOf(again)).toBe(1)
+      expect(again.id).toBe(forgot.events[0]!.id)
+      // Settled in the end: acked by the sibling, or dropped at the cap.
+      for (let i = 0; i < 250 && (await pendingCount(redis, `${prefix}:jobs`, 'workers')) > 0; i++) await sleep(20)
+      expect(await pendingCount(redis, `${prefix}:jobs`, 'workers')).toBe(0)
+      const attempts = all().map((e) => e.deliveryAttempt)
+      expect(attempts, JSON.stringify(attempts)).toEqual(range(1, attempts.length))
+      expect(sibling.events.length === 1 || attempts.length === 5, JSON.stringify(attempts)).toBe(true)
+    })
+  })
+
   describe('a consumer process that dies holding an event', () => {
     /** Spawns the fixture in `hold` mode; resolves with its stdout lines as they come. */
     function holdingChild(config: Record<string, unknown>) {

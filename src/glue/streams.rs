@@ -247,6 +247,18 @@ impl RedisStreamsTransport {
         self.settle(env, delivery, false)
     }
 
+    /// The subscriber's callback has returned (or resolved) without settling the delivery:
+    /// it is no longer kept claimed while idle, and a sibling may reclaim it after
+    /// `reclaimIdleMs`. A settled or unknown delivery is ignored.
+    #[napi(catch_unwind)]
+    pub fn handled(&self, delivery: u32) {
+        if let Some(shared) = &self.shared {
+            if let Some(delivery) = lock(&shared.deliveries).get(&delivery) {
+                delivery.handled();
+            }
+        }
+    }
+
     /// Stops a subscription; what it had read but not handed out goes back to its group.
     /// Resolves once that is done, so the group's next entry goes to a remaining member.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]

@@ -265,7 +265,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       settled = true
       return this.transport[how](delivery)
     }
-    invoke(cb, event, settle('ack'), settle('nack'))
+    // While the callback runs, its event is kept claimed however long it takes; returning
+    // without ack or nack leaves the event to be reclaimed after `reclaimIdleMs`.
+    invoke(cb, event, settle('ack'), settle('nack'), () => {
+      if (!settled) this.transport.handled(delivery)
+    })
   }
 }
 
@@ -284,12 +288,19 @@ function optionError(message: string): TypeError {
   return Object.assign(new TypeError(message), { code: 'ERR_LEASE_INVALID_OPTION' })
 }
 
-/** Calls a subscriber; a throw or a rejection nacks the event. */
-function invoke(cb: EventCallback, event: Event, ack: () => Promise<void>, nack: () => Promise<void>): void {
+/** Calls a subscriber; a throw or a rejection nacks the event, a return calls `done`. */
+function invoke(
+  cb: EventCallback,
+  event: Event,
+  ack: () => Promise<void>,
+  nack: () => Promise<void>,
+  done: () => void = () => {},
+): void {
   const failed = () => void nack().catch(() => {})
   try {
     const result = cb(event, ack, nack)
-    if (result && typeof (result as Promise<void>).then === 'function') (result as Promise<void>).then(undefined, failed)
+    if (result && typeof (result as Promise<void>).then === 'function') (result as Promise<void>).then(done, failed)
+    else done()
   } catch {
     failed()
   }

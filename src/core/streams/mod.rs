@@ -239,21 +239,23 @@ impl StreamsPubSub {
             reclaim_interval: options.reclaim_interval,
             reclaim_idle_ms: duration_ms(options.reclaim_idle),
         };
-        Ok(Self {
-            shared: Arc::new(Shared {
-                client: writer.client().clone(),
-                writer,
-                reader_config,
-                prefix: options.key_prefix,
-                tuning,
-                logger: options.logger,
-                closed: AtomicBool::new(false),
-                publishes: tokio::sync::RwLock::new(()),
-                subscriptions: Mutex::new(HashMap::new()),
-                next_subscription: AtomicU64::new(1),
-                runtime,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            client: writer.client().clone(),
+            writer,
+            reader_config,
+            prefix: options.key_prefix,
+            tuning,
+            logger: options.logger,
+            closed: AtomicBool::new(false),
+            publishes: tokio::sync::RwLock::new(()),
+            subscriptions: Mutex::new(HashMap::new()),
+            next_subscription: AtomicU64::new(1),
+            runtime,
+        });
+        shared
+            .runtime
+            .spawn(subscriber::keep_claimed(Arc::downgrade(&shared)));
+        Ok(Self { shared })
     }
 
     /// The stream key of a topic: `<keyPrefix>:<topic>`.

@@ -22,9 +22,10 @@
 //! script), so a message that kills every consumer reading it still reaches the cap and is
 //! dropped there, acked, instead of circulating for ever.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry::{Occupied, Vacant};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -40,6 +41,7 @@ use crate::core::error::{LeaseError, Result};
 
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
 static RECLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reclaim.lua")));
+static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("keep.lua")));
 
 /// Deliveries read but not yet taken by `recv`, at least. Kept small: what sits here is read
 /// (and, for a group, owned by this consumer) but not yet being handled; unsubscribe hands
@@ -221,6 +223,15 @@ impl Delivery {
     /// The topic it was published to.
     pub fn topic(&self) -> &str {
         &self.inner.sub.topic
+    }
+
+    /// The consumer's handler has returned without settling this delivery: it is no longer
+    /// kept claimed, so once idle for `reclaimIdleMs` a sibling's reclaim pass may take it
+    /// over (an ack or nack made later still counts, if it comes first).
+    pub fn handled(&self) {
+        if let Some(kept) = self.inner.sub.in_flight().get_mut(&self.inner.entry_id) {
+            *kept = false;
+        }
     }
 
     /// A cloneable handle that acks or nacks this delivery, for a caller that settles it
@@ -639,8 +650,9 @@ pub(crate) struct SubState {
     pub group: Option<Group>,
     cursor: Mutex<Cursor>,
     /// Grouped entries delivered and not yet settled, so a reclaim pass (which also claims
-    /// this consumer's own idle entries) never hands the consumer one it is handling.
-    in_flight: Mutex<HashSet<String>>,
+    /// this consumer's own idle entries) never hands the consumer one it is handling; each
+    /// with whether it is still kept claimed (see [`keep_claimed`]).
+    in_flight: Mutex<HashMap<String, bool>>,
     task: Mutex<Option<JoinHandle<()>>>,
     stopped: AtomicBool,
 }
@@ -650,7 +662,7 @@ impl SubState {
         self.cursor.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn in_flight(&self) -> MutexGuard<'_, HashSet<String>> {
+    fn in_flight(&self) -> MutexGuard<'_, HashMap<String, bool>> {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -720,7 +732,7 @@ pub(crate) async fn open(
             anchor,
             epoch: 0,
         }),
-        in_flight: Mutex::new(HashSet::new()),
+        in_flight: Mutex::new(HashMap::new()),
         task: Mutex::new(None),
         stopped: AtomicBool::new(false),
     });
@@ -1138,6 +1150,82 @@ async fn reclaim(
     Ok(event::reclaim_reply(reply))
 }
 
+/// Most entry ids one `keep.lua` call names.
+const KEEP_CHUNK: usize = 500;
+
+/// Keeps the entries this pubsub's consumers are handling claimed: every third of
+/// `reclaimIdleMs` it resets their idle time (`keep.lua`, which leaves alone any entry a
+/// sibling already took over), so a handler slower than the threshold never has its event
+/// reclaimed and handled a second time while it still runs, nor its `deliveryAttempt`
+/// raised. Only a consumer that stops keeping — its process died or froze, or its handler
+/// returned without settling ([`Delivery::handled`]) — has its entries reclaimed.
+/// Ends with the pubsub (closed or dropped).
+pub(crate) async fn keep_claimed(shared: Weak<Shared>) {
+    let Some(every) = shared
+        .upgrade()
+        .map(|s| Duration::from_millis((s.tuning.reclaim_idle_ms / 3).max(1)))
+    else {
+        return;
+    };
+    let mut warned: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let subs: Vec<Arc<SubState>> = shared.subscriptions().values().cloned().collect();
+        let mut calls = Vec::new();
+        for sub in &subs {
+            let Some(group) = &sub.group else { continue };
+            let kept: Vec<String> = sub
+                .in_flight()
+                .iter()
+                .filter(|(_, kept)| **kept)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for ids in kept.chunks(KEEP_CHUNK) {
+                let mut invocation = KEEP.prepare_invoke();
+                invocation
+                    .key(&sub.key)
+                    .arg(&group.name)
+                    .arg(&group.consumer)
+                    .arg(ids);
+                calls.push((sub, invocation));
+            }
+        }
+        let runs = calls.into_iter().map(|(sub, invocation)| {
+            let writer = &shared.writer;
+            async move {
+                let run =
+                    writer.run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await });
+                (sub, run.await)
+            }
+        });
+        for (sub, result) in futures::future::join_all(runs).await {
+            match result {
+                Ok(_) => {}
+                // The stream or group is gone, and with it every pending entry.
+                Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => {}
+                Err(err) => {
+                    let now = Instant::now();
+                    let warn = warned.is_none_or(|at| now.duration_since(at) >= WARN_INTERVAL);
+                    if warn {
+                        warned = Some(now);
+                    }
+                    shared.notice(
+                        if warn { Level::Warn } else { Level::Debug },
+                        "could not keep the events being handled claimed; a sibling may reclaim them",
+                        &[("topic", sub.topic.clone().into()), ("err", err.full_message().into())],
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Hands entries to the channel. Returns `false` once the subscription is gone.
 ///
 /// A reclaimed entry was delivered `deliveries` times by Redis, each a consumer that never
@@ -1166,10 +1254,16 @@ async fn deliver(
             malformed(shared, sub, &entry.id).await;
             continue;
         };
-        // A reclaim pass also claims this consumer's own idle entries: those already
-        // being handled are not handed out twice.
-        if sub.group.is_some() && !sub.in_flight().insert(entry.id.clone()) {
-            continue;
+        // A reclaim pass also claims this consumer's own idle entries: those still being
+        // handled are not handed out twice.
+        if sub.group.is_some() {
+            match sub.in_flight().entry(entry.id.clone()) {
+                // Its handler returned without settling it (`Delivery::handled`): this
+                // reclaim delivers it again, as a sibling's would.
+                Occupied(mut slot) if !*slot.get() => slot.insert(true),
+                Occupied(_) => continue,
+                Vacant(slot) => *slot.insert(true),
+            };
         }
         let attempt = parsed
             .attempt

@@ -478,6 +478,40 @@ async fn an_entry_a_crashed_consumer_never_acked_is_reclaimed_after_the_idle_thr
 }
 
 #[tokio::test]
+async fn an_entry_is_kept_claimed_while_its_handler_runs_and_reclaimed_once_handled_unsettled() {
+    let server = Server::start("streams-keep");
+    let (ps, _) = pubsub(&server);
+    let (sibling, _) = pubsub(&server);
+    let mut sub = ps
+        .subscribe("k", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    ps.publish("k", ev(1)).await.unwrap();
+    let held = next(&mut sub).await;
+    let mut other = sibling
+        .subscribe("k", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    // Four times the 300 ms threshold, a dozen reclaim passes of the sibling's.
+    nothing_within(&mut other, 1_200).await;
+    let detail = server.cli(&["XPENDING", "t:k", "g", "-", "+", "10"]);
+    let deliveries: Vec<&str> = detail.lines().collect();
+    assert_eq!(deliveries.len(), 4, "one pending entry: {detail}");
+    assert_eq!(deliveries[3], "1", "Redis counted one delivery: {detail}");
+
+    held.handled(); // returned without settling: left to the reclaim passes
+    let again = tokio::select! {
+        d = next(&mut other) => d,
+        d = next(&mut sub) => d,
+    };
+    assert_eq!(n(&again), 1);
+    assert_eq!(again.delivery_attempt(), 2);
+    again.ack().await.unwrap();
+    drop(held);
+    assert_eq!(pending(&server, "t:k", "g"), "0");
+}
+
+#[tokio::test]
 async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped_not_handed_out() {
     let server = Server::start("streams-reclaim-cap");
     let logger = Arc::new(Collect::default());
@@ -556,8 +590,8 @@ async fn a_nack_after_another_consumer_reclaimed_the_entry_changes_nothing() {
         .unwrap();
     ps.publish("o", ev(1)).await.unwrap();
     let d = next(&mut slow).await;
-    // A sibling's reclaim pass takes the entry over (forced here: this consumer's own
-    // passes keep re-claiming the entry it is handling, which resets its idle clock).
+    // A sibling's reclaim pass takes the entry over (forced here: a live consumer keeps
+    // the entry it is handling claimed, so it never sits idle long enough).
     let claimed = server.cli(&["XCLAIM", "t:o", "g", "sibling", "0", d.entry_id(), "JUSTID"]);
     assert_eq!(claimed, d.entry_id());
     assert_eq!(d.nack().await.unwrap(), Settled::NotOwned);
