@@ -143,6 +143,32 @@ describe('RedisStreamsPubSub', () => {
       expect(first!.createdAt.getTime()).toBeLessThanOrEqual(after + 5)
     })
 
+    it('createdAt follows the clock from one millisecond to the next, and every delivered event gets a Date of its own', async () => {
+      const prefix = uniquePrefix('stamp-clock')
+      const pubsub = open({ keyPrefix: prefix })
+      const inbox = new Inbox()
+      await pubsub.subscribe('clock', inbox.cb)
+      const stamps: Array<[number, number]> = [] // [before, after] each publish
+      for (let n = 1; n <= 6; n++) {
+        const before = Date.now()
+        await Promise.all([pubsub.publish('clock', ev(n * 10)), pubsub.publish('clock', ev(n * 10 + 1))])
+        stamps.push([before, Date.now()])
+        await sleep(3)
+      }
+      const events = await inbox.count(12)
+      const written = (await entries(redis, `${prefix}:clock`)).map(([, f]) => (JSON.parse(f[1]!) as { createdAt: string }).createdAt)
+      for (let i = 0; i < 12; i++) {
+        const [before, after] = stamps[Math.floor(i / 2)]!
+        const at = events[i]!.createdAt
+        expect(at).toBeInstanceOf(Date)
+        expect(written[i]).toBe(at.toISOString())
+        expect(at.getTime()).toBeGreaterThanOrEqual(before)
+        expect(at.getTime()).toBeLessThanOrEqual(after)
+      }
+      expect(new Set(events.map((e) => e.createdAt)).size, 'no Date object is shared').toBe(12)
+      expect(new Set(written).size, 'six publish rounds, 3 ms apart').toBeGreaterThanOrEqual(6)
+    })
+
     it("writes the stream <keyPrefix>:<topic> with one field, event, holding the stamped event's JSON", async () => {
       const prefix = uniquePrefix('layout')
       const pubsub = open({ keyPrefix: prefix })

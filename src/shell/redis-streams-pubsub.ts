@@ -92,12 +92,16 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
         throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
       }
       // Stamped here, where the object is at hand: the native side writes the text as it is.
-      const stamped: Event = { ...event, id: randomUUID(), createdAt: new Date(), deliveryAttempt: attemptOf(event.deliveryAttempt) }
+      const id = randomUUID()
+      const deliveryAttempt = attemptOf(event.deliveryAttempt)
       if (options?.localOnly) {
+        const stamped: Event = { ...event, id, createdAt: new Date(), deliveryAttempt }
         for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
         return Promise.resolve()
       }
-      return this.transport.publish(topic, JSON.stringify(stamped))
+      // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
+      // object holding a Date leaves V8's fast path and costs about four times as much.
+      return this.transport.publish(topic, JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
     } catch (err) {
       return Promise.reject(err)
     }
@@ -253,7 +257,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     let event: Event
     try {
       event = JSON.parse(json) as Event
-      event.createdAt = new Date(event.createdAt as unknown as string)
+      event.createdAt = dateOf(event.createdAt as unknown as string)
     } catch {
       // Not an event: settle it so it does not come back forever.
       void this.transport.ack(delivery).catch(() => {})
@@ -276,6 +280,32 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 interface Subscribed {
   id: Promise<number>
   group: string | undefined
+}
+
+// Events published or read together mostly share their millisecond: the last conversion
+// either way is kept, so most events skip formatting or parsing a date.
+let lastMs = Number.NaN
+let lastIso = ''
+let lastRead: string | undefined
+let lastReadMs = Number.NaN
+
+/** `new Date().toISOString()`, formatted once per millisecond. */
+function isoNow(): string {
+  const ms = Date.now()
+  if (ms !== lastMs) {
+    lastMs = ms
+    lastIso = new Date(ms).toISOString()
+  }
+  return lastIso
+}
+
+/** `new Date(text)`, a fresh object each time, parsing `text` only when it changed. */
+function dateOf(text: string): Date {
+  if (text !== lastRead) {
+    lastRead = text
+    lastReadMs = new Date(text).getTime()
+  }
+  return new Date(lastReadMs)
 }
 
 /** A caller's `deliveryAttempt` when it is a positive integer, else 1 (as a fresh event). */
