@@ -102,6 +102,9 @@ describe('RedisStreamsPubSub', () => {
       ['reclaimIdleMs 0', { reclaimIdleMs: 0 }, RangeError],
       ['a negative streamIdleTtlMs', { streamIdleTtlMs: -5 }, RangeError],
       ['a negative maxStreamLength', { maxStreamLength: -1 }, RangeError],
+      ['a negative maxInFlight', { maxInFlight: -1 }, RangeError],
+      ['a fractional maxInFlight', { maxInFlight: 2.5 }, RangeError],
+      ['maxInFlight given as a string', { maxInFlight: '8' }, TypeError],
     ])('rejects %s synchronously with ERR_LEASE_INVALID_OPTION', (_what, options, cls) => {
       expectThrow(() => new RedisStreamsPubSub({ url: redis.url, ...options } as RedisStreamsPubSubOptions), cls, 'ERR_LEASE_INVALID_OPTION')
     })
@@ -115,8 +118,8 @@ describe('RedisStreamsPubSub', () => {
       opened.push(defaults)
     })
 
-    it('accepts 0 and Infinity as unlimited delivery attempts, and 0 to turn off trimming and reclaiming', () => {
-      for (const options of [{ maxDeliveryAttempts: 0 }, { maxDeliveryAttempts: Infinity }, { maxStreamLength: 0 }, { reclaimIntervalMs: 0 }, { streamIdleTtlMs: 0 }]) {
+    it('accepts 0 and Infinity as unlimited delivery attempts and events in flight, and 0 to turn off trimming and reclaiming', () => {
+      for (const options of [{ maxDeliveryAttempts: 0 }, { maxDeliveryAttempts: Infinity }, { maxInFlight: 0 }, { maxInFlight: Infinity }, { maxStreamLength: 0 }, { reclaimIntervalMs: 0 }, { streamIdleTtlMs: 0 }]) {
         expect(() => open(options), JSON.stringify(options)).not.toThrow()
       }
     })
@@ -525,6 +528,83 @@ describe('RedisStreamsPubSub', () => {
       await sleep(500)
       expect(inbox.events).toHaveLength(1)
       expect(await pendingCount(redis, `${prefix}:once`, 'g')).toBe(0)
+    })
+  })
+
+  describe('maxInFlight', () => {
+    /** Pending entries of `group` per consumer (XPENDING summary), as counts. */
+    async function perConsumer(key: string, group: string): Promise<number[]> {
+      const summary = (await redis.cli('XPENDING', key, group)) as RespValue[]
+      return ((summary[3] ?? []) as Array<[string, string]>).map(([, n]) => Number(n))
+    }
+
+    /** A consumer whose callbacks wait for `release()`, then ack. */
+    function holding() {
+      let release = () => {}
+      const gate = new Promise<void>((resolve) => (release = resolve))
+      const inbox = new Inbox(async (_event, ack) => {
+        await gate
+        await ack()
+      })
+      return { inbox, release: () => release() }
+    }
+
+    it('with slow handlers a consumer holds at most maxInFlight events, and the rest of the backlog goes to its siblings; every event is handled once', async () => {
+      const prefix = uniquePrefix('in-flight')
+      const publisher = open({ keyPrefix: prefix })
+      await Promise.all(range(1, 20).map((n) => publisher.publish('jobs', ev(n))))
+      const a = holding()
+      const b = holding()
+      await open({ keyPrefix: prefix, maxInFlight: 3 }).subscribe('jobs', a.inbox.cb, { group: 'workers' })
+      await a.inbox.count(3)
+      await sleep(300) // two more blocking-read periods: nothing more is read
+      expect(a.inbox.events).toHaveLength(3)
+      expect(await perConsumer(`${prefix}:jobs`, 'workers')).toEqual([3])
+
+      await open({ keyPrefix: prefix, maxInFlight: 3 }).subscribe('jobs', b.inbox.cb, { group: 'workers' })
+      await b.inbox.count(3)
+      await sleep(300)
+      expect(b.inbox.events).toHaveLength(3)
+      expect(await perConsumer(`${prefix}:jobs`, 'workers')).toEqual([3, 3])
+
+      a.release()
+      b.release()
+      await a.inbox.until(() => a.inbox.events.length + b.inbox.events.length >= 20, 5_000, 'all 20 events')
+      await sleep(200)
+      expect([...a.inbox.numbers, ...b.inbox.numbers].sort((x, y) => x - y)).toEqual(range(1, 20))
+      for (let i = 0; i < 50 && (await pendingCount(redis, `${prefix}:jobs`, 'workers')) > 0; i++) await sleep(20)
+      expect(await pendingCount(redis, `${prefix}:jobs`, 'workers')).toBe(0)
+    })
+
+    it('without a limit (maxInFlight 0), the first consumer takes the whole backlog: the control for the test above', async () => {
+      const prefix = uniquePrefix('in-flight-off')
+      const publisher = open({ keyPrefix: prefix })
+      await Promise.all(range(1, 20).map((n) => publisher.publish('jobs', ev(n))))
+      const a = holding()
+      await open({ keyPrefix: prefix, maxInFlight: 0 }).subscribe('jobs', a.inbox.cb, { group: 'workers' })
+      await a.inbox.count(20)
+      expect(await perConsumer(`${prefix}:jobs`, 'workers')).toEqual([20])
+      a.release()
+    })
+
+    it('a callback that returns without ack or nack gives its place back, and a fan-out subscription is bounded too', async () => {
+      const prefix = uniquePrefix('in-flight-place')
+      const publisher = open({ keyPrefix: prefix })
+      await Promise.all(range(1, 5).map((n) => publisher.publish('jobs', ev(n))))
+      const consumer = open({ keyPrefix: prefix, maxInFlight: 1 })
+      const forgetful = new Inbox(async () => {}) // returns, never settles
+      await consumer.subscribe('jobs', forgetful.cb, { group: 'workers' })
+      await forgetful.count(5)
+      expect(forgetful.numbers).toEqual(range(1, 5))
+
+      const fanned = holding()
+      await consumer.subscribe('jobs', fanned.inbox.cb)
+      await fanned.inbox.count(1)
+      await sleep(300)
+      expect(fanned.inbox.numbers).toEqual([1])
+      fanned.release()
+      await fanned.inbox.count(5)
+      expect(fanned.inbox.numbers).toEqual(range(1, 5))
     })
   })
 

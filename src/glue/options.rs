@@ -126,6 +126,11 @@ pub struct RedisStreamsOptions {
     /// A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
     /// this, then dropped with a warning; 0 or `Infinity` redeliver forever. Default 5.
     pub max_delivery_attempts: Option<f64>,
+    /// Most events one subscription holds unsettled (read, and not yet acked, nacked, or
+    /// let go by a callback that returned); at the limit it reads no more, and the rest of a
+    /// backlog stays for the group's other consumers. 0 or `Infinity` set no limit. Default
+    /// 1000.
+    pub max_in_flight: Option<f64>,
     /// How often a consumer group looks for entries a crashed consumer never settled
     /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
     pub reclaim_interval_ms: Option<f64>,
@@ -152,6 +157,14 @@ impl RedisStreamsOptions {
                 .whole_from(c"maxDeliveryAttempts", 0, MAX_COUNT)?
                 .map(|n| n as f64),
         };
+        let in_flight = match reader.get(c"maxInFlight") {
+            Some((value, ValueType::napi_number)) if js::number(env, value) == f64::INFINITY => {
+                Some(0.0)
+            }
+            _ => reader
+                .whole_from(c"maxInFlight", 0, MAX_COUNT)?
+                .map(|n| n as f64),
+        };
         Ok(Self {
             url: reader.string(c"url")?,
             tls: reader.tls()?,
@@ -169,6 +182,7 @@ impl RedisStreamsOptions {
                 .whole_from(c"streamIdleTtlMs", 0, TTL_CEILING_MS)?
                 .map(|n| n as f64),
             max_delivery_attempts: attempts,
+            max_in_flight: in_flight,
             reclaim_interval_ms: reader
                 .whole_from(c"reclaimIntervalMs", 0, TTL_CEILING_MS)?
                 .map(|n| n as f64),
@@ -204,6 +218,11 @@ impl RedisStreamsOptions {
                 Some(n) if n > 0.0 => Some(n as u64),
                 Some(_) => None,
                 None => d.max_delivery_attempts,
+            },
+            max_in_flight: match self.max_in_flight {
+                Some(n) if n > 0.0 => Some(n as usize),
+                Some(_) => None,
+                None => d.max_in_flight,
             },
             reclaim_interval: match self.reclaim_interval_ms {
                 Some(ms) if ms > 0.0 => Some(Duration::from_millis(ms as u64)),

@@ -59,6 +59,11 @@ pub struct StreamsOptions {
     /// this, then dropped with a warning. `None` redelivers forever. Default `Some(5)`, as
     /// Mastra's.
     pub max_delivery_attempts: Option<u64>,
+    /// Most events one subscription holds unsettled: read from Redis and not yet acked or
+    /// nacked, and not let go by a handler that returned ([`Delivery::handled`]). At the
+    /// limit its reader waits, so the rest of a backlog stays for the group's other
+    /// consumers. `None` sets no limit. Default `Some(1000)`.
+    pub max_in_flight: Option<usize>,
     /// How often a grouped subscription looks for entries another consumer read and never
     /// settled (XAUTOCLAIM). `None` disables reclaiming. Default 30 s (Mastra's
     /// `reclaimIntervalMs`). A subscription also runs one pass as soon as it starts.
@@ -84,6 +89,7 @@ impl Default for StreamsOptions {
             max_len: 10_000,
             idle_ttl: None,
             max_delivery_attempts: Some(5),
+            max_in_flight: Some(1000),
             reclaim_interval: Some(Duration::from_secs(30)),
             reclaim_idle: Duration::from_secs(60),
             logger: None,
@@ -104,6 +110,7 @@ impl fmt::Debug for StreamsOptions {
             .field("max_len", &self.max_len)
             .field("idle_ttl", &self.idle_ttl)
             .field("max_delivery_attempts", &self.max_delivery_attempts)
+            .field("max_in_flight", &self.max_in_flight)
             .field("reclaim_interval", &self.reclaim_interval)
             .field("reclaim_idle", &self.reclaim_idle)
             .field("logger", &self.logger.is_some())
@@ -213,6 +220,9 @@ impl StreamsPubSub {
         if options.batch_count == 0 {
             return range("batchCount must be at least 1");
         }
+        if options.max_in_flight == Some(0) {
+            return range("maxInFlight must be at least 1 (or unlimited)");
+        }
         if options.max_delivery_attempts == Some(0) {
             return range("maxDeliveryAttempts must be at least 1 (or unlimited)");
         }
@@ -236,6 +246,7 @@ impl StreamsPubSub {
             max_len: options.max_len,
             ttl_ms: options.idle_ttl.map_or(0, duration_ms),
             max_attempts: options.max_delivery_attempts,
+            max_in_flight: options.max_in_flight,
             reclaim_interval: options.reclaim_interval,
             reclaim_idle_ms: duration_ms(options.reclaim_idle),
         };
@@ -482,6 +493,7 @@ pub(crate) struct Tuning {
     /// 0 = no idle TTL.
     pub ttl_ms: u64,
     pub max_attempts: Option<u64>,
+    pub max_in_flight: Option<usize>,
     pub reclaim_interval: Option<Duration>,
     pub reclaim_idle_ms: u64,
 }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 use serde_json::{Map, Value as Json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::event::{self, Entry};
@@ -227,11 +227,17 @@ impl Delivery {
 
     /// The consumer's handler has returned without settling this delivery: it is no longer
     /// kept claimed, so once idle for `reclaimIdleMs` a sibling's reclaim pass may take it
-    /// over (an ack or nack made later still counts, if it comes first).
+    /// over (an ack or nack made later still counts, if it comes first), and it no longer
+    /// counts against `maxInFlight`.
     pub fn handled(&self) {
         if let Some(kept) = self.inner.sub.in_flight().get_mut(&self.inner.entry_id) {
             *kept = false;
         }
+        self.inner
+            .permit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 
     /// A cloneable handle that acks or nacks this delivery, for a caller that settles it
@@ -389,6 +395,9 @@ struct Inner {
     /// The consumer acked but the ack did not reach Redis: the event was handled, so a drop
     /// retries the ack instead of counting as a failure.
     ack_failed: AtomicBool,
+    /// This delivery's place among the subscription's `maxInFlight`; given back when the
+    /// delivery is gone or its handler let it go.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl Inner {
@@ -655,6 +664,8 @@ pub(crate) struct SubState {
     in_flight: Mutex<HashMap<String, bool>>,
     task: Mutex<Option<JoinHandle<()>>>,
     stopped: AtomicBool,
+    /// `maxInFlight` places: each delivery holds one until it is gone or let go.
+    room: Option<Arc<Semaphore>>,
 }
 
 impl SubState {
@@ -735,6 +746,10 @@ pub(crate) async fn open(
         in_flight: Mutex::new(HashMap::new()),
         task: Mutex::new(None),
         stopped: AtomicBool::new(false),
+        room: shared
+            .tuning
+            .max_in_flight
+            .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
     });
     // Room for several reads, so the reader can ask for a full COUNT while the consumer still
     // works through the previous batch (measured in bench/streams.mjs at 64 in flight: 8.0
@@ -894,7 +909,14 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
             Ok(permit) => drop(permit),
             Err(_) => return,
         }
-        let free = tx.capacity().max(1);
+        let mut free = tx.capacity().max(1);
+        if let Some(places) = &sub.room {
+            // At `maxInFlight`: wait until a delivery is settled or let go.
+            if places.available_permits() == 0 && places.acquire().await.is_err() {
+                return;
+            }
+            free = free.min(places.available_permits().max(1));
+        }
         let room = free.min(tuning.batch_count);
 
         if let (Some(group), Some(interval)) = (&sub.group, tuning.reclaim_interval) {
@@ -1275,6 +1297,12 @@ async fn deliver(
                 parsed.json = json;
             }
         }
+        // The reader read no more than there were places; were one missing all the same,
+        // the entry is handed out rather than held back.
+        let permit = sub
+            .room
+            .as_ref()
+            .and_then(|places| Arc::clone(places).try_acquire_owned().ok());
         let delivery = Delivery {
             inner: Arc::new(Inner {
                 shared: Arc::clone(shared),
@@ -1285,6 +1313,7 @@ async fn deliver(
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),
                 ack_failed: AtomicBool::new(false),
+                permit: Mutex::new(permit),
             }),
         };
         if shared.tuning.max_attempts.is_some_and(|max| attempt > max) {

@@ -865,6 +865,13 @@ async fn bad_input_is_rejected_before_any_io() {
     );
     assert_eq!(
         bad(StreamsOptions {
+            max_in_flight: Some(0),
+            ..StreamsOptions::default()
+        }),
+        "ERR_LEASE_INVALID_OPTION"
+    );
+    assert_eq!(
+        bad(StreamsOptions {
             url: "http://x".into(),
             ..StreamsOptions::default()
         }),
