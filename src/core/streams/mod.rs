@@ -20,13 +20,19 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{AsyncConnectionConfig, Client, Pipeline, RedisResult, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::core::connection::{parse, Connection, TlsOptions};
 use crate::core::error::{InputErrorKind, LeaseError, Result};
+
+static APPEND_AGAIN: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("append_again.lua")));
+/// Most entries `append_again.lua` looks through for the events it sends again: at about a
+/// microsecond each, a bound on how long it holds Redis.
+const AGAIN_SCAN: usize = 5_000;
 
 pub use subscriber::{Acker, Delivery, Settled, Subscription};
 
@@ -344,45 +350,73 @@ impl StreamsPubSub {
 
     /// XADDs every `Ok((topic, json))` in one pipelined write, in order; an `Err` answers
     /// for itself. Answers each appended entry's id.
+    ///
+    /// A connection that breaks under the write (a server restart, an idle connection closed
+    /// by the server or a proxy, a killed client) leaves unknown which appends ran. They go
+    /// once more, on a fresh connection and within the same `commandTimeoutMs`, through
+    /// `append_again.lua`, which first looks for each event by its `id` among the entries
+    /// appended since: every event lands exactly once. Only when too many entries came
+    /// since to tell (more than [`AGAIN_SCAN`]) does the publish reject, as it did at first.
     async fn append_batch(&self, events: Vec<Result<(String, String)>>) -> Vec<Result<String>> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
             return events.iter().map(|_| Err(LeaseError::Closed)).collect();
         }
+        let started = Instant::now();
+        let deadline = started + shared.writer.timeout();
         let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
-        let mut pipe = redis::pipe();
-        // (answer index, index of the reply that carries the entry id)
-        let mut sent: Vec<(usize, usize)> = Vec::new();
-        let mut replies = 0;
+        // (answer index, stream key, payload)
+        let mut sent: Vec<(usize, String, String)> = Vec::new();
         for (i, event) in events.into_iter().enumerate() {
             match event {
                 Ok((topic, json)) => {
-                    let key = shared.stream_key(&topic);
-                    let at = shared.append(&mut pipe, &key, &json, &mut replies);
-                    sent.push((i, at));
+                    sent.push((i, shared.stream_key(&topic), json));
                     answers.push(None);
                 }
                 Err(err) => answers.push(Some(Err(err))),
             }
         }
         if !sent.is_empty() {
+            let mut pipe = redis::pipe();
+            let mut replies = 0;
+            let at: Vec<usize> = sent
+                .iter()
+                .map(|(_, key, json)| shared.append(&mut pipe, key, json, &mut replies))
+                .collect();
             // Held across the write so `flush` and `close` can wait for it to settle.
             let _in_flight = shared.publishes.read().await;
+            let budget = deadline.saturating_duration_since(Instant::now());
             match shared
                 .writer
-                .run(|mut c| async move { c.send_packed_commands(&pipe, 0, replies).await })
+                .run_within(budget, |mut c| async move {
+                    c.send_packed_commands(&pipe, 0, replies).await
+                })
                 .await
             {
                 Ok(mut values) => {
-                    for (i, at) in sent {
+                    for ((i, _, _), at) in sent.iter().zip(at) {
                         let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                        answers[i] =
+                        answers[*i] =
                             Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
                     }
                 }
+                Err(err @ LeaseError::Connection(_)) => {
+                    shared.notice(
+                        Level::Debug,
+                        "a connection broke under publishes; sending them again, each once",
+                        &[
+                            ("events", sent.len().into()),
+                            ("err", err.full_message().into()),
+                        ],
+                    );
+                    let again = self.append_again(&sent, started, deadline).await;
+                    for ((i, _, _), answer) in sent.iter().zip(again) {
+                        answers[*i] = Some(answer.unwrap_or_else(|| Err(err.clone())));
+                    }
+                }
                 Err(err) => {
-                    for (i, _) in sent {
-                        answers[i] = Some(Err(err.clone()));
+                    for (i, _, _) in &sent {
+                        answers[*i] = Some(Err(err.clone()));
                     }
                 }
             }
@@ -393,6 +427,72 @@ impl StreamsPubSub {
                 a.unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
             })
             .collect()
+    }
+
+    /// The second send of appends a broken connection cut off (see [`Self::append_batch`]):
+    /// one `append_again.lua` per stream, pipelined. `None` for an event whose fate cannot be
+    /// told (no `id` to look for, too many entries since, or this send failed too).
+    async fn append_again(
+        &self,
+        sent: &[(usize, String, String)],
+        started: Instant,
+        deadline: Instant,
+    ) -> Vec<Option<Result<String>>> {
+        let shared = &self.shared;
+        let mut answers: Vec<Option<Result<String>>> = vec![None; sent.len()];
+        // Per stream, in order: (index into `sent`, event id).
+        let mut streams: Vec<(&str, Vec<(usize, String)>)> = Vec::new();
+        for (k, (_, key, json)) in sent.iter().enumerate() {
+            let Some(id) = event::parse(json.clone().into_bytes()).and_then(|p| p.id) else {
+                continue;
+            };
+            match streams
+                .iter_mut()
+                .find(|(stream, _)| *stream == key.as_str())
+            {
+                Some((_, events)) => events.push((k, id)),
+                None => streams.push((key, vec![(k, id)])),
+            }
+        }
+        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let runs = streams.iter().map(|(key, events)| {
+            let mut invocation = APPEND_AGAIN.prepare_invoke();
+            invocation
+                .key(*key)
+                .arg(elapsed)
+                .arg(AGAIN_SCAN)
+                .arg(shared.tuning.max_len)
+                .arg(shared.tuning.ttl_ms);
+            for (k, id) in events {
+                invocation.arg(id).arg(&sent[*k].2);
+            }
+            let budget = deadline.saturating_duration_since(Instant::now());
+            async move {
+                shared
+                    .writer
+                    .run_within(budget, |mut c| async move {
+                        invocation.invoke_async::<Vec<Option<String>>>(&mut c).await
+                    })
+                    .await
+            }
+        });
+        let results = futures::future::join_all(runs).await;
+        for ((_, events), result) in streams.iter().zip(results) {
+            match result {
+                Ok(ids) => {
+                    for ((k, _), id) in events.iter().zip(ids) {
+                        answers[*k] = id.map(Ok);
+                    }
+                }
+                Err(LeaseError::Connection(_)) => {}
+                Err(err) => {
+                    for (k, _) in events {
+                        answers[*k] = Some(Err(err.clone()));
+                    }
+                }
+            }
+        }
+        answers
     }
 
     /// Parses `json` (a JSON object) and publishes it; for callers that hold text.
