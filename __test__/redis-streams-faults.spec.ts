@@ -71,26 +71,34 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
     }
   })
 
-  it.skipIf(EXTERNAL_REDIS)('the first publish after the server closed an idle connection resolves, and its event is handled once', async () => {
+  it.skipIf(EXTERNAL_REDIS)('after the server closed idle connections, the first publish and the first ack resolve, and the event is handled once', async () => {
     const server = await startRedis({ args: ['--timeout', '1'] })
+    const prefix = uniquePrefix('idle-closed')
+    const publisher = new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix })
+    const consumer = new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix, blockMs: 5_000 })
     try {
-      const prefix = uniquePrefix('idle-closed')
-      const pubsub = new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix })
-      try {
-        const inbox = new Inbox()
-        await pubsub.subscribe('jobs', inbox.cb, { group: 'workers' })
-        await pubsub.publish('jobs', ev(1))
-        await inbox.count(1)
-        await sleep(2_500) // the server closes the publishing connection, idle for over 1 s
-        await pubsub.publish('jobs', ev(2))
-        await inbox.count(2)
-        await sleep(200)
-        expect(inbox.numbers).toEqual([1, 2])
-        expect(await numbersIn(server, `${prefix}:jobs`)).toEqual([1, 2])
-      } finally {
-        await pubsub.close()
-      }
+      const acks: string[] = []
+      const inbox = new Inbox(async (_event, ack) => {
+        await ack().then(
+          () => acks.push('resolved'),
+          (err: unknown) => acks.push(`rejected ${String(errorCode(err))}`),
+        )
+      })
+      await consumer.subscribe('jobs', inbox.cb, { group: 'workers' })
+      await publisher.publish('jobs', ev(1))
+      await inbox.count(1)
+      // Both publishing connections sit idle for over 1 s: the server closes them. (The
+      // reader blocks for 5 s at a time, so the server's timeout spares it.)
+      await sleep(2_500)
+      await publisher.publish('jobs', ev(2))
+      await inbox.count(2)
+      for (let i = 0; i < 50 && acks.length < 2; i++) await sleep(20)
+      expect(acks).toEqual(['resolved', 'resolved'])
+      expect(inbox.numbers).toEqual([1, 2])
+      expect(await numbersIn(server, `${prefix}:jobs`)).toEqual([1, 2])
+      expect(Number(((await server.cli('XPENDING', `${prefix}:jobs`, 'workers')) as unknown[])[0])).toBe(0)
     } finally {
+      await Promise.allSettled([publisher.close(), consumer.close()])
       await server.stop()
     }
   })

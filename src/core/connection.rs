@@ -226,6 +226,26 @@ impl Connection {
         self.run_within(self.timeout, work).await
     }
 
+    /// Like [`Connection::run`], for work that may run twice (an XACK; a script that checks
+    /// before it writes): when the connection breaks under it, leaving unknown whether it
+    /// ran, it runs once more on a fresh connection within the same timeout. A server
+    /// restart or an idle connection closed by a server, NAT or proxy then costs the
+    /// caller nothing.
+    pub async fn run_again_if_broken<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match self.run_within(self.timeout, &work).await {
+            Err(LeaseError::Connection(_)) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                self.run_within(left, work).await
+            }
+            other => other,
+        }
+    }
+
     /// Like [`Connection::run`], bounded by `budget` (what is left of a call's timeout).
     pub async fn run_within<T, F, Fut>(&self, budget: Duration, work: F) -> Result<T>
     where

@@ -298,9 +298,13 @@ impl Delivery {
             if count == 0 {
                 return Ok(Vec::new());
             }
+            // XACK twice is harmless: a connection that breaks under it costs nothing.
             shared
                 .writer
-                .run(|mut c| async move { c.send_packed_commands(&pipe, 0, count).await })
+                .run_again_if_broken(|mut c| {
+                    let pipe = &pipe;
+                    async move { c.send_packed_commands(pipe, 0, count).await }
+                })
                 .await
         };
         let singles = futures::future::join_all(lone.iter().map(|&i| async move {
@@ -514,7 +518,10 @@ impl Settlement {
                 cmd.arg(&sub.key).arg(&group.name).arg(&self.entry_id);
                 shared
                     .writer
-                    .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+                    .run_again_if_broken(|mut c| {
+                        let cmd = &cmd;
+                        async move { cmd.query_async::<Value>(&mut c).await }
+                    })
                     .await
                     .map(|_| Settled::Acked)
             }
@@ -623,9 +630,14 @@ impl Settlement {
             .arg(payload)
             .arg(shared.tuning.ttl_ms)
             .arg(shared.tuning.max_len);
+        // Safe to run twice: a second run finds the entry settled (no longer ours) and
+        // changes nothing, so a connection that breaks under it costs nothing.
         let owned: i64 = shared
             .writer
-            .run(|mut c| async move { invocation.invoke_async(&mut c).await })
+            .run_again_if_broken(|mut c| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut c).await }
+            })
             .await?;
         Ok(owned == 1)
     }
