@@ -11,7 +11,6 @@ use std::sync::Arc;
 use super::inbox::Inbox;
 use super::js::{Deferred, Env, Value};
 use super::reply::{guarded, Reply};
-use super::runtime;
 use super::turn::Outbox;
 use crate::core::{Call, LeaseError, LeaseStore};
 
@@ -60,16 +59,8 @@ impl<S: LeaseStore + 'static> Bridge<S> {
     /// run, while Redis still works on the rest, instead of everyone waiting for the last
     /// reply of one big batch.
     fn flush(self: &Arc<Self>) {
-        let batch = self.outbox.take();
-        if batch.is_empty() {
+        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _)| d) else {
             return;
-        }
-        let runtime = match runtime() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                let failed = batch.into_iter().map(|(d, _)| (d, Err(err.clone())));
-                return self.inbox.complete(failed.collect());
-            }
         };
         let size = pipeline_size(batch.len());
         let mut batch = batch.into_iter().peekable();

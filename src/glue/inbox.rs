@@ -94,18 +94,34 @@ impl Inbox {
         promise
     }
 
+    /// What `outbox` holds at the end of a turn, with the runtime to send it on; `None` when
+    /// it holds nothing, or when there is no runtime (then every item's promise is rejected
+    /// with why). `deferred` names the promise of an item.
+    pub fn take_batch<T>(
+        self: &Arc<Self>,
+        outbox: &Outbox<T>,
+        deferred: fn(T) -> Deferred,
+    ) -> Option<(&'static tokio::runtime::Runtime, Vec<T>)> {
+        let batch = outbox.take();
+        if batch.is_empty() {
+            return None;
+        }
+        match runtime() {
+            Ok(runtime) => Some((runtime, batch)),
+            Err(err) => {
+                let failed = batch
+                    .into_iter()
+                    .map(|item| (deferred(item), Err(err.clone())));
+                self.complete(failed.collect());
+                None
+            }
+        }
+    }
+
     /// Sends the turn's deferred work to the runtime as one task.
     fn send_deferred(self: &Arc<Self>) {
-        let batch = self.deferred.take();
-        if batch.is_empty() {
+        let Some((runtime, batch)) = self.take_batch(&self.deferred, |(d, _)| d) else {
             return;
-        }
-        let runtime = match runtime() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                let failed = batch.into_iter().map(|(d, _)| (d, Err(err.clone())));
-                return self.complete(failed.collect());
-            }
         };
         let inbox = self.clone();
         runtime.spawn(async move {

@@ -149,22 +149,6 @@ impl RedisStreamsOptions {
     /// Reads the options object (`undefined` and `null` mean all defaults).
     pub fn read(env: Env, value: Option<Value>) -> Result<Self> {
         let reader = Reader::new(env, value)?;
-        let attempts = match reader.get(c"maxDeliveryAttempts") {
-            Some((value, ValueType::napi_number)) if js::number(env, value) == f64::INFINITY => {
-                Some(0.0)
-            }
-            _ => reader
-                .whole_from(c"maxDeliveryAttempts", 0, MAX_COUNT)?
-                .map(|n| n as f64),
-        };
-        let in_flight = match reader.get(c"maxInFlight") {
-            Some((value, ValueType::napi_number)) if js::number(env, value) == f64::INFINITY => {
-                Some(0.0)
-            }
-            _ => reader
-                .whole_from(c"maxInFlight", 0, MAX_COUNT)?
-                .map(|n| n as f64),
-        };
         Ok(Self {
             url: reader.string(c"url")?,
             tls: reader.tls()?,
@@ -181,8 +165,8 @@ impl RedisStreamsOptions {
             stream_idle_ttl_ms: reader
                 .whole_from(c"streamIdleTtlMs", 0, TTL_CEILING_MS)?
                 .map(|n| n as f64),
-            max_delivery_attempts: attempts,
-            max_in_flight: in_flight,
+            max_delivery_attempts: reader.count_or_unlimited(c"maxDeliveryAttempts")?,
+            max_in_flight: reader.count_or_unlimited(c"maxInFlight")?,
             reclaim_interval_ms: reader
                 .whole_from(c"reclaimIntervalMs", 0, TTL_CEILING_MS)?
                 .map(|n| n as f64),
@@ -456,6 +440,16 @@ impl Reader {
     }
 
     /// A whole number from `min` to `max`.
+    /// A count where 0 and `Infinity` both mean unlimited (answered as 0).
+    fn count_or_unlimited(&self, name: &CStr) -> Result<Option<f64>> {
+        if let Some((value, ValueType::napi_number)) = self.get(name) {
+            if js::number(self.env, value) == f64::INFINITY {
+                return Ok(Some(0.0));
+            }
+        }
+        Ok(self.whole_from(name, 0, MAX_COUNT)?.map(|n| n as f64))
+    }
+
     fn whole_from(&self, name: &CStr, min: u64, max: u64) -> Result<Option<u64>> {
         let Some((value, kind)) = self.get(name) else {
             return Ok(None);

@@ -358,16 +358,8 @@ impl RedisStreamsTransport {
 impl Shared {
     /// Sends the turn's publishes as one ordered batch.
     fn send_publishes(self: &Arc<Self>) {
-        let batch = self.outbox.take();
-        if batch.is_empty() {
+        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |p| p.deferred) else {
             return;
-        }
-        let runtime = match runtime() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                let failed = batch.into_iter().map(|p| (p.deferred, Err(err.clone())));
-                return self.inbox.complete(failed.collect());
-            }
         };
         let shared = self.clone();
         runtime.spawn(async move {
@@ -388,16 +380,8 @@ impl Shared {
 
     /// Sends the turn's acks as one round trip.
     fn send_acks(self: &Arc<Self>) {
-        let batch = self.acks.take();
-        if batch.is_empty() {
+        let Some((runtime, batch)) = self.inbox.take_batch(&self.acks, |(d, _)| d) else {
             return;
-        }
-        let runtime = match runtime() {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                let failed = batch.into_iter().map(|(d, _)| (d, Err(err.clone())));
-                return self.inbox.complete(failed.collect());
-            }
         };
         let inbox = self.inbox.clone();
         runtime.spawn(async move {
