@@ -71,6 +71,42 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
     }
   })
 
+  it('entries a read took whose reply was lost with its connection are delivered once the reader reconnects, not a reclaim interval later', async () => {
+    const proxy = await startFaultProxy({ host: redis.host, port: redis.port })
+    try {
+      const prefix = uniquePrefix('lost-read')
+      // Reclaiming is far off: only reading back its own pending entries can deliver them.
+      const tuning = { keyPrefix: prefix, blockMs: 300, reclaimIdleMs: 60_000, reclaimIntervalMs: 60_000 }
+      const consumer = open({ ...tuning, url: proxy.url })
+      const publisher = open(tuning) // straight to the server
+      const inbox = new Inbox()
+      await consumer.subscribe('jobs', inbox.cb, { group: 'workers' })
+      await publisher.publish('jobs', ev(1))
+      await inbox.count(1)
+
+      proxy.dropReplies() // the blocked read takes the next event; its reply never arrives
+      await publisher.publish('jobs', ev(2))
+      const key = `${prefix}:jobs`
+      const pending = async () => Number(((await redis.cli('XPENDING', key, 'workers')) as unknown[])[0])
+      for (let i = 0; i < 100 && (await pending()) < 1; i++) await sleep(10)
+      expect(await pending(), 'read, and pending for the consumer').toBe(1)
+      await sleep(100)
+      expect(inbox.numbers).toEqual([1])
+      proxy.pass() // the connections that lost replies are reset
+
+      await inbox.count(2, 3_000)
+      await publisher.publish('jobs', ev(3))
+      await inbox.count(3)
+      await sleep(200)
+      expect(inbox.numbers).toEqual([1, 2, 3])
+      expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual([1, 1, 1])
+      for (let i = 0; i < 50 && (await pending()) > 0; i++) await sleep(20)
+      expect(await pending()).toBe(0)
+    } finally {
+      await proxy.close()
+    }
+  })
+
   it.skipIf(EXTERNAL_REDIS)('after the server closed idle connections, the first publish and the first ack resolve, and the event is handled once', async () => {
     const server = await startRedis({ args: ['--timeout', '1'] })
     const prefix = uniquePrefix('idle-closed')

@@ -911,6 +911,10 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
     let mut reclaim_cursor = "0-0".to_owned();
     // The last read came back full: more is likely waiting, so read ahead without blocking.
     let mut backlog = false;
+    // After the reader's connection broke, a read may have run whose reply was lost: its
+    // entries are pending for this consumer, which never saw them. Until this consumer's own
+    // pending entries have been read back (from this id on), reads read those.
+    let mut history: Option<String> = None;
     loop {
         if sub.stopped.load(Ordering::Acquire) {
             return;
@@ -942,7 +946,7 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                             Instant::now()
                         };
                         reclaim_cursor = cursor;
-                        if !deliver(&shared, &sub, entries, &tx, false).await {
+                        if !deliver(&shared, &sub, entries, &tx, Source::Reclaim).await {
                             return;
                         }
                     }
@@ -974,7 +978,7 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                 }
             },
         };
-        let (pipe, reads, epoch) = read_commands(&shared, &sub, free, backlog);
+        let (pipe, reads, epoch) = read_commands(&shared, &sub, free, backlog, history.as_deref());
         let outcome = tokio::time::timeout(
             tuning.block.saturating_add(tuning.command_timeout),
             read_all(&mut conn, &pipe, reads),
@@ -985,10 +989,19 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                 connection = Some(conn);
                 backoff.reset();
                 if sub.cursor().epoch != epoch {
+                    history = None;
                     continue; // read from a stream clearTopic deleted meanwhile
                 }
-                backlog = sub.group.is_some() && entries.len() >= reads * room;
-                if !deliver(&shared, &sub, entries, &tx, true).await {
+                let full = entries.len() >= reads * room;
+                let source = if history.is_some() {
+                    // Read back until a read comes back short.
+                    history = entries.last().filter(|_| full).map(|e| e.id.clone());
+                    Source::History
+                } else {
+                    backlog = sub.group.is_some() && full;
+                    Source::Read
+                };
+                if !deliver(&shared, &sub, entries, &tx, source).await {
                     return;
                 }
             }
@@ -1003,6 +1016,8 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                 // anything else may have broken it.
                 if matches!(err.kind(), redis::ErrorKind::Server(_)) {
                     connection = Some(conn);
+                } else if sub.group.is_some() {
+                    history = Some("0".to_owned());
                 }
                 let message = LeaseError::from_redis(err, tuning.command_timeout).full_message();
                 throttle.report(&shared, &sub, "read failed; retrying", &message);
@@ -1012,6 +1027,9 @@ async fn read_loop(shared: Arc<Shared>, sub: Arc<SubState>, tx: mpsc::Sender<Del
                 // No answer past BLOCK + timeout: frozen or unreachable. A fresh connection
                 // is the only way to know; the old one may never answer.
                 throttle.report(&shared, &sub, "read timed out; reconnecting", "timeout");
+                if sub.group.is_some() {
+                    history = Some("0".to_owned());
+                }
                 tokio::time::sleep(backoff.next()).await;
             }
         }
@@ -1041,15 +1059,18 @@ async fn connect(shared: &Shared) -> std::result::Result<MultiplexedConnection, 
 /// round trip, none blocking: a consumer keeps up with a producer at `free / batchCount`
 /// times the rate of one read per round trip, and never holds more than its channel's room.
 /// (Fan-out reads from a position, so reads sent together would return the same entries.)
+/// With `history`, one read, not blocking, of this consumer's own pending entries after that
+/// id: after a broken connection, what a read whose reply was lost had taken.
 /// Returns the pipeline, how many reads it holds, and the cursor epoch they belong to.
 fn read_commands(
     shared: &Shared,
     sub: &SubState,
     free: usize,
     backlog: bool,
+    history: Option<&str>,
 ) -> (redis::Pipeline, usize, u64) {
     let batch = shared.tuning.batch_count;
-    let reads = if backlog && sub.group.is_some() {
+    let reads = if backlog && history.is_none() && sub.group.is_some() {
         (free / batch).clamp(1, MAX_READ_AHEAD)
     } else {
         1
@@ -1067,12 +1088,13 @@ fn read_commands(
             None => pipe.cmd("XREAD"),
         };
         cmd.arg("COUNT").arg(free.min(batch));
-        if !backlog {
+        if !backlog && history.is_none() {
             cmd.arg("BLOCK").arg(block);
         }
         cmd.arg("STREAMS").arg(&sub.key);
         match &sub.group {
-            Some(_) => cmd.arg(">"),
+            // This consumer's own pending entries after `history`, or new ones.
+            Some(_) => cmd.arg(history.unwrap_or(">")),
             None => cmd.arg(cursor.position.as_deref().unwrap_or("0-0")),
         };
     }
@@ -1260,6 +1282,18 @@ pub(crate) async fn keep_claimed(shared: Weak<Shared>) {
     }
 }
 
+/// Where entries handed to [`deliver`] come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A read of new entries (`>`, or fan-out's position): the cursor moves past them.
+    Read,
+    /// This consumer's own pending entries read back after a broken connection: only those
+    /// it never handed out are delivered.
+    History,
+    /// A reclaim pass: entries idle past the threshold, this consumer's own among them.
+    Reclaim,
+}
+
 /// Hands entries to the channel. Returns `false` once the subscription is gone.
 ///
 /// A reclaimed entry was delivered `deliveries` times by Redis, each a consumer that never
@@ -1271,13 +1305,13 @@ async fn deliver(
     sub: &Arc<SubState>,
     entries: Vec<Entry>,
     tx: &mpsc::Sender<Delivery>,
-    fresh: bool,
+    source: Source,
 ) -> bool {
     let mut drops = Vec::new();
     let mut open = true;
     for entry in entries {
         let parsed = entry.event.and_then(event::parse);
-        if fresh {
+        if source == Source::Read {
             let mut cursor = sub.cursor();
             cursor.position = Some(entry.id.clone());
             if sub.group.is_some() {
@@ -1294,7 +1328,9 @@ async fn deliver(
             match sub.in_flight().entry(entry.id.clone()) {
                 // Its handler returned without settling it (`Delivery::handled`): this
                 // reclaim delivers it again, as a sibling's would.
-                Occupied(mut slot) if !*slot.get() => slot.insert(true),
+                Occupied(mut slot) if !*slot.get() && source == Source::Reclaim => {
+                    slot.insert(true)
+                }
                 Occupied(_) => continue,
                 Vacant(slot) => *slot.insert(true),
             };
