@@ -135,7 +135,8 @@ pub struct RedisStreamsOptions {
     /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
     pub reclaim_interval_ms: Option<f64>,
     /// How long an entry sits unsettled before it is reclaimed, in milliseconds. Default
-    /// 60000; keep it well above the slowest handler.
+    /// 60000. An event whose callback is still running is kept claimed, however long it
+    /// runs: this bounds how soon a dead consumer's events move to a live one.
     pub reclaim_idle_ms: Option<f64>,
     /// Longest lease key accepted, in UTF-8 bytes. Default 4096.
     pub max_key_bytes: Option<u32>,

@@ -112,7 +112,9 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * group share the events; without, every subscriber gets every event. A new group starts
    * at the stream's beginning (`startFrom: 'latest'` for new events only). A callback that
    * throws or rejects nacks its event: redelivered with `deliveryAttempt + 1`, up to
-   * `maxDeliveryAttempts`. An event never settled is reclaimed after `reclaimIdleMs`.
+   * `maxDeliveryAttempts`. While the callback runs, its event stays claimed however long it
+   * takes; one left unsettled (its process died, or the callback returned without ack or
+   * nack) is reclaimed after `reclaimIdleMs`.
    */
   async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
     const onEvents = (batch: Array<number | string>) => {

@@ -75,7 +75,8 @@ pub struct StreamsOptions {
     /// `reclaimIntervalMs`). A subscription also runs one pass as soon as it starts.
     pub reclaim_interval: Option<Duration>,
     /// How long an entry must sit unsettled before it is reclaimed. Default 60 s (Mastra's
-    /// `reclaimIdleMs`); keep it well above the slowest handler.
+    /// `reclaimIdleMs`). A live consumer keeps the entries it is handling claimed, however
+    /// long they take: this bounds how soon a dead consumer's entries move to a live one.
     pub reclaim_idle: Duration,
     /// Receives warnings (dropped events, connection trouble) and debug notes.
     pub logger: Option<Arc<dyn Logger>>,
