@@ -608,6 +608,33 @@ describe('RedisStreamsPubSub', () => {
     })
   })
 
+  describe('callbacks that return without settling', () => {
+    it('keep their deliveries for a late ack, the last 10,000 of them: older ones stay pending for a reclaim, so memory does not grow without end', async () => {
+      const prefix = uniquePrefix('let-go')
+      const pubsub = open({ keyPrefix: prefix })
+      const acks: Array<() => Promise<void>> = []
+      const inbox = new Inbox((_event, ack) => void acks.push(ack)) // returns, never settles
+      await pubsub.subscribe('jobs', inbox.cb, { group: 'workers' })
+      const total = 10_010
+      for (let n = 1; n <= total; n += 1_000) {
+        await Promise.all(range(n, Math.min(n + 999, total)).map((k) => pubsub.publish('jobs', ev(k))))
+      }
+      await inbox.count(total, 20_000)
+      expect(inbox.numbers.slice(0, 3)).toEqual([1, 2, 3])
+      await sleep(100) // the last callbacks' returns are reported
+
+      const key = `${prefix}:jobs`
+      const [oldest] = (await redis.cli('XRANGE', key, '-', '+', 'COUNT', 1)) as Array<[string, string[]]>
+      await acks[0]!() // forgotten: resolves, acks nothing
+      await acks[total - 1]!() // kept: acks
+      expect(await pendingCount(redis, key, 'workers')).toBe(total - 1)
+      const first = (await redis.cli('XPENDING', key, 'workers', oldest![0], oldest![0], 1)) as unknown[]
+      expect(first, 'the oldest stays pending, for a reclaim').toHaveLength(1)
+      await acks[total - 10_000]!() // the oldest still kept
+      expect(await pendingCount(redis, key, 'workers')).toBe(total - 2)
+    }, 30_000)
+  })
+
   describe('a handler slower than reclaimIdleMs', () => {
     /** XPENDING's detail of the group's pending entries: [entry id, consumer, idle ms, deliveries]. */
     async function pendingDetail(key: string, group: string): Promise<Array<[string, string, number, number]>> {

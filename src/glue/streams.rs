@@ -3,7 +3,7 @@
 //! a Mastra `PubSub` (event objects, callbacks with ack/nack, `localOnly`); this class moves
 //! JSON text and delivery ids across, nothing more.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -29,6 +29,8 @@ use crate::core::{InputErrorKind, LeaseError, RedisStore};
 
 /// Most deliveries handed to JavaScript in one call.
 const DELIVERY_BATCH: usize = 256;
+/// Most deliveries whose callback returned unsettled that are kept for a late ack.
+const MAX_LET_GO: usize = 10_000;
 
 /// Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`.
 #[napi]
@@ -42,6 +44,9 @@ struct Shared {
     inbox: Arc<Inbox>,
     /// Deliveries handed to JavaScript and not yet settled, by id.
     deliveries: Mutex<HashMap<u32, Delivery>>,
+    /// Deliveries whose callback returned without settling them, oldest first: kept for a
+    /// late ack or nack, the last [`MAX_LET_GO`] of them (see `handled`).
+    let_go: Mutex<VecDeque<u32>>,
     next_delivery: AtomicU32,
     /// Running subscriptions: the signal that stops each one's forwarding task.
     subscriptions: Mutex<HashMap<u32, Running>>,
@@ -127,6 +132,7 @@ impl RedisStreamsTransport {
                     pubsub,
                     inbox: Inbox::new(raw)?,
                     deliveries: Mutex::new(HashMap::new()),
+                    let_go: Mutex::new(VecDeque::new()),
                     next_delivery: AtomicU32::new(1),
                     subscriptions: Mutex::new(HashMap::new()),
                     next_subscription: AtomicU32::new(1),
@@ -249,12 +255,23 @@ impl RedisStreamsTransport {
 
     /// The subscriber's callback has returned (or resolved) without settling the delivery:
     /// it is no longer kept claimed while idle, and a sibling may reclaim it after
-    /// `reclaimIdleMs`. A settled or unknown delivery is ignored.
+    /// `reclaimIdleMs`. A late ack or nack still counts; past the last [`MAX_LET_GO`] such
+    /// deliveries, the oldest is forgotten (it stays pending for a reclaim, and an ack of it
+    /// does nothing), so a callback that never settles does not grow memory without end.
+    /// A settled or unknown delivery is ignored.
     #[napi(catch_unwind)]
     pub fn handled(&self, delivery: u32) {
-        if let Some(shared) = &self.shared {
-            if let Some(delivery) = lock(&shared.deliveries).get(&delivery) {
-                delivery.handled();
+        let Some(shared) = &self.shared else { return };
+        let mut deliveries = lock(&shared.deliveries);
+        let Some(found) = deliveries.get(&delivery) else {
+            return;
+        };
+        found.handled();
+        let mut let_go = lock(&shared.let_go);
+        let_go.push_back(delivery);
+        while let_go.len() > MAX_LET_GO {
+            if let Some(oldest) = let_go.pop_front() {
+                deliveries.remove(&oldest);
             }
         }
     }

@@ -228,8 +228,9 @@ impl Delivery {
     /// The consumer's handler has returned without settling this delivery: it is no longer
     /// kept claimed, so once idle for `reclaimIdleMs` a sibling's reclaim pass may take it
     /// over (an ack or nack made later still counts, if it comes first), and it no longer
-    /// counts against `maxInFlight`.
+    /// counts against `maxInFlight`. Dropped unsettled, it stays pending (no nack).
     pub fn handled(&self) {
+        self.inner.let_go.store(true, Ordering::Release);
         if let Some(kept) = self.inner.sub.in_flight().get_mut(&self.inner.entry_id) {
             *kept = false;
         }
@@ -399,6 +400,8 @@ struct Inner {
     /// The consumer acked but the ack did not reach Redis: the event was handled, so a drop
     /// retries the ack instead of counting as a failure.
     ack_failed: AtomicBool,
+    /// Its handler returned without settling it: dropping it leaves it pending.
+    let_go: AtomicBool,
     /// This delivery's place among the subscription's `maxInFlight`; given back when the
     /// delivery is gone or its handler let it go.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
@@ -455,6 +458,15 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if *self.state.get_mut() != PENDING {
+            return;
+        }
+        if *self.let_go.get_mut() && !*self.ack_failed.get_mut() {
+            // Its handler returned without settling it (`Delivery::handled`): it stays
+            // pending, for a reclaim pass, unless a reclaim already handed it out again.
+            let mut in_flight = self.sub.in_flight();
+            if in_flight.get(&self.entry_id) == Some(&false) {
+                in_flight.remove(&self.entry_id);
+            }
             return;
         }
         // Never taken by the consumer (a stopped subscription's buffer): hand it back as
@@ -1361,6 +1373,7 @@ async fn deliver(
                 state: AtomicU8::new(PENDING),
                 handed_out: AtomicBool::new(false),
                 ack_failed: AtomicBool::new(false),
+                let_go: AtomicBool::new(false),
                 permit: Mutex::new(permit),
             }),
         };

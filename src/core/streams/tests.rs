@@ -512,6 +512,31 @@ async fn an_entry_is_kept_claimed_while_its_handler_runs_and_reclaimed_once_hand
 }
 
 #[tokio::test]
+async fn a_delivery_its_handler_let_go_stays_pending_when_dropped_and_is_not_nacked() {
+    let server = Server::start("streams-letgo");
+    let ps = StreamsPubSub::new(StreamsOptions {
+        reclaim_interval: None,
+        ..options(&server)
+    })
+    .unwrap();
+    let mut sub = ps
+        .subscribe("l", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    ps.publish("l", ev(1)).await.unwrap();
+    let d = next(&mut sub).await;
+    d.handled();
+    drop(d);
+    nothing_within(&mut sub, 500).await;
+    assert_eq!(
+        pending(&server, "t:l", "g"),
+        "1",
+        "left pending, for a reclaim"
+    );
+    assert_eq!(server.cli(&["XLEN", "t:l"]), "1", "not appended again");
+}
+
+#[tokio::test]
 async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped_not_handed_out() {
     let server = Server::start("streams-reclaim-cap");
     let logger = Arc::new(Collect::default());
