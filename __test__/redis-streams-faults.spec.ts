@@ -41,6 +41,8 @@ function open(options: RedisStreamsPubSubOptions): RedisStreamsPubSub {
   return pubsub
 }
 
+const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i)
+
 /** The event numbers in a stream, in order. */
 async function numbersIn(server: RedisServer, key: string): Promise<number[]> {
   const entries = (await server.cli('XRANGE', key, '-', '+')) as Array<[string, string[]]>
@@ -66,6 +68,33 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
       expect(logger.lines.some((l) => l.message.includes('sending them again'))).toBe(true)
       await pubsub.publish('jobs', ev(3))
       expect(await numbersIn(redis, key)).toEqual([1, 2, 3])
+    } finally {
+      await proxy.close()
+    }
+  })
+
+  it('when more came since than it may look through, a publish whose reply was lost rejects rather than risk appending its event twice', async () => {
+    const proxy = await startFaultProxy({ host: redis.host, port: redis.port })
+    try {
+      const prefix = uniquePrefix('lost-reply-busy')
+      const pubsub = open({ url: proxy.url, keyPrefix: prefix, commandTimeoutMs: 5_000 })
+      const busy = open({ keyPrefix: prefix }) // straight to the server
+      await pubsub.publish('jobs', ev(1))
+      proxy.dropReplies()
+      const publishing = pubsub.publish('jobs', ev(2)).then(
+        () => 'resolved',
+        (err: unknown) => String(errorCode(err)),
+      )
+      const key = `${prefix}:jobs`
+      for (let i = 0; i < 100 && (await numbersIn(redis, key)).length < 2; i++) await sleep(10)
+      // 5,100 more entries within the second: over the 5,000 the second send looks through.
+      for (let n = 1_000; n < 6_100; n += 1_000) {
+        await Promise.all(range(n, n + 999).slice(0, 6_100 - n).map((k) => busy.publish('jobs', ev(k))))
+      }
+      proxy.pass()
+      expect(await publishing).toBe('ERR_LEASE_CONNECTION')
+      const twos = (await numbersIn(redis, key)).filter((n) => n === 2)
+      expect(twos, 'event 2 landed once, by its first send').toHaveLength(1)
     } finally {
       await proxy.close()
     }

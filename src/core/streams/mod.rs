@@ -30,8 +30,8 @@ use crate::core::error::{InputErrorKind, LeaseError, Result};
 
 static APPEND_AGAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("append_again.lua")));
-/// Most entries `append_again.lua` looks through for the events it sends again: at about a
-/// microsecond each, a bound on how long it holds Redis.
+/// Most entries `append_again.lua` looks through for the events it sends again (it also
+/// stops at 4 MiB of events): a bound on how long it holds Redis.
 const AGAIN_SCAN: usize = 5_000;
 
 pub use subscriber::{Acker, Delivery, Settled, Subscription};
@@ -356,8 +356,8 @@ impl StreamsPubSub {
     /// by the server or a proxy, a killed client) leaves unknown which appends ran. They go
     /// once more, on a fresh connection and within the same `commandTimeoutMs`, through
     /// `append_again.lua`, which first looks for each event by its `id` among the entries
-    /// appended since: every event lands exactly once. Only when too many entries came
-    /// since to tell (more than [`AGAIN_SCAN`]) does the publish reject, as it did at first.
+    /// appended since: every event lands exactly once. Only when too much came since to
+    /// tell (over [`AGAIN_SCAN`] entries or 4 MiB) does the publish reject, as at first.
     async fn append_batch(&self, events: Vec<Result<(String, String)>>) -> Vec<Result<String>> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
