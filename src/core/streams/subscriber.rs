@@ -24,7 +24,7 @@
 
 use std::collections::hash_map::Entry::{Occupied, Vacant};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -170,7 +170,8 @@ pub enum Settled {
     /// Handed back unchanged (it was read but never taken by the consumer).
     Released,
     /// Another consumer of the group took the entry over (it sat idle past the reclaim
-    /// threshold), so this nack changed nothing; that consumer now delivers it.
+    /// threshold), or this consumer handed it out again in a newer delivery, so this nack
+    /// changed nothing; that delivery settles it.
     NotOwned,
     /// Settled earlier by another ack or nack of the same delivery: the first one counts.
     AlreadySettled,
@@ -231,8 +232,10 @@ impl Delivery {
     /// counts against `maxInFlight`. Dropped unsettled, it stays pending (no nack).
     pub fn handled(&self) {
         self.inner.let_go.store(true, Ordering::Release);
-        if let Some(kept) = self.inner.sub.in_flight().get_mut(&self.inner.entry_id) {
-            *kept = false;
+        if let Some(hold) = self.inner.sub.in_flight().get_mut(&self.inner.entry_id) {
+            if hold.token == self.inner.token {
+                hold.kept = false;
+            }
         }
         self.inner
             .permit
@@ -338,8 +341,8 @@ impl Delivery {
         }
         for (i, delivery) in deliveries.iter().enumerate().filter(|(i, _)| claimed[*i]) {
             let inner = &delivery.inner;
-            if answers[i].is_ok() && inner.sub.group.is_some() {
-                inner.sub.in_flight().remove(&inner.entry_id);
+            if answers[i].is_ok() {
+                inner.sub.release_hold(&inner.entry_id, inner.token);
             }
             inner.end(Outcome::Ack, &answers[i]);
         }
@@ -402,6 +405,8 @@ struct Inner {
     ack_failed: AtomicBool,
     /// Its handler returned without settling it: dropping it leaves it pending.
     let_go: AtomicBool,
+    /// Which delivery of the entry this is, for the subscription's holds (see [`Hold`]).
+    token: u64,
     /// This delivery's place among the subscription's `maxInFlight`; given back when the
     /// delivery is gone or its handler let it go.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
@@ -416,6 +421,7 @@ impl Inner {
             entry_id: self.entry_id.clone(),
             json: Arc::clone(&self.json),
             attempt: self.attempt,
+            token: self.token,
         }
     }
 
@@ -464,7 +470,10 @@ impl Drop for Inner {
             // Its handler returned without settling it (`Delivery::handled`): it stays
             // pending, for a reclaim pass, unless a reclaim already handed it out again.
             let mut in_flight = self.sub.in_flight();
-            if in_flight.get(&self.entry_id) == Some(&false) {
+            if in_flight
+                .get(&self.entry_id)
+                .is_some_and(|hold| hold.token == self.token && !hold.kept)
+            {
                 in_flight.remove(&self.entry_id);
             }
             return;
@@ -497,6 +506,7 @@ struct Settlement {
     entry_id: String,
     json: Arc<str>,
     attempt: u64,
+    token: u64,
 }
 
 impl Settlement {
@@ -504,13 +514,13 @@ impl Settlement {
     async fn run(self, outcome: Outcome) -> Result<Settled> {
         let shared = Arc::clone(&self.shared);
         let sub = Arc::clone(&self.sub);
-        let entry_id = self.entry_id.clone();
+        let (entry_id, token) = (self.entry_id.clone(), self.token);
         let topic = self.sub.topic.clone();
         let result = self.run_checked(outcome).await;
         if let Err(err) = &result {
             // Nobody holds this delivery any more: let a reclaim pass (ours included)
             // hand the entry out again once it is idle.
-            sub.in_flight().remove(&entry_id);
+            sub.release_hold(&entry_id, token);
             shared.notice(
                 Level::Warn,
                 "could not settle an abandoned delivery; it stays pending for reclaim",
@@ -523,6 +533,12 @@ impl Settlement {
     async fn run_checked(self, outcome: Outcome) -> Result<Settled> {
         let shared = &self.shared;
         let sub = &self.sub;
+        // This consumer's own reclaim pass handed the entry out again (its handler had let
+        // it go): that newer delivery settles it. An ack still acks; anything else here
+        // would append a duplicate of an event being handled.
+        if outcome != Outcome::Ack && sub.superseded(&self.entry_id, self.token) {
+            return Ok(Settled::NotOwned);
+        }
         let result = match (outcome, &sub.group) {
             (Outcome::Ack, None) | (Outcome::Release, None) => Ok(Settled::Acked),
             (Outcome::Ack, Some(group)) => {
@@ -557,7 +573,7 @@ impl Settlement {
             other => other,
         };
         if result.is_ok() {
-            sub.in_flight().remove(&self.entry_id);
+            sub.release_hold(&self.entry_id, self.token);
         }
         result
     }
@@ -655,6 +671,16 @@ impl Settlement {
     }
 }
 
+/// A grouped entry read and not yet settled: which delivery of it holds it (a reclaim by
+/// this very consumer can hand an entry out again once its handler let it go), and whether
+/// it is kept claimed (its handler is running, or it waits in the buffer; see
+/// [`keep_claimed`]).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    kept: bool,
+    token: u64,
+}
+
 /// A consumer group and this subscription's consumer in it.
 #[derive(Debug)]
 pub(crate) struct Group {
@@ -684,8 +710,10 @@ pub(crate) struct SubState {
     cursor: Mutex<Cursor>,
     /// Grouped entries delivered and not yet settled, so a reclaim pass (which also claims
     /// this consumer's own idle entries) never hands the consumer one it is handling; each
-    /// with whether it is still kept claimed (see [`keep_claimed`]).
-    in_flight: Mutex<HashMap<String, bool>>,
+    /// with which delivery holds it and whether it is still kept claimed.
+    in_flight: Mutex<HashMap<String, Hold>>,
+    /// Numbers the deliveries of this subscription (see [`Hold`]).
+    next_token: AtomicU64,
     task: Mutex<Option<JoinHandle<()>>>,
     stopped: AtomicBool,
     /// `maxInFlight` places: each delivery holds one until it is gone or let go.
@@ -697,8 +725,23 @@ impl SubState {
         self.cursor.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn in_flight(&self) -> MutexGuard<'_, HashMap<String, bool>> {
+    fn in_flight(&self) -> MutexGuard<'_, HashMap<String, Hold>> {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends delivery `token`'s hold on `entry`; a newer delivery's hold stays.
+    fn release_hold(&self, entry: &str, token: u64) {
+        let mut in_flight = self.in_flight();
+        if in_flight.get(entry).is_some_and(|hold| hold.token == token) {
+            in_flight.remove(entry);
+        }
+    }
+
+    /// Whether a newer delivery than `token` holds `entry` now.
+    fn superseded(&self, entry: &str, token: u64) -> bool {
+        self.in_flight()
+            .get(entry)
+            .is_some_and(|hold| hold.token != token)
     }
 
     /// Aborts the reader task; returns it so the caller may wait for it to be gone.
@@ -768,6 +811,7 @@ pub(crate) async fn open(
             epoch: 0,
         }),
         in_flight: Mutex::new(HashMap::new()),
+        next_token: AtomicU64::new(0),
         task: Mutex::new(None),
         stopped: AtomicBool::new(false),
         room: shared
@@ -1251,7 +1295,7 @@ pub(crate) async fn keep_claimed(shared: Weak<Shared>) {
             let kept: Vec<String> = sub
                 .in_flight()
                 .iter()
-                .filter(|(_, kept)| **kept)
+                .filter(|(_, hold)| hold.kept)
                 .map(|(id, _)| id.clone())
                 .collect();
             for ids in kept.chunks(KEEP_CHUNK) {
@@ -1336,15 +1380,19 @@ async fn deliver(
         };
         // A reclaim pass also claims this consumer's own idle entries: those still being
         // handled are not handed out twice.
+        let token = sub.next_token.fetch_add(1, Ordering::Relaxed);
         if sub.group.is_some() {
+            let hold = Hold { kept: true, token };
             match sub.in_flight().entry(entry.id.clone()) {
                 // Its handler returned without settling it (`Delivery::handled`): this
                 // reclaim delivers it again, as a sibling's would.
-                Occupied(mut slot) if !*slot.get() && source == Source::Reclaim => {
-                    slot.insert(true)
+                Occupied(mut slot) if !slot.get().kept && source == Source::Reclaim => {
+                    slot.insert(hold);
                 }
                 Occupied(_) => continue,
-                Vacant(slot) => *slot.insert(true),
+                Vacant(slot) => {
+                    slot.insert(hold);
+                }
             };
         }
         let attempt = parsed
@@ -1374,6 +1422,7 @@ async fn deliver(
                 handed_out: AtomicBool::new(false),
                 ack_failed: AtomicBool::new(false),
                 let_go: AtomicBool::new(false),
+                token,
                 permit: Mutex::new(permit),
             }),
         };

@@ -537,6 +537,33 @@ async fn a_delivery_its_handler_let_go_stays_pending_when_dropped_and_is_not_nac
 }
 
 #[tokio::test]
+async fn a_late_nack_of_a_delivery_this_consumer_handed_out_again_appends_no_duplicate() {
+    let server = Server::start("streams-superseded");
+    let (ps, _) = pubsub(&server);
+    let mut sub = ps
+        .subscribe("s", group("g", StartFrom::Earliest))
+        .await
+        .unwrap();
+    ps.publish("s", ev(1)).await.unwrap();
+    let first = next(&mut sub).await;
+    first.handled(); // returned without settling: left to the reclaim passes
+    let again = next(&mut sub).await; // this consumer's own reclaim, past 300 ms idle
+    assert_eq!(again.entry_id(), first.entry_id());
+    assert_eq!(again.delivery_attempt(), 2);
+
+    assert_eq!(first.nack().await.unwrap(), Settled::NotOwned);
+    assert_eq!(server.cli(&["XLEN", "t:s"]), "1", "no duplicate appended");
+    assert_eq!(
+        pending(&server, "t:s", "g"),
+        "1",
+        "still held by the newer delivery"
+    );
+    nothing_within(&mut sub, 500).await;
+    assert_eq!(again.ack().await.unwrap(), Settled::Acked);
+    assert_eq!(pending(&server, "t:s", "g"), "0");
+}
+
+#[tokio::test]
 async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped_not_handed_out() {
     let server = Server::start("streams-reclaim-cap");
     let logger = Arc::new(Collect::default());
