@@ -51,6 +51,27 @@ function everyCall(p: LeaseApi, key: string): Array<[string, () => Promise<unkno
 }
 
 /** Poll `fn` until it resolves, each attempt bounded; fails after `ms`. */
+/**
+ * Runs `script` in a child Node process; answers its stdout. The child must exit by itself,
+ * with code 0, within 8 s: a handle left open keeps it alive and fails the test.
+ */
+async function runScript(script: string): Promise<string> {
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()))
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()))
+  const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
+  try {
+    const r = await settleWithin(exit, 8_000)
+    if (r.status !== 'fulfilled') throw new Error(`child did not exit by itself within 8 s (a handle is left open); stderr: ${err}`)
+    expect(r.value, err).toBe(0)
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+  }
+  return out
+}
+
 async function eventually<T>(fn: () => Promise<T>, ms: number, attemptMs = 3_000): Promise<T> {
   const deadline = Date.now() + ms
   let last: unknown
@@ -334,19 +355,7 @@ describe('RedisLeaseProvider', () => {
         })();
       `
       const started = performance.now()
-      const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-      let out = ''
-      let err = ''
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()))
-      child.stderr.on('data', (d: Buffer) => (err += d.toString()))
-      const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
-      try {
-        const r = await settleWithin(exit, 8_000)
-        if (r.status !== 'fulfilled') throw new Error(`child did not exit by itself within 8 s (a handle is left open); stderr: ${err}`)
-        expect(r.value, err).toBe(0)
-      } finally {
-        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
-      }
+      const out = await runScript(script)
       const lifetime = performance.now() - started
       const { results, failures } = JSON.parse(out) as { results: Array<{ name: string; outcome: string; ms: number }>; failures: string[] }
       expect(failures).toEqual([])
@@ -399,20 +408,7 @@ describe('RedisLeaseProvider', () => {
           process.stdout.write(JSON.stringify({ a, b, c, d }));
         })().catch((e) => { console.error(e); process.exit(2); });
       `
-      const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-      let out = ''
-      let err = ''
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()))
-      child.stderr.on('data', (d: Buffer) => (err += d.toString()))
-      const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
-      try {
-        const r = await settleWithin(exit, 8_000)
-        expect(r.status === 'fulfilled' ? r.value : r.reason, err).toBe(0)
-      } catch (e) {
-        throw new Error(`child did not exit by itself (a handle is left open): ${String(e)}; stderr: ${err}`)
-      } finally {
-        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
-      }
+      const out = await runScript(script)
       expect(JSON.parse(out)).toEqual({
         a: { acquired: true, owner: 'child' },
         b: { acquired: true, owner: 'child' },

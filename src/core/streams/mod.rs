@@ -257,23 +257,22 @@ impl StreamsPubSub {
             reclaim_interval: options.reclaim_interval,
             reclaim_idle_ms: duration_ms(options.reclaim_idle),
         };
-        let shared = Arc::new(Shared {
-            client: writer.client().clone(),
-            writer,
-            reader_config,
-            prefix: options.key_prefix,
-            tuning,
-            logger: options.logger,
-            closed: AtomicBool::new(false),
-            publishes: tokio::sync::RwLock::new(()),
-            subscriptions: Mutex::new(HashMap::new()),
-            next_subscription: AtomicU64::new(1),
-            runtime,
-        });
-        shared
-            .runtime
-            .spawn(subscriber::keep_claimed(Arc::downgrade(&shared)));
-        Ok(Self { shared })
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client: writer.client().clone(),
+                writer,
+                reader_config,
+                prefix: options.key_prefix,
+                tuning,
+                logger: options.logger,
+                closed: AtomicBool::new(false),
+                publishes: tokio::sync::RwLock::new(()),
+                subscriptions: Mutex::new(HashMap::new()),
+                next_subscription: AtomicU64::new(1),
+                runtime,
+                keeper: std::sync::Once::new(),
+            }),
+        })
     }
 
     /// The stream key of a topic: `<keyPrefix>:<topic>`.
@@ -613,6 +612,8 @@ pub(crate) struct Shared {
     subscriptions: Mutex<HashMap<u64, Arc<subscriber::SubState>>>,
     pub next_subscription: AtomicU64,
     pub runtime: tokio::runtime::Handle,
+    /// Starts the task that keeps handled entries claimed, once a group needs it.
+    pub keeper: std::sync::Once,
 }
 
 impl Shared {

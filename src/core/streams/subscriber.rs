@@ -786,6 +786,9 @@ pub(crate) async fn open(
     let (group, position) = match options.group {
         Some(name) => {
             create_group(&shared, &key, &name, anchor).await?;
+            shared.keeper.call_once(|| {
+                shared.runtime.spawn(keep_claimed(Arc::downgrade(&shared)));
+            });
             let consumer = format!("{name}-{}", event::uuid_v4()?);
             (Some(Group { name, consumer }), None)
         }
@@ -1271,15 +1274,16 @@ const KEEP_CHUNK: usize = 500;
 /// reclaimed and handled a second time while it still runs, nor its `deliveryAttempt`
 /// raised. Only a consumer that stops keeping — its process died or froze, or its handler
 /// returned without settling ([`Delivery::handled`]) — has its entries reclaimed.
-/// Ends with the pubsub (closed or dropped).
-pub(crate) async fn keep_claimed(shared: Weak<Shared>) {
+/// Started by the pubsub's first grouped subscription; ends with the pubsub (closed or
+/// dropped).
+async fn keep_claimed(shared: Weak<Shared>) {
     let Some(every) = shared
         .upgrade()
         .map(|s| Duration::from_millis((s.tuning.reclaim_idle_ms / 3).max(1)))
     else {
         return;
     };
-    let mut warned: Option<Instant> = None;
+    let mut throttle = Throttle(None);
     loop {
         tokio::time::sleep(every).await;
         let Some(shared) = shared.upgrade() else {
@@ -1321,18 +1325,12 @@ pub(crate) async fn keep_claimed(shared: Weak<Shared>) {
                 Ok(_) => {}
                 // The stream or group is gone, and with it every pending entry.
                 Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => {}
-                Err(err) => {
-                    let now = Instant::now();
-                    let warn = warned.is_none_or(|at| now.duration_since(at) >= WARN_INTERVAL);
-                    if warn {
-                        warned = Some(now);
-                    }
-                    shared.notice(
-                        if warn { Level::Warn } else { Level::Debug },
-                        "could not keep the events being handled claimed; a sibling may reclaim them",
-                        &[("topic", sub.topic.clone().into()), ("err", err.full_message().into())],
-                    );
-                }
+                Err(err) => throttle.report(
+                    &shared,
+                    sub,
+                    "could not keep the events being handled claimed; a sibling may reclaim them",
+                    &err.full_message(),
+                ),
             }
         }
     }
