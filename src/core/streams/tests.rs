@@ -71,6 +71,11 @@ fn n(delivery: &Delivery) -> u64 {
     delivery.event()["data"]["n"].as_u64().unwrap()
 }
 
+/// Subscribes, failing the test on an error.
+async fn subscribe(ps: &StreamsPubSub, topic: &str, options: SubscribeOptions) -> Subscription {
+    ps.subscribe(topic, options).await.unwrap()
+}
+
 async fn next(sub: &mut Subscription) -> Delivery {
     tokio::time::timeout(Duration::from_secs(5), sub.recv())
         .await
@@ -97,10 +102,7 @@ fn pending(server: &Server, key: &str, group: &str) -> String {
 async fn publish_stamps_the_event_and_writes_the_mastra_layout() {
     let server = Server::start("streams-publish");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("topic", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "topic", fan_out(StartFrom::Earliest)).await;
     let published = ps.publish("topic", ev(1)).await.unwrap();
 
     let d = next(&mut sub).await;
@@ -132,10 +134,7 @@ async fn publish_stamps_the_event_and_writes_the_mastra_layout() {
 async fn an_entry_written_with_plain_xadd_is_delivered_and_a_malformed_one_is_dropped() {
     let server = Server::start("streams-interop");
     let (ps, logger) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("x", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "x", group("g", StartFrom::Earliest)).await;
     server.cli(&["XADD", "t:x", "*", "other", "1"]);
     let foreign = r#"{"type":"ping","id":"foreign-1","runId":"r","data":{"n":7},"createdAt":"2024-01-01T00:00:00.000Z"}"#;
     server.cli(&["XADD", "t:x", "*", "event", foreign]);
@@ -157,11 +156,8 @@ async fn an_entry_written_with_plain_xadd_is_delivered_and_a_malformed_one_is_dr
 async fn fan_out_gives_every_subscriber_every_event_in_order() {
     let server = Server::start("streams-fanout");
     let (ps, _) = pubsub(&server);
-    let mut a = ps
-        .subscribe("f", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut b = ps.subscribe("f", fan_out(StartFrom::Latest)).await.unwrap();
+    let mut a = subscribe(&ps, "f", fan_out(StartFrom::Earliest)).await;
+    let mut b = subscribe(&ps, "f", fan_out(StartFrom::Latest)).await;
     for i in 0..5 {
         ps.publish("f", ev(i)).await.unwrap();
     }
@@ -184,14 +180,8 @@ async fn fan_out_gives_every_subscriber_every_event_in_order() {
 async fn competing_consumers_in_a_group_each_get_a_share_and_no_event_twice() {
     let server = Server::start("streams-compete");
     let (ps, _) = pubsub(&server);
-    let mut a = ps
-        .subscribe("work", group("workers", StartFrom::Latest))
-        .await
-        .unwrap();
-    let mut b = ps
-        .subscribe("work", group("workers", StartFrom::Latest))
-        .await
-        .unwrap();
+    let mut a = subscribe(&ps, "work", group("workers", StartFrom::Latest)).await;
+    let mut b = subscribe(&ps, "work", group("workers", StartFrom::Latest)).await;
     assert_ne!(a.consumer(), b.consumer());
     for i in 0..40 {
         ps.publish("work", ev(i)).await.unwrap();
@@ -229,22 +219,10 @@ async fn a_late_group_gets_the_backlog_and_latest_only_what_follows() {
     for i in 0..3 {
         ps.publish("late", ev(i)).await.unwrap();
     }
-    let mut backlog = ps
-        .subscribe("late", group("g1", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut latest = ps
-        .subscribe("late", group("g2", StartFrom::Latest))
-        .await
-        .unwrap();
-    let mut latest_fan = ps
-        .subscribe("late", fan_out(StartFrom::Latest))
-        .await
-        .unwrap();
-    let mut earliest_fan = ps
-        .subscribe("late", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut backlog = subscribe(&ps, "late", group("g1", StartFrom::Earliest)).await;
+    let mut latest = subscribe(&ps, "late", group("g2", StartFrom::Latest)).await;
+    let mut latest_fan = subscribe(&ps, "late", fan_out(StartFrom::Latest)).await;
+    let mut earliest_fan = subscribe(&ps, "late", fan_out(StartFrom::Earliest)).await;
     ps.publish("late", ev(3)).await.unwrap();
     for sub in [&mut backlog, &mut earliest_fan] {
         for i in 0..4 {
@@ -260,10 +238,7 @@ async fn a_late_group_gets_the_backlog_and_latest_only_what_follows() {
         nothing_within(sub, 200).await;
     }
     // An existing group keeps its position whatever a new subscriber asks for.
-    let mut again = ps
-        .subscribe("late", group("g1", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut again = subscribe(&ps, "late", group("g1", StartFrom::Earliest)).await;
     nothing_within(&mut again, 300).await;
 }
 
@@ -277,14 +252,8 @@ async fn nack_redelivers_with_the_next_attempt_and_drops_at_the_cap() {
         ..options(&server)
     })
     .unwrap();
-    let mut sub = ps
-        .subscribe("n", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut fan = ps
-        .subscribe("n", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "n", group("g", StartFrom::Earliest)).await;
+    let mut fan = subscribe(&ps, "n", fan_out(StartFrom::Earliest)).await;
     let published = ps.publish("n", ev(1)).await.unwrap();
 
     for attempt in 1..=2 {
@@ -326,10 +295,7 @@ async fn nack_redelivers_with_the_next_attempt_and_drops_at_the_cap() {
 async fn a_delivery_dropped_unsettled_counts_as_a_nack() {
     let server = Server::start("streams-dropnack");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("d", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "d", group("g", StartFrom::Earliest)).await;
     ps.publish("d", ev(1)).await.unwrap();
     let first = next(&mut sub).await;
     let acker = first.acker();
@@ -346,10 +312,7 @@ async fn a_delivery_dropped_unsettled_counts_as_a_nack() {
 async fn a_delivery_whose_ack_was_lost_is_acked_again_when_dropped_not_redelivered() {
     let server = Server::start("streams-lostack");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("d", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "d", group("g", StartFrom::Earliest)).await;
     ps.publish("d", ev(1)).await.unwrap();
     let first = next(&mut sub).await;
     // Refused outright, not merely unanswered (an unanswered XACK may still run later):
@@ -390,18 +353,9 @@ async fn ack_all_sends_one_xack_per_subscription_and_a_refused_one_fails_its_del
 ) {
     let server = Server::start("streams-ackall");
     let (ps, _) = pubsub(&server);
-    let mut one = ps
-        .subscribe("b", group("g1", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut two = ps
-        .subscribe("b", group("g2", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut all = ps
-        .subscribe("b", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut one = subscribe(&ps, "b", group("g1", StartFrom::Earliest)).await;
+    let mut two = subscribe(&ps, "b", group("g2", StartFrom::Earliest)).await;
+    let mut all = subscribe(&ps, "b", fan_out(StartFrom::Earliest)).await;
     for i in 1..=5 {
         ps.publish("b", ev(i)).await.unwrap();
     }
@@ -460,10 +414,7 @@ async fn an_entry_a_crashed_consumer_never_acked_is_reclaimed_after_the_idle_thr
     let crashed_at = Instant::now();
     assert!(read.contains(&published.entry_id), "{read}");
 
-    let mut sub = ps
-        .subscribe("r", group("workers", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "r", group("workers", StartFrom::Earliest)).await;
     let d = next(&mut sub).await;
     assert!(
         crashed_at.elapsed() >= Duration::from_millis(250),
@@ -482,16 +433,10 @@ async fn an_entry_is_kept_claimed_while_its_handler_runs_and_reclaimed_once_hand
     let server = Server::start("streams-keep");
     let (ps, _) = pubsub(&server);
     let (sibling, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("k", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "k", group("g", StartFrom::Earliest)).await;
     ps.publish("k", ev(1)).await.unwrap();
     let held = next(&mut sub).await;
-    let mut other = sibling
-        .subscribe("k", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut other = subscribe(&sibling, "k", group("g", StartFrom::Earliest)).await;
     // Four times the 300 ms threshold, a dozen reclaim passes of the sibling's.
     nothing_within(&mut other, 1_200).await;
     let detail = server.cli(&["XPENDING", "t:k", "g", "-", "+", "10"]);
@@ -519,10 +464,7 @@ async fn a_delivery_its_handler_let_go_stays_pending_when_dropped_and_is_not_nac
         ..options(&server)
     })
     .unwrap();
-    let mut sub = ps
-        .subscribe("l", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "l", group("g", StartFrom::Earliest)).await;
     ps.publish("l", ev(1)).await.unwrap();
     let d = next(&mut sub).await;
     d.handled();
@@ -540,10 +482,7 @@ async fn a_delivery_its_handler_let_go_stays_pending_when_dropped_and_is_not_nac
 async fn a_late_nack_of_a_delivery_this_consumer_handed_out_again_appends_no_duplicate() {
     let server = Server::start("streams-superseded");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("s", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "s", group("g", StartFrom::Earliest)).await;
     ps.publish("s", ev(1)).await.unwrap();
     let first = next(&mut sub).await;
     first.handled(); // returned without settling: left to the reclaim passes
@@ -591,10 +530,7 @@ async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped
     // Attempts 2 and 3: consumers of ours reclaim it and crash too (the delivery is leaked,
     // so nothing settles it, and the subscription is gone).
     for attempt in 2..=3 {
-        let mut sub = ps
-            .subscribe("p", group("workers", StartFrom::Earliest))
-            .await
-            .unwrap();
+        let mut sub = subscribe(&ps, "p", group("workers", StartFrom::Earliest)).await;
         let d = next(&mut sub).await;
         assert_eq!(d.entry_id(), published.entry_id);
         assert_eq!(d.delivery_attempt(), attempt);
@@ -611,10 +547,7 @@ async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped
     }
     assert!(!logger.warned("max delivery attempts"));
     // The fourth delivery would exceed the cap: dropped with the nack cap's warning, acked.
-    let mut sub = ps
-        .subscribe("p", group("workers", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "p", group("workers", StartFrom::Earliest)).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while !logger.warned("max delivery attempts") {
         assert!(Instant::now() < deadline, "never dropped");
@@ -636,10 +569,7 @@ async fn each_reclaim_counts_as_a_delivery_and_past_the_cap_the_entry_is_dropped
 async fn a_nack_after_another_consumer_reclaimed_the_entry_changes_nothing() {
     let server = Server::start("streams-notowned");
     let (ps, _) = pubsub(&server);
-    let mut slow = ps
-        .subscribe("o", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut slow = subscribe(&ps, "o", group("g", StartFrom::Earliest)).await;
     ps.publish("o", ev(1)).await.unwrap();
     let d = next(&mut slow).await;
     // A sibling's reclaim pass takes the entry over (forced here: a live consumer keeps
@@ -655,10 +585,7 @@ async fn a_nack_after_another_consumer_reclaimed_the_entry_changes_nothing() {
 async fn delivery_resumes_after_the_stream_is_deleted_under_a_group() {
     let server = Server::start("streams-nogroup");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("ng", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "ng", group("g", StartFrom::Earliest)).await;
     ps.publish("ng", ev(1)).await.unwrap();
     next(&mut sub).await.ack().await.unwrap();
     server.cli(&["DEL", "t:ng"]);
@@ -673,10 +600,7 @@ async fn delivery_resumes_after_the_stream_is_deleted_under_a_group() {
 async fn a_group_reads_a_stream_re_created_at_or_below_its_position_from_the_start() {
     let server = Server::start("streams-recreated");
     let (ps, _) = pubsub(&server);
-    let mut sub = ps
-        .subscribe("rc", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "rc", group("g", StartFrom::Earliest)).await;
     let first = ps.publish("rc", ev(1)).await.unwrap();
     next(&mut sub).await.ack().await.unwrap();
     // Another process deletes the stream and re-creates it within the same millisecond: the
@@ -699,14 +623,8 @@ async fn a_group_reads_a_stream_re_created_at_or_below_its_position_from_the_sta
 async fn clear_topic_deletes_the_stream_and_subscribers_carry_on() {
     let server = Server::start("streams-clear");
     let (ps, logger) = pubsub(&server);
-    let mut grouped = ps
-        .subscribe("c", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut fan = ps
-        .subscribe("c", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut grouped = subscribe(&ps, "c", group("g", StartFrom::Earliest)).await;
+    let mut fan = subscribe(&ps, "c", fan_out(StartFrom::Earliest)).await;
     ps.publish("c", ev(1)).await.unwrap();
     next(&mut grouped).await.ack().await.unwrap();
     next(&mut fan).await.ack().await.unwrap();
@@ -741,10 +659,7 @@ async fn close_during_an_outage_settles_within_the_timeout() {
         })
         .unwrap(),
     );
-    let mut sub = ps
-        .subscribe("z", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&ps, "z", group("g", StartFrom::Earliest)).await;
     ps.publish("z", ev(1)).await.unwrap();
     let held = next(&mut sub).await;
     server.signal("-STOP");
@@ -804,10 +719,7 @@ async fn streams_are_trimmed_and_expire_when_idle() {
     let ttl: i64 = server.cli(&["PTTL", "t:trim"]).parse().unwrap();
     assert!(ttl > 50_000, "{ttl}");
     // A subscribe that creates the stream sets the TTL too.
-    let _sub = ps
-        .subscribe("fresh", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let _sub = subscribe(&ps, "fresh", group("g", StartFrom::Earliest)).await;
     let ttl: i64 = server.cli(&["PTTL", "t:fresh"]).parse().unwrap();
     assert!(ttl > 50_000, "{ttl}");
 }
@@ -816,14 +728,8 @@ async fn streams_are_trimmed_and_expire_when_idle() {
 async fn readers_reconnect_after_a_redis_restart() {
     let mut server = Server::start("streams-restart");
     let (ps, _) = pubsub(&server);
-    let mut grouped = ps
-        .subscribe("re", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
-    let mut fan = ps
-        .subscribe("re", fan_out(StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut grouped = subscribe(&ps, "re", group("g", StartFrom::Earliest)).await;
+    let mut fan = subscribe(&ps, "re", fan_out(StartFrom::Earliest)).await;
     server.restart(); // everything is gone: the stream, the group
     let deadline = Instant::now() + Duration::from_secs(5);
     while ps.publish("re", ev(5)).await.is_err() {
@@ -838,10 +744,7 @@ async fn readers_reconnect_after_a_redis_restart() {
 async fn unsubscribe_stops_delivery_and_hands_buffered_entries_back_to_the_group() {
     let server = Server::start("streams-unsub");
     let (ps, _) = pubsub(&server);
-    let sub = ps
-        .subscribe("u", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let sub = subscribe(&ps, "u", group("g", StartFrom::Earliest)).await;
     for i in 0..3 {
         ps.publish("u", ev(i)).await.unwrap();
     }
@@ -853,10 +756,7 @@ async fn unsubscribe_stops_delivery_and_hands_buffered_entries_back_to_the_group
         "nothing left owned by the gone consumer"
     );
 
-    let mut next_one = ps
-        .subscribe("u", group("g", StartFrom::Earliest))
-        .await
-        .unwrap();
+    let mut next_one = subscribe(&ps, "u", group("g", StartFrom::Earliest)).await;
     let mut got: Vec<u64> = Vec::new();
     for _ in 0..3 {
         let d = next(&mut next_one).await;
