@@ -5,13 +5,27 @@
 //! conversion), which calls the pure-Rust [`core`] (lease stores), which talks to Redis or
 //! an in-memory table. The TypeScript shell lives outside `src/`.
 
-/// Calls allocate on Node's thread and free on the runtime's (and back); glibc's allocator
-/// pays for that crossing in lock traffic and consolidation, mimalloc does not.
+/// Calls allocate on Node's thread and free on the runtime's (and back); glibc's allocator pays
+/// for that crossing in lock traffic and consolidation, mimalloc does not (docs/benchmarks.md
+/// has the measurements). Its version-2 line: version 3 sets up its main heap on whichever
+/// thread first loads the addon, and crashes in the next thread once that one has exited (a
+/// worker thread), which `__test__/worker-threads.spec.ts` checks.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Gives the memory freed in this thread's heap back to the system. Memory one thread frees
+/// that another allocated is returned only once the allocating thread collects: the
+/// in-memory provider's table is filled on Node's thread and swept on the runtime's.
+pub(crate) fn give_back_memory() {
+    // SAFETY: a plain call into the allocator, allowed from any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
 
 pub mod core;
 mod glue;
 
-pub use glue::options::{MemoryLeaseProviderOptions, RedisLeaseProviderOptions};
+pub use glue::options::{
+    MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions, RedisStreamsOptions,
+    TlsOptions,
+};
 pub use glue::reply::LeaseGrant;

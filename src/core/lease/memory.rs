@@ -203,9 +203,29 @@ impl Table {
                 self.leases.remove(&key);
             }
         }
+        if seen > 0 {
+            self.shrink_if_sparse();
+        }
         seen
     }
+
+    /// Gives memory back once the table has emptied to a quarter of its room: a table that
+    /// held a million leases keeps its buckets (and its heap its slots) otherwise, long after
+    /// they expired. Halving the room each time keeps the rehashing amortized.
+    fn shrink_if_sparse(&mut self) {
+        if self.leases.capacity() > MIN_ROOM && self.leases.len() * 4 < self.leases.capacity() {
+            self.leases.shrink_to(self.leases.len() * 2);
+        }
+        if self.deadlines.capacity() > MIN_ROOM
+            && self.deadlines.len() * 4 < self.deadlines.capacity()
+        {
+            self.deadlines.shrink_to(self.deadlines.len() * 2);
+        }
+    }
 }
+
+/// Below this many slots a table is not worth shrinking.
+const MIN_ROOM: usize = 1024;
 
 fn ms(ttl_ms: u64) -> Duration {
     Duration::from_millis(ttl_ms)
