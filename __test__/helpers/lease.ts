@@ -60,7 +60,8 @@ export async function expectRejection(fn: () => unknown, cls: ErrorClass, code: 
 }
 
 /** Run a synchronous constructor call and check it throws `cls` with `code`. */
-export function expectThrow(fn: () => unknown, cls: ErrorClass | ErrorClass[], code: string) {
+/** Call `fn` and check it throws `cls` with `code`. Returns the error for further checks. */
+export function expectThrow(fn: () => unknown, cls: ErrorClass | ErrorClass[], code: string): Error & { code?: unknown } {
   let error: unknown
   try {
     fn()
@@ -74,6 +75,7 @@ export function expectThrow(fn: () => unknown, cls: ErrorClass | ErrorClass[], c
     `expected ${classes.map((c) => c.name).join(' or ')}, got ${String(error)}`,
   ).toBe(true)
   expect((error as { code?: unknown }).code).toBe(code)
+  return error as Error & { code?: unknown }
 }
 
 /** Await `p`, failing if it has not settled within `ms`. Returns the outcome and elapsed time. */

@@ -464,3 +464,27 @@ export async function startRedis(opts: RedisServerOptions = {}): Promise<RedisSe
   }
   return server
 }
+
+/**
+ * The commands the server runs for `ms` (MONITOR), one line each, as Redis prints them:
+ * `<time> [<db> <client>] "XREAD" "COUNT" ...`.
+ */
+export async function monitor(server: RedisServer, ms: number): Promise<string[]> {
+  const target = parseRedisUrl(server.url)
+  const socket = target.path
+    ? net.createConnection({ path: target.path })
+    : net.createConnection({ host: target.host ?? '127.0.0.1', port: target.port ?? 6379 })
+  let text = ''
+  socket.on('data', (chunk) => (text += chunk.toString('utf8')))
+  await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject))
+  if (target.password !== undefined) {
+    socket.write(encodeCommand(target.username ? ['AUTH', target.username, target.password] : ['AUTH', target.password]))
+  }
+  socket.write(encodeCommand(['MONITOR']))
+  await sleep(ms)
+  socket.destroy()
+  return text
+    .split('\r\n')
+    .filter((line) => line.startsWith('+') && line !== '+OK')
+    .map((line) => line.slice(1))
+}

@@ -1,22 +1,24 @@
-//! The multiplexed Redis connection the lease store and the streams transport send their
-//! non-blocking commands through: opened lazily (the first calls share one attempt),
-//! reconnected by redis-rs' `ConnectionManager`, every call bounded by the command timeout.
+//! The Redis connection the lease store and the streams transport send their non-blocking
+//! commands through (opened lazily, the first calls sharing one attempt; reconnected by
+//! redis-rs' `ConnectionManager`; every call bounded by the command timeout), and the
+//! dedicated connections blocking reads need.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{
-    Client, ClientTlsConfig, ConnectionAddr, FromRedisValue, RedisResult, TlsCertificates, Value,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, FromRedisValue, RedisResult,
+    TlsCertificates, Value,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
-use crate::core::error::{InputErrorKind, LeaseError, Result};
-use crate::core::streams::{Level, Logger, Notice};
+use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::log::{Level, Logger, Notice};
 
 /// The `code` field of the eviction-policy warning (and of Node's `process.emitWarning`).
 pub const EVICTION_WARNING_CODE: &str = "MASTRA_LEASE_EVICTION_POLICY";
@@ -95,6 +97,62 @@ impl std::fmt::Debug for TlsOptions {
     }
 }
 
+/// How to reach one Redis, and the bounds on reaching it.
+#[derive(Clone)]
+pub struct ConnectionOptions {
+    /// `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
+    /// `redis+unix:///path/to.sock`. Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// The ACL user, in place of one in the URL.
+    pub username: Option<String>,
+    /// The password, in place of one in the URL.
+    pub password: Option<String>,
+    /// The database number, in place of one in the URL.
+    pub database: Option<i64>,
+    /// CA, client certificate and key for a `rediss://` URL. Default none.
+    pub tls: TlsOptions,
+    /// Given to every connection with `CLIENT SETNAME`, so operators find them in
+    /// `CLIENT LIST`. Default `mastra-lease`.
+    pub name: Option<String>,
+    /// Bound on one attempt to open a connection. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Bound on every call, connecting included. Default 2 s.
+    pub command_timeout: Duration,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            username: None,
+            password: None,
+            database: None,
+            tls: TlsOptions::default(),
+            name: Some(DEFAULT_NAME.to_owned()),
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL and the password are secrets: say only what is set.
+        f.debug_struct("ConnectionOptions")
+            .field("username", &self.username.is_some())
+            .field("password", &self.password.is_some())
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("name", &self.name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection name every connection gets unless the options name another.
+pub const DEFAULT_NAME: &str = "mastra-lease";
+
 /// The certificates in a PEM option: at least one, each block well-formed.
 fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
     let range = |message: String| LeaseError::option(InputErrorKind::Range, message);
@@ -110,9 +168,23 @@ fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>>
 }
 
 /// A lazily opened, shared connection to one Redis.
+///
+/// ## Behavior
+/// - Nothing connects until the first call; the calls made meanwhile share one attempt.
+/// - Every call, connecting included, is bounded by the command timeout: it answers, or it
+///   fails with [`LeaseError::Timeout`].
+/// - An I/O error breaks the connection; redis-rs' `ConnectionManager` opens a new one for the
+///   next call. A call that broke with it fails with [`LeaseError::Connection`], unless it went
+///   through [`Connection::run_again_if_broken`].
+/// - A call that timed out gives up its connection (see [`Connection::run`]).
+/// - Each new connection is named (`CLIENT SETNAME`) and, with a logger, has its eviction
+///   policy read, in a task of its own after a call on it succeeded.
+/// - After [`Connection::close`] every call fails with [`LeaseError::Closed`].
 pub struct Connection {
     client: Client,
     config: ConnectionManagerConfig,
+    /// For the dedicated connections blocking reads need.
+    dedicated: AsyncConnectionConfig,
     /// Made on first use, numbered. Replaced when Redis refused the connection itself (a
     /// wrong password, which the manager keeps and would answer every later call with), and
     /// when a call on it timed out (see [`Connection::run`]).
@@ -120,8 +192,13 @@ pub struct Connection {
     /// The number the next connection made gets.
     made: AtomicU64,
     timeout: Duration,
-    /// Checks the server's eviction policy once per established connection.
-    eviction: Arc<EvictionCheck>,
+    connect_timeout: Duration,
+    name: Option<String>,
+    /// What a call after `close` says is closed.
+    subject: Subject,
+    closed: AtomicBool,
+    /// Names a fresh connection and checks the server's eviction policy on it.
+    setup: Arc<Setup>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -129,20 +206,18 @@ impl std::fmt::Debug for Connection {
         // The client holds the URL, which may carry a password: never print it.
         f.debug_struct("Connection")
             .field("timeout", &self.timeout)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
 
 impl Connection {
-    /// Checks the URL and the TLS material; does not connect.
-    pub fn new(
-        url: &str,
-        tls: &TlsOptions,
-        connect_timeout: Duration,
-        command_timeout: Duration,
-    ) -> Result<Self> {
+    /// Checks the URL, the credentials and the TLS material; does not connect. `subject` is
+    /// what a call after [`Connection::close`] says was closed.
+    pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
         install_tls_provider();
-        let mut client = Client::open(url).map_err(|err| {
+        let url = &options.url;
+        let client = Client::open(url.as_str()).map_err(|err| {
             // The URL may carry a password, so neither it nor the parser's echo of it is
             // repeated; the parser's complaint without the URL is enough to fix it.
             LeaseError::option(
@@ -153,11 +228,39 @@ impl Connection {
                 ),
             )
         })?;
-        if !tls.is_empty() {
-            if !matches!(
-                client.get_connection_info().addr(),
-                ConnectionAddr::TcpTls { .. }
-            ) {
+        let mut info = client.get_connection_info().clone();
+        let mut settings = info.redis_settings().clone();
+        // Given twice, differently: which one was meant cannot be told.
+        let twice = |what: &str| {
+            LeaseError::option(
+                InputErrorKind::Type,
+                format!("the {what} is given both in the url and as an option, differently"),
+            )
+        };
+        if let Some(username) = &options.username {
+            if settings.username().is_some_and(|u| u != username) {
+                return Err(twice("username"));
+            }
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = &options.password {
+            if settings.password().is_some_and(|p| p != password) {
+                return Err(twice("password"));
+            }
+            settings = settings.set_password(password);
+        }
+        if let Some(database) = options.database {
+            if settings.db() != 0 && settings.db() != database {
+                return Err(twice("database"));
+            }
+            settings = settings.set_db(database);
+        }
+        info = info.set_redis_settings(settings);
+        let tls = &options.tls;
+        let client = if tls.is_empty() {
+            Client::open(info)
+        } else {
+            if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
                 return Err(LeaseError::option(
                     InputErrorKind::Range,
                     "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// \
@@ -174,35 +277,40 @@ impl Connection {
                 ),
                 root_cert: tls.ca.clone(),
             };
-            // The material was checked above, so this fails only on what redis-rs itself
-            // refuses; its message is not repeated in case it quotes the material.
-            client = Client::build_with_tls(client.get_connection_info().clone(), certificates)
-                .map_err(|_| {
-                    LeaseError::option(
-                        InputErrorKind::Range,
-                        "tls: the Redis client refused the certificates or key",
-                    )
-                })?;
+            Client::build_with_tls(info, certificates)
         }
+        // The material was checked above, so this fails only on what redis-rs itself
+        // refuses; its message is not repeated in case it quotes the material.
+        .map_err(|_| {
+            LeaseError::option(
+                InputErrorKind::Range,
+                "tls: the Redis client refused the certificates or key",
+            )
+        })?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(command_timeout))
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
+        // A blocking read answers after its BLOCK, which the caller bounds: no response
+        // timeout of redis-rs' own on these.
+        let dedicated = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(None);
         Ok(Self {
             client,
             config,
+            dedicated,
             slot: Mutex::new(None),
             made: AtomicU64::new(0),
-            timeout: command_timeout,
-            eviction: Arc::new(EvictionCheck::default()),
+            timeout: options.command_timeout,
+            connect_timeout: options.connect_timeout,
+            name: options.name.clone(),
+            subject,
+            closed: AtomicBool::new(false),
+            setup: Arc::new(Setup::default()),
         })
-    }
-
-    /// The client, for connections of their own (blocking reads must not share this one).
-    pub fn client(&self) -> &Client {
-        &self.client
     }
 
     /// The bound on every call.
@@ -213,7 +321,44 @@ impl Connection {
     /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
     /// read (no extra command). The first logger set stays.
     pub fn set_logger(&self, logger: Arc<dyn Logger>) {
-        let _ = self.eviction.logger.set(logger);
+        let _ = self.setup.logger.set(logger);
+    }
+
+    /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not
+    /// hold up the shared one), named like every other, bounded by the connect and command
+    /// timeouts. Answers it with its `CLIENT ID`, when the server tells it (an ACL may not):
+    /// another connection can interrupt a blocking read with `CLIENT UNBLOCK <id>`.
+    pub async fn dedicated(&self) -> Result<(MultiplexedConnection, Option<i64>)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(LeaseError::Closed(self.subject));
+        }
+        let bound = self.connect_timeout.saturating_add(self.timeout);
+        let attempt = async {
+            let mut connection = self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.dedicated)
+                .await?;
+            let mut pipe = redis::pipe();
+            if let Some(name) = &self.name {
+                pipe.cmd("CLIENT").arg("SETNAME").arg(name);
+            }
+            pipe.cmd("CLIENT").arg("ID");
+            let replies = connection
+                .send_packed_commands(&pipe, 0, pipe.len())
+                .await?;
+            // Both are conveniences: an ACL that refuses them costs a name and a prompt
+            // wake-up, not the connection.
+            let id = replies
+                .into_iter()
+                .last()
+                .and_then(|reply| parse::<i64>(reply).ok());
+            Ok::<_, redis::RedisError>((connection, id))
+        };
+        match tokio::time::timeout(bound, attempt).await {
+            Ok(Ok(opened)) => Ok(opened),
+            Ok(Err(err)) => Err(LeaseError::from_redis(err, bound)),
+            Err(_) => Err(LeaseError::Timeout(bound)),
+        }
     }
 
     /// Runs commands on the connection, the whole call (connecting included) bounded by the
@@ -255,7 +400,7 @@ impl Connection {
         let (number, connection) = self.get()?;
         match tokio::time::timeout(budget, work(connection)).await {
             Ok(Ok(value)) => {
-                self.check_eviction();
+                self.set_up_fresh();
                 Ok(value)
             }
             Ok(Err(err)) => {
@@ -272,6 +417,13 @@ impl Connection {
         }
     }
 
+    /// Closes the connection; every later call fails with [`LeaseError::Closed`]. Calls in
+    /// flight keep the connection until they settle.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.slot().take();
+    }
+
     /// Drops connection `number` after a call on it timed out, unless a newer one replaced
     /// it already. The manager reconnects after I/O errors only, and a connection that went
     /// silent (a forgotten NAT flow, a vanished host, a reply lost by a middlebox) raises
@@ -282,7 +434,7 @@ impl Connection {
         let mut slot = self.slot();
         if slot.as_ref().is_some_and(|(current, _)| *current == number) {
             *slot = None;
-            self.eviction.unchecked.store(true, Ordering::Relaxed);
+            self.setup.fresh.store(true, Ordering::Relaxed);
         }
     }
 
@@ -290,13 +442,13 @@ impl Connection {
     /// Redis refused to authenticate so the next call tries again.
     pub fn sort(&self, err: redis::RedisError) -> LeaseError {
         if err.is_unrecoverable_error() || err.is_io_error() {
-            // The manager replaces the connection after these: the next one is checked.
-            self.eviction.unchecked.store(true, Ordering::Relaxed);
+            // The manager replaces the connection after these: the next one is set up.
+            self.setup.fresh.store(true, Ordering::Relaxed);
         }
         let err = LeaseError::from_redis(err, self.timeout);
         if matches!(err, LeaseError::Auth(_)) {
             self.slot().take();
-            self.eviction.unchecked.store(true, Ordering::Relaxed);
+            self.setup.fresh.store(true, Ordering::Relaxed);
         }
         err
     }
@@ -307,50 +459,77 @@ impl Connection {
         LeaseError::from_redis(err, self.timeout)
     }
 
-    /// After a call succeeded on a connection not yet checked: reads the eviction policy in
-    /// a task of its own, so the call that got here is never delayed or failed by it.
-    fn check_eviction(&self) {
-        let Some(logger) = self.eviction.logger.get() else {
+    /// After a call succeeded on a connection not yet set up: names it and reads the
+    /// eviction policy, in a task of its own, so the call that got here is never delayed or
+    /// failed by either.
+    fn set_up_fresh(&self) {
+        let logger = self.setup.logger.get().cloned();
+        if self.name.is_none() && logger.is_none() {
             return;
-        };
-        // A plain load first: the calls on a checked connection only read the flag.
-        let unchecked = &self.eviction.unchecked;
-        if !unchecked.load(Ordering::Relaxed) || !unchecked.swap(false, Ordering::Relaxed) {
+        }
+        // A plain load first: the calls on a set-up connection only read the flag.
+        let fresh = &self.setup.fresh;
+        if !fresh.load(Ordering::Relaxed) || !fresh.swap(false, Ordering::Relaxed) {
             return;
         }
         let Ok((_, mut connection)) = self.get() else {
             return;
         };
-        let (check, logger, timeout) = (self.eviction.clone(), logger.clone(), self.timeout);
+        let mut pipe = redis::pipe();
+        if let Some(name) = &self.name {
+            pipe.cmd("CLIENT").arg("SETNAME").arg(name);
+        }
+        if logger.is_some() {
+            pipe.cmd("INFO").arg("memory");
+        }
+        let (setup, timeout) = (self.setup.clone(), self.timeout);
         tokio::spawn(async move {
-            let mut info = redis::cmd("INFO");
-            info.arg("memory");
-            let info = info.query_async::<String>(&mut connection);
-            let error = match tokio::time::timeout(timeout, info).await {
-                Ok(Ok(text)) => return check.judge(&text, &*logger),
+            let replies = connection.send_packed_commands(&pipe, 0, pipe.len());
+            let error = match tokio::time::timeout(timeout, replies).await {
+                Ok(Ok(replies)) => {
+                    // Each reply answers for itself: a refused name leaves the check standing.
+                    let failed = replies.iter().find_map(|reply| match reply {
+                        Value::ServerError(err) => Some(err.to_string()),
+                        _ => None,
+                    });
+                    if let (Some(logger), Some(Ok(text))) =
+                        (&logger, replies.into_iter().last().map(parse::<String>))
+                    {
+                        setup.judge(&text, &**logger);
+                    }
+                    match failed {
+                        Some(error) => error,
+                        None => return,
+                    }
+                }
                 Ok(Err(err)) => {
                     if err.is_unrecoverable_error() || err.is_io_error() {
-                        check.unchecked.store(true, Ordering::Relaxed);
+                        setup.fresh.store(true, Ordering::Relaxed);
                     }
                     LeaseError::from_redis(err, timeout).to_string()
                 }
                 Err(_) => {
-                    check.unchecked.store(true, Ordering::Relaxed);
+                    setup.fresh.store(true, Ordering::Relaxed);
                     LeaseError::Timeout(timeout).to_string()
                 }
             };
-            // Refused (an ACL without INFO) or failed: the check is advice, so it is skipped.
-            notice(
-                &*logger,
-                Level::Debug,
-                SKIPPED,
-                [("error", Json::from(error))],
-            );
+            // Refused (an ACL without CLIENT SETNAME or INFO) or failed: both are advice, so
+            // they are skipped.
+            if let Some(logger) = logger {
+                logger.log(Notice::new(
+                    Level::Debug,
+                    SKIPPED,
+                    &[("error", Json::from(error))],
+                ));
+            }
         });
     }
 
     fn get(&self) -> Result<(u64, ConnectionManager)> {
         let mut slot = self.slot();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(LeaseError::Closed(self.subject));
+        }
         if let Some(current) = slot.as_ref() {
             return Ok(current.clone());
         }
@@ -371,30 +550,31 @@ impl Connection {
     }
 }
 
-const SKIPPED: &str =
-    "mastra-lease: could not read the Redis eviction policy (INFO memory); not checked";
+const SKIPPED: &str = "mastra-lease: could not name the connection (CLIENT SETNAME) or read the \
+                       Redis eviction policy (INFO memory); skipped";
 
-/// The eviction-policy check of one [`Connection`].
-struct EvictionCheck {
+/// What a fresh connection gets once: its name, and a check of the server's eviction
+/// policy.
+struct Setup {
     logger: OnceLock<Arc<dyn Logger>>,
-    /// Set while the connection in use has not been checked: at first, and whenever an
+    /// Set while the connection in use has not been set up: at first, and whenever an
     /// error means the manager replaces the connection.
-    unchecked: AtomicBool,
+    fresh: AtomicBool,
     /// Policies already warned about: one warning per policy value.
     warned: Mutex<Vec<String>>,
 }
 
-impl Default for EvictionCheck {
+impl Default for Setup {
     fn default() -> Self {
         Self {
             logger: OnceLock::new(),
-            unchecked: AtomicBool::new(true),
+            fresh: AtomicBool::new(true),
             warned: Mutex::new(Vec::new()),
         }
     }
 }
 
-impl EvictionCheck {
+impl Setup {
     /// Warns, once per policy value, when `INFO memory` shows a policy that may evict leases.
     fn judge(&self, info: &str, logger: &dyn Logger) {
         let field = |name: &str| {
@@ -421,7 +601,7 @@ impl EvictionCheck {
             ("maxmemory", Json::from(maxmemory)),
             ("maxmemoryPolicy", Json::from(policy)),
         ];
-        notice(logger, Level::Warn, &message, fields);
+        logger.log(Notice::new(Level::Warn, message, &fields));
     }
 }
 
@@ -442,20 +622,6 @@ pub fn eviction_warning(maxmemory: u64, policy: &str) -> Option<String> {
          while its holder still believes it holds it. Set maxmemory-policy noeviction, or keep \
          leases on a Redis of their own."
     ))
-}
-
-fn notice<const N: usize>(
-    logger: &dyn Logger,
-    level: Level,
-    message: &str,
-    fields: [(&str, Json); N],
-) {
-    let fields: Map<String, Json> = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    logger.log(Notice {
-        level,
-        message: message.to_owned(),
-        fields,
-    });
 }
 
 /// Parses a reply, turning an error reply into the error.
@@ -511,13 +677,12 @@ mod tests {
         };
         let shown = format!("{tls:?}");
         assert_eq!(shown, "TlsOptions { ca: true, cert: false, key: true }");
-        let err = Connection::new(
-            "rediss://localhost:1",
-            &tls,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
+        let options = ConnectionOptions {
+            url: "rediss://localhost:1".into(),
+            tls: tls.clone(),
+            ..ConnectionOptions::default()
+        };
+        let err = Connection::new(&options, Subject::LeaseProvider).unwrap_err();
         let message = err.to_string();
         assert!(
             message.contains("tls.ca holds no PEM certificate"),
@@ -560,7 +725,7 @@ mod tests {
 
     #[test]
     fn warns_once_per_policy_from_info_memory() {
-        let check = EvictionCheck::default();
+        let check = Setup::default();
         let logger = Collect::default();
         check.judge(&info(0, "allkeys-lru"), &logger);
         check.judge(&info(100, "noeviction"), &logger);

@@ -37,9 +37,9 @@ pub enum LeaseError {
         /// A sentence naming the argument and what was wrong with it.
         message: String,
     },
-    /// `close()` was called; the provider takes no more calls.
-    #[error("the lease provider is closed")]
-    Closed,
+    /// `close()` was called on the named object; it takes no more calls.
+    #[error("the {0} is closed")]
+    Closed(Subject),
     /// Redis did not answer within `commandTimeoutMs`.
     #[error("Redis did not answer within {} ms", .0.as_millis())]
     Timeout(Duration),
@@ -55,6 +55,24 @@ pub enum LeaseError {
     /// A bug in this library (for example a caught panic); never the caller's fault.
     #[error("internal error in mastra-lease: {0}")]
     Internal(String),
+}
+
+/// What a [`LeaseError::Closed`] says was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// A `RedisLeaseProvider` or `MemoryLeaseProvider`.
+    LeaseProvider,
+    /// A `RedisStreamsPubSub`, its lease methods included.
+    StreamsPubSub,
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::LeaseProvider => "lease provider",
+            Self::StreamsPubSub => "streams pubsub",
+        })
+    }
 }
 
 /// The argument an [`LeaseError::InvalidArgument`] is about.
@@ -102,7 +120,7 @@ impl LeaseError {
             },
             Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",
             Self::InvalidStreamsArgument { .. } => "ERR_STREAMS_INVALID_ARGUMENT",
-            Self::Closed => "ERR_LEASE_CLOSED",
+            Self::Closed(_) => "ERR_LEASE_CLOSED",
             Self::Timeout(_) => "ERR_LEASE_TIMEOUT",
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",

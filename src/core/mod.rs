@@ -1,14 +1,15 @@
 //! The core: pure Rust, no JavaScript. Lease stores, the Redis Streams event transport,
-//! and their errors.
+//! the connection they share, and their errors.
 
 pub mod connection;
 pub mod error;
 pub mod lease;
+pub mod log;
 pub mod streams;
 #[cfg(test)]
 pub(crate) mod test_redis;
 
-pub use error::{Argument, ErrorClass, InputErrorKind, LeaseError, Result};
+pub use error::{Argument, ErrorClass, InputErrorKind, LeaseError, Result, Subject};
 pub use lease::memory::MemoryStore;
 pub use lease::redis::{RedisOptions, RedisStore};
 pub use lease::{Answer, Call, Grant, LeaseStore, Limits};

@@ -4,7 +4,8 @@
 use napi::sys::ValueType;
 
 use super::js::{self, Env, Value};
-use crate::core::{Argument, Call, InputErrorKind, LeaseError, Result};
+use crate::core::streams::StartFrom;
+use crate::core::{Argument, Call, InputErrorKind, LeaseError, Limits, Result};
 
 /// `acquireLease(key, owner, ttlMs)`.
 pub fn acquire(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
@@ -57,6 +58,62 @@ pub fn key(env: Env, value: Value) -> Result<String> {
 /// An owner (`owner`, `fromOwner` or `toOwner`): a string of well-formed UTF-16.
 pub fn owner(env: Env, value: Value, name: &str) -> Result<String> {
     text(env, value, name, Argument::Owner)
+}
+
+/// A topic or group name: a string of well-formed UTF-16, not empty, at most the lease
+/// key limit in UTF-8 bytes (`name` says which, in errors).
+pub fn stream_name(env: Env, value: Value, name: &str, limits: &Limits) -> Result<String> {
+    let invalid = |kind, message: String| LeaseError::streams_argument(kind, message);
+    let kind = js::type_of(env, value);
+    if kind != ValueType::napi_string {
+        return Err(invalid(
+            InputErrorKind::Type,
+            format!("{name} must be a string, got {}", type_name(kind)),
+        ));
+    }
+    let text = js::string_value(env, value).map_err(|_| {
+        invalid(
+            InputErrorKind::Type,
+            format!("{name} must be well-formed UTF-16 (it contains a lone surrogate)"),
+        )
+    })?;
+    if text.is_empty() || text.len() > limits.max_key_bytes {
+        return Err(invalid(
+            InputErrorKind::Range,
+            format!(
+                "{name} must be 1 to {} UTF-8 bytes long, got {}",
+                limits.max_key_bytes,
+                text.len()
+            ),
+        ));
+    }
+    Ok(text)
+}
+
+/// `startFrom`: `'earliest'` (also when left out) or `'latest'`.
+pub fn start_from(env: Env, value: Value) -> Result<StartFrom> {
+    let kind = js::type_of(env, value);
+    if matches!(kind, ValueType::napi_undefined | ValueType::napi_null) {
+        return Ok(StartFrom::Earliest);
+    }
+    let text = (kind == ValueType::napi_string)
+        .then(|| js::string_value(env, value).ok())
+        .flatten();
+    match text.as_deref() {
+        Some("earliest") => Ok(StartFrom::Earliest),
+        Some("latest") => Ok(StartFrom::Latest),
+        _ => Err(LeaseError::streams_argument(
+            if kind == ValueType::napi_string {
+                InputErrorKind::Range
+            } else {
+                InputErrorKind::Type
+            },
+            format!(
+                "startFrom must be 'earliest' or 'latest', got {}",
+                text.map_or_else(|| type_name(kind).to_owned(), |t| format!("{t:?}"))
+            ),
+        )),
+    }
 }
 
 /// A TTL: a number that is a safe integer and at least 1 (the upper bound is `Limits`').

@@ -81,15 +81,50 @@ pub fn number(env: Env, value: Value) -> f64 {
     out
 }
 
-/// `object[name]`, or `undefined` when reading it fails (a throwing getter).
-pub fn property(env: Env, object: Value, name: &std::ffi::CStr) -> Value {
+/// `object[name]`, or what reading it threw (a throwing getter, a Proxy's trap).
+pub fn property(env: Env, object: Value, name: &std::ffi::CStr) -> Result<Value, Value> {
     let mut out = ptr::null_mut();
     // SAFETY: object was checked to be an object; name is NUL-terminated.
     let status = unsafe { sys::napi_get_named_property(env, object, name.as_ptr(), &mut out) };
     if status != sys::Status::napi_ok || out.is_null() {
-        clear_exception(env);
-        return undefined(env);
+        return Err(take_exception(env));
     }
+    Ok(out)
+}
+
+/// The exception pending on this thread, cleared (`undefined` when there is none).
+pub fn take_exception(env: Env) -> Value {
+    let mut pending = false;
+    let mut thrown = undefined(env);
+    // SAFETY: exception inspection on the JavaScript thread.
+    unsafe {
+        sys::napi_is_exception_pending(env, &mut pending);
+        if pending {
+            sys::napi_get_and_clear_last_exception(env, &mut thrown);
+        }
+    }
+    thrown
+}
+
+/// A short description of a thrown value, for a message: an error's `message`, or the
+/// value as text.
+pub fn describe(env: Env, value: Value) -> String {
+    let text = match type_of(env, value) {
+        sys::ValueType::napi_object => property(env, value, c"message")
+            .ok()
+            .filter(|message| type_of(env, *message) == sys::ValueType::napi_string),
+        sys::ValueType::napi_string => Some(value),
+        _ => None,
+    };
+    text.and_then(|text| string_value(env, text).ok())
+        .unwrap_or_else(|| "a value that is not an error".to_owned())
+}
+
+/// A boolean's value (the caller checked the type).
+pub fn bool_value(env: Env, value: Value) -> bool {
+    let mut out = false;
+    // SAFETY: value was checked to be a boolean.
+    unsafe { sys::napi_get_value_bool(env, value, &mut out) };
     out
 }
 
@@ -126,20 +161,19 @@ pub fn uint8_bytes(env: Env, value: Value) -> Option<Vec<u8>> {
     Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
 }
 
-/// The names of an object's enumerable string-keyed properties (as `for...in` lists them);
-/// names that cannot be read are left out.
-pub fn property_names(env: Env, object: Value) -> Vec<String> {
+/// The names of an object's enumerable string-keyed properties (as `for...in` lists them),
+/// or what listing them threw (a Proxy's trap).
+pub fn property_names(env: Env, object: Value) -> Result<Vec<String>, Value> {
     let mut names = ptr::null_mut();
     // SAFETY: object was checked to be an object.
     let status = unsafe { sys::napi_get_property_names(env, object, &mut names) };
     if status != sys::Status::napi_ok || names.is_null() {
-        clear_exception(env);
-        return Vec::new();
+        return Err(take_exception(env));
     }
     let mut len = 0u32;
     // SAFETY: names is the array N-API just made.
     unsafe { sys::napi_get_array_length(env, names, &mut len) };
-    (0..len)
+    Ok((0..len)
         .filter_map(|i| {
             let mut name = ptr::null_mut();
             // SAFETY: i is below the array's length.
@@ -148,7 +182,7 @@ pub fn property_names(env: Env, object: Value) -> Vec<String> {
                 .then(|| string_value(env, name).ok())
                 .flatten()
         })
-        .collect()
+        .collect())
 }
 
 pub fn undefined(env: Env) -> Value {
@@ -292,11 +326,17 @@ pub fn error(env: Env, err: &LeaseError) -> Value {
     out
 }
 
-/// Throws `err` (for constructors, which cannot answer with a promise).
-pub fn throw(env: Env, err: &LeaseError) {
+/// Throws `err` (for constructors, which cannot answer with a promise), with `cause` (what a
+/// getter threw, say) as its `cause` property.
+pub fn throw(env: Env, err: &LeaseError, cause: Option<Value>) {
     let value = error(env, err);
-    // SAFETY: value is an error object made on this thread.
-    unsafe { sys::napi_throw(env, value) };
+    // SAFETY: value is an error object made on this thread; cause is a live value of it.
+    unsafe {
+        if let Some(cause) = cause {
+            sys::napi_set_named_property(env, value, c"cause".as_ptr(), cause);
+        }
+        sys::napi_throw(env, value);
+    }
 }
 
 /// A new pending promise and its resolver.

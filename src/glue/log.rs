@@ -1,5 +1,5 @@
-//! Where a Redis connection's notices go in Node: a logger's `warn` and `debug` (Mastra's
-//! logger fits), or, without one, `process.emitWarning` for the warnings.
+//! Where the core's notices go in Node: a logger's `warn` and `debug` (Mastra's logger
+//! fits; `debug` is optional), or, without one, `process.emitWarning` for the warnings.
 
 use std::ptr;
 
@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 use super::js::{self, Env, Value};
 use super::tsfn::JsCallback;
 use crate::core::connection::EVICTION_WARNING_CODE;
-use crate::core::streams::{Level, Logger, Notice};
+use crate::core::log::{Level, Logger, Notice};
 use crate::core::{LeaseError, Result};
 
 /// Notices on their way to JavaScript functions, called on Node's thread.
@@ -34,22 +34,20 @@ impl Logger for JsLog {
 }
 
 impl JsLog {
-    /// `logger.warn(message, fields)` and `logger.debug(message, fields)`; `logger` was
-    /// checked to have both methods.
+    /// `logger.warn(message, fields)`, and `logger.debug(message, fields)` when it has one;
+    /// the options reader checked that `warn` is a function.
     pub fn logger(env: Env, logger: Value) -> Result<Self> {
         let method = |name: &std::ffi::CStr| {
-            let function = bound(env, js::property(env, logger, name), logger)?;
-            JsCallback::new(env, function, message_and_fields).ok()
+            let function = js::property(env, logger, name).ok()?;
+            JsCallback::new(env, bound(env, function, logger)?, message_and_fields).ok()
         };
-        match (method(c"warn"), method(c"debug")) {
-            (Some(warn), Some(debug)) => Ok(Self {
-                warn,
-                debug: Some(debug),
-            }),
-            _ => Err(LeaseError::Internal(
-                "could not bind the logger's methods".into(),
-            )),
-        }
+        let warn = method(c"warn").ok_or_else(|| {
+            LeaseError::Internal("could not bind the logger's warn method".into())
+        })?;
+        Ok(Self {
+            warn,
+            debug: method(c"debug"),
+        })
     }
 
     /// `process.emitWarning(message, { code })` for warnings; debug notes are dropped.
@@ -57,16 +55,27 @@ impl JsLog {
         let mut global = ptr::null_mut();
         // SAFETY: a plain lookup on the JavaScript thread.
         unsafe { sys::napi_get_global(env, &mut global) };
-        let process = js::property(env, global, c"process");
-        let emit = (js::type_of(env, process) == ValueType::napi_object)
-            .then(|| bound(env, js::property(env, process, c"emitWarning"), process))
-            .flatten()
+        let process = js::property(env, global, c"process").ok();
+        let emit = process
+            .filter(|process| js::type_of(env, *process) == ValueType::napi_object)
+            .and_then(|process| {
+                let emit = js::property(env, process, c"emitWarning").ok()?;
+                bound(env, emit, process)
+            })
             .and_then(|function| JsCallback::new(env, function, message_and_code).ok());
         match emit {
             Some(warn) => Ok(Self { warn, debug: None }),
             None => Err(LeaseError::Internal(
                 "process.emitWarning is unavailable".into(),
             )),
+        }
+    }
+
+    /// The logger's, or `process.emitWarning` for its warnings when there is none.
+    pub fn logger_or_process(env: Env, logger: Option<Value>) -> Result<Option<Self>> {
+        match logger {
+            Some(logger) => Self::logger(env, logger).map(Some),
+            None => Ok(Self::process(env).ok()),
         }
     }
 }
@@ -76,7 +85,7 @@ fn bound(env: Env, function: Value, this: Value) -> Option<Value> {
     if js::type_of(env, function) != ValueType::napi_function {
         return None;
     }
-    let bind = js::property(env, function, c"bind");
+    let bind = js::property(env, function, c"bind").ok()?;
     if js::type_of(env, bind) != ValueType::napi_function {
         return None;
     }

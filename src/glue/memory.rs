@@ -1,5 +1,7 @@
 //! `MemoryLeaseProvider`: leases in this process's memory, the embedded default.
 
+use std::ffi::c_void;
+use std::ptr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -9,10 +11,11 @@ use napi_derive::napi;
 
 use super::args;
 use super::js;
-use super::options::MemoryLeaseProviderOptions;
+use super::options;
 use super::reply::{catching, resolved, settled, Reply};
+use super::tsfn::Tsfn;
 use super::{runtime, unknown};
-use crate::core::{Call, LeaseError, MemoryStore, Result};
+use crate::core::{Call, LeaseError, MemoryStore, Result, Subject};
 
 /// How often expired leases nobody touches are swept out of memory.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -38,16 +41,16 @@ impl MemoryLeaseProvider {
     )]
     pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
         let raw = env.raw();
-        let built =
-            MemoryLeaseProviderOptions::read(raw, options.map(|o| o.raw())).and_then(|options| {
-                let store = Arc::new(MemoryStore::new(options.limits()));
-                runtime()?.spawn(sweep(Arc::downgrade(&store)));
-                Ok(store)
-            });
+        let built = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
+            let store = Arc::new(MemoryStore::new(limits));
+            let node = NodeThread::new(raw).map_err(|e| LeaseError::Internal(e.reason))?;
+            runtime()?.spawn(sweep(Arc::downgrade(&store), node));
+            Ok(store)
+        });
         match built {
             Ok(store) => Ok(Self { store: Some(store) }),
             Err(err) => {
-                js::throw(raw, &err);
+                err.throw(raw);
                 Err(napi::Error::from_status(napi::Status::PendingException))
             }
         }
@@ -157,23 +160,54 @@ impl MemoryLeaseProvider {
     /// Answers a checked call on the spot; a closed provider or bad input is answered too.
     fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let outcome = match &self.store {
-            None => Err(LeaseError::Closed),
+            None => Err(LeaseError::Closed(Subject::LeaseProvider)),
             Some(store) => call.and_then(|call| catching(|| store.apply(&call).map(Reply::Answer))),
         };
         unknown(env, settled(env.raw(), outcome))
     }
 }
 
-/// Sweeps expired leases out of `store` until it is dropped.
-async fn sweep(store: Weak<MemoryStore>) {
+/// Sweeps expired leases out of `store` until it is dropped. After a sweep that removed many,
+/// the memory they held goes back to the system: the leases were made on Node's thread and
+/// freed on this one, and the allocator returns such memory only when the thread that owns it
+/// collects (see `crate::give_back_memory`).
+async fn sweep(store: Weak<MemoryStore>, node: NodeThread) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         every.tick().await;
         let Some(store) = store.upgrade() else {
             return;
         };
+        let before = store.resident();
         while store.reclaim_expired(SWEEP_CHUNK) == SWEEP_CHUNK {
             tokio::task::yield_now().await;
         }
+        if before.saturating_sub(store.resident()) >= SWEEP_CHUNK {
+            crate::give_back_memory();
+            node.give_back_memory();
+        }
     }
+}
+
+/// A way onto Node's thread, to give back memory freed there.
+struct NodeThread(Tsfn);
+
+impl NodeThread {
+    fn new(env: js::Env) -> napi::Result<Self> {
+        Tsfn::new(env, None, ptr::null_mut(), give_back_on_node).map(Self)
+    }
+
+    /// From any thread: has Node's thread give back the memory freed in its heap.
+    fn give_back_memory(&self) {
+        self.0.call(ptr::null_mut());
+    }
+}
+
+unsafe extern "C" fn give_back_on_node(
+    _env: js::Env,
+    _callback: js::Value,
+    _context: *mut c_void,
+    _data: *mut c_void,
+) {
+    crate::give_back_memory();
 }

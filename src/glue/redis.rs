@@ -8,12 +8,11 @@ use napi_derive::napi;
 
 use super::args;
 use super::bridge::Bridge;
-use super::js;
 use super::log::JsLog;
-use super::options::RedisLeaseProviderOptions;
+use super::options;
 use super::reply::{resolved, settled};
 use super::{runtime, unknown};
-use crate::core::{Call, LeaseError, RedisStore, Result};
+use crate::core::{Call, LeaseError, RedisStore, Result, Subject};
 
 /// Leases in Redis, one atomic Lua script and one round trip per call.
 ///
@@ -24,16 +23,20 @@ use crate::core::{Call, LeaseError, RedisStore, Result};
 #[napi]
 pub struct RedisLeaseProvider {
     bridge: Option<Arc<Bridge<RedisStore>>>,
+    /// What its calls after `close()` say is closed.
+    subject: Subject,
 }
 
 #[napi]
 impl RedisLeaseProvider {
     /// Checks the options and prepares the connection; nothing connects until the first
-    /// call. Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION`.
+    /// call. Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for a bad
+    /// or unknown option.
     ///
-    /// Once per connection (the first, and each after a reconnect) it reads the server's
-    /// eviction policy with `INFO memory`, after a call succeeded and without delaying any,
-    /// and warns through `logger` (or `process.emitWarning`) if Redis could evict leases.
+    /// Once per connection (the first, and each after a reconnect) it names the connection
+    /// and reads the server's eviction policy with `INFO memory`, after a call succeeded and
+    /// without delaying any, and warns through `logger` (or `process.emitWarning`) if Redis
+    /// could evict leases.
     #[napi(
         constructor,
         ts_args_type = "options?: RedisLeaseProviderOptions | undefined | null"
@@ -41,13 +44,10 @@ impl RedisLeaseProvider {
     pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
         let raw = env.raw();
         let store =
-            RedisLeaseProviderOptions::read(raw, options.map(|o| o.raw())).and_then(|options| {
-                let log = match options.logger {
-                    Some(logger) => Some(JsLog::logger(raw, logger)?),
-                    None => JsLog::process(raw).ok(),
-                };
+            options::redis_lease(raw, options.map(|o| o.raw())).and_then(|(options, logger)| {
+                let log = JsLog::logger_or_process(raw, logger)?;
                 let _context = runtime()?.enter();
-                let store = RedisStore::new(options.into_core())?;
+                let store = RedisStore::new(options)?;
                 if let Some(log) = log {
                     store.connection().set_logger(Arc::new(log));
                 }
@@ -56,19 +56,21 @@ impl RedisLeaseProvider {
         match store {
             Ok(store) => Ok(Self {
                 bridge: Some(Bridge::new(raw, Arc::new(store))?),
+                subject: Subject::LeaseProvider,
             }),
             Err(err) => {
-                js::throw(raw, &err);
+                err.throw(raw);
                 Err(napi::Error::from_status(napi::Status::PendingException))
             }
         }
     }
 
     /// A provider over a store that already exists (the one sharing a streams transport's
-    /// connection).
+    /// connection): its calls after `close()` say the streams pubsub is closed.
     pub(super) fn over(env: &Env, store: Arc<RedisStore>) -> napi::Result<Self> {
         Ok(Self {
             bridge: Some(Bridge::new(env.raw(), store)?),
+            subject: Subject::StreamsPubSub,
         })
     }
 
@@ -167,7 +169,7 @@ impl RedisLeaseProvider {
     fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let e = env.raw();
         let promise = match (&self.bridge, call) {
-            (None, _) => settled(e, Err(LeaseError::Closed)),
+            (None, _) => settled(e, Err(LeaseError::Closed(self.subject))),
             (Some(_), Err(err)) => settled(e, Err(err)),
             (Some(bridge), Ok(call)) => bridge.submit(e, call),
         };

@@ -3,7 +3,7 @@
 //! a Mastra `PubSub` (event objects, callbacks with ack/nack, `localOnly`); this class moves
 //! JSON text and delivery ids across, nothing more.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,41 +13,35 @@ use napi::JsValue;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
+use super::args;
 use super::inbox::{lock, Inbox};
 use super::js::{self, Value};
 use super::log::JsLog;
-use super::options::RedisStreamsOptions;
+use super::options;
 use super::redis::RedisLeaseProvider;
-use super::reply::{guarded, settled, Reply};
+use super::reply::{guarded, resolved, settled, Reply};
 use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
-use crate::core::streams::{
-    Delivery, Level, Logger, Notice, StartFrom, StreamsPubSub, SubscribeOptions,
-};
-use crate::core::{InputErrorKind, LeaseError, RedisStore};
+use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
+use crate::core::{InputErrorKind, LeaseError, Limits, RedisStore, Subject};
 
 /// Most deliveries handed to JavaScript in one call.
 const DELIVERY_BATCH: usize = 256;
-/// Most deliveries whose callback returned unsettled that are kept for a late ack.
-const MAX_LET_GO: usize = 10_000;
 
 /// Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`.
 #[napi]
 pub struct RedisStreamsTransport {
     shared: Option<Arc<Shared>>,
     store: Arc<RedisStore>,
+    /// Topic and group names obey the lease key limit.
+    limits: Limits,
+    max_delivery_attempts: Option<u64>,
 }
 
 struct Shared {
     pubsub: StreamsPubSub,
     inbox: Arc<Inbox>,
-    /// Deliveries handed to JavaScript and not yet settled, by id.
-    deliveries: Mutex<HashMap<u32, Delivery>>,
-    /// Deliveries whose callback returned without settling them, oldest first: kept for a
-    /// late ack or nack, the last [`MAX_LET_GO`] of them (see `handled`).
-    let_go: Mutex<VecDeque<u32>>,
-    next_delivery: AtomicU32,
     /// Running subscriptions: the signal that stops each one's forwarding task.
     subscriptions: Mutex<HashMap<u32, Running>>,
     next_subscription: AtomicU32,
@@ -58,7 +52,7 @@ struct Shared {
     /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
     /// write in call order (Mastra publishes without awaiting and relies on that order).
     outbox: Outbox<Pending>,
-    /// Acks made in this turn of JavaScript: they leave together, one XACK per subscription.
+    /// Acks made in this turn of JavaScript: they leave together, one XACK per consumer.
     acks: Outbox<(js::Deferred, Delivery)>,
 }
 
@@ -79,61 +73,41 @@ struct Pending {
 
 #[napi]
 impl RedisStreamsTransport {
-    /// Checks the options; connects on first use. `log(level, message, fieldsJson)`, when
-    /// given, receives the transport's warnings and debug notes, the eviction-policy warning
-    /// among them (without it, that one goes to `process.emitWarning`).
+    /// Checks the options; connects on first use. Throws a `TypeError`/`RangeError` with
+    /// code `ERR_LEASE_INVALID_OPTION` for a bad or unknown option. `logger` receives the
+    /// transport's warnings and debug notes, the eviction-policy warning among them
+    /// (without one, that goes to `process.emitWarning`).
     #[napi(
         constructor,
         catch_unwind,
-        ts_args_type = "options?: RedisStreamsOptions | undefined | null, log?: ((level: 'debug' | 'warn', message: string, fieldsJson: string) => void) | undefined | null"
+        ts_args_type = "options?: RedisStreamsOptions | undefined | null"
     )]
-    pub fn new(env: Env, options: Option<Unknown>, log: Option<Unknown>) -> napi::Result<Self> {
+    pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
         let raw = env.raw();
-        let built = (|| {
-            let (mut options, limits) =
-                RedisStreamsOptions::read(raw, options.map(|o| o.raw()))?.into_core();
-            if let Some(log) = log.map(|l| l.raw()) {
-                match js::type_of(raw, log) {
-                    ValueType::napi_undefined | ValueType::napi_null => {}
-                    ValueType::napi_function => {
-                        let logger = JsLogger(
-                            JsCallback::new(raw, log, notice_args)
-                                .map_err(|e| LeaseError::Internal(e.reason.clone()))?,
-                        );
-                        options.logger = Some(Arc::new(logger));
-                    }
-                    _ => {
-                        return Err(LeaseError::option(
-                            InputErrorKind::Type,
-                            "log must be a function",
-                        ))
-                    }
+        let built = options::redis_streams(raw, options.map(|o| o.raw())).and_then(
+            |(mut options, limits, logger)| {
+                let key_prefix = options.key_prefix.clone();
+                let log = JsLog::logger_or_process(raw, logger)?.map(Arc::new);
+                // Warnings and notes go to the logger; without one, only the eviction-policy
+                // warning goes anywhere (process.emitWarning).
+                if logger.is_some() {
+                    options.logger = log.clone().map(|log| log as _);
                 }
-            }
-            let key_prefix = options.key_prefix.clone();
-            // The eviction-policy warning goes to the log, or to process.emitWarning.
-            let eviction_log = match &options.logger {
-                Some(logger) => Some(logger.clone()),
-                None => JsLog::process(raw)
-                    .ok()
-                    .map(|log| Arc::new(log) as Arc<dyn Logger>),
-            };
-            let _context = runtime()?.enter();
-            let pubsub = StreamsPubSub::new(options)?;
-            if let Some(log) = eviction_log {
-                pubsub.connection().set_logger(log);
-            }
-            let store = RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
-            Ok((pubsub, store))
-        })();
+                let _context = runtime()?.enter();
+                let pubsub = StreamsPubSub::new(options)?;
+                if let Some(log) = log {
+                    pubsub.connection().set_logger(log);
+                }
+                let store = RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
+                Ok((pubsub, store, limits))
+            },
+        );
         match built {
-            Ok((pubsub, store)) => Ok(Self {
+            Ok((pubsub, store, limits)) => Ok(Self {
+                max_delivery_attempts: pubsub.max_delivery_attempts(),
                 shared: Some(Arc::new(Shared {
                     pubsub,
                     inbox: Inbox::new(raw)?,
-                    deliveries: Mutex::new(HashMap::new()),
-                    let_go: Mutex::new(VecDeque::new()),
-                    next_delivery: AtomicU32::new(1),
                     subscriptions: Mutex::new(HashMap::new()),
                     next_subscription: AtomicU32::new(1),
                     publishes: Arc::new(tokio::sync::RwLock::new(())),
@@ -141,9 +115,10 @@ impl RedisStreamsTransport {
                     acks: Outbox::default(),
                 })),
                 store: Arc::new(store),
+                limits,
             }),
             Err(err) => {
-                js::throw(raw, &err);
+                err.throw(raw);
                 Err(napi::Error::from_status(napi::Status::PendingException))
             }
         }
@@ -155,14 +130,52 @@ impl RedisStreamsTransport {
         RedisLeaseProvider::over(&env, self.store.clone())
     }
 
+    /// `maxDeliveryAttempts` as configured: `Infinity` when unlimited.
+    #[napi(getter)]
+    pub fn max_delivery_attempts(&self) -> f64 {
+        self.max_delivery_attempts
+            .map_or(f64::INFINITY, |n| n as f64)
+    }
+
     /// Appends `json`, an event object's JSON already stamped with `id`, `createdAt` and
     /// `deliveryAttempt` (the TypeScript shell does that), to the topic's stream as it is.
-    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn publish<'env>(&self, env: &'env Env, topic: String, json: String) -> Unknown<'env> {
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string, json: string",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn publish<'env>(
+        &self,
+        env: &'env Env,
+        topic: Unknown<'env>,
+        json: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let raw = env.raw();
         let Some(shared) = &self.shared else {
-            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+            return unknown(env, closed(raw));
         };
-        let (deferred, promise) = shared.inbox.promise(env.raw());
+        let checked =
+            args::stream_name(raw, topic.raw(), "topic", &self.limits).and_then(|topic| {
+                match js::type_of(raw, json.raw()) {
+                    ValueType::napi_string => js::string_value(raw, json.raw())
+                        .map(|json| (topic, json))
+                        .map_err(|_| {
+                            LeaseError::streams_argument(
+                                InputErrorKind::Type,
+                                "event must be well-formed UTF-16 JSON",
+                            )
+                        }),
+                    _ => Err(LeaseError::streams_argument(
+                        InputErrorKind::Type,
+                        "event must be an object's JSON text",
+                    )),
+                }
+            });
+        let (topic, json) = match checked {
+            Ok(checked) => checked,
+            Err(err) => return unknown(env, settled(raw, Err(err))),
+        };
+        let (deferred, promise) = shared.inbox.promise(raw);
         // Unavailable only while a flush or close is waiting: a publish made after it need
         // not be waited for.
         let guard = shared.publishes.clone().try_read_owned().ok();
@@ -174,7 +187,7 @@ impl RedisStreamsTransport {
         };
         shared
             .outbox
-            .push(env.raw(), pending, shared, Shared::send_publishes);
+            .push(raw, pending, shared, Shared::send_publishes);
         unknown(env, promise)
     }
 
@@ -182,97 +195,124 @@ impl RedisStreamsTransport {
     /// Resolves the subscription's id once the starting point is fixed.
     #[napi(
         catch_unwind,
-        ts_args_type = "topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest', onEvents: (batch: Array<number | string>) => void",
+        ts_args_type = "topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest' | undefined | null, onEvents: (batch: Array<number | string>) => void",
         ts_return_type = "Promise<number>"
     )]
     pub fn subscribe<'env>(
         &self,
         env: &'env Env,
-        topic: String,
-        group: Option<String>,
-        start_from: String,
+        topic: Unknown<'env>,
+        group: Unknown<'env>,
+        start_from: Unknown<'env>,
         on_events: Unknown<'env>,
     ) -> Unknown<'env> {
         let raw = env.raw();
-        let start_from = match start_from.as_str() {
-            "latest" => StartFrom::Latest,
-            _ => StartFrom::Earliest,
+        let Some(shared) = &self.shared else {
+            return unknown(env, closed(raw));
         };
-        if js::type_of(raw, on_events.raw()) != ValueType::napi_function {
-            let err = LeaseError::option(InputErrorKind::Type, "onEvents must be a function");
-            return unknown(env, settled(raw, Err(err)));
-        }
-        let sink = match JsCallback::new(raw, on_events.raw(), delivery_args) {
-            Ok(sink) => sink,
-            Err(err) => return unknown(env, settled(raw, Err(LeaseError::Internal(err.reason)))),
+        let checked = (|| {
+            let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
+            let group = match js::type_of(raw, group.raw()) {
+                ValueType::napi_undefined | ValueType::napi_null => None,
+                _ => Some(args::stream_name(raw, group.raw(), "group", &self.limits)?),
+            };
+            let start_from = args::start_from(raw, start_from.raw())?;
+            if js::type_of(raw, on_events.raw()) != ValueType::napi_function {
+                return Err(LeaseError::streams_argument(
+                    InputErrorKind::Type,
+                    "onEvents must be a function",
+                ));
+            }
+            let sink = JsCallback::new(raw, on_events.raw(), delivery_args)
+                .map_err(|err| LeaseError::Internal(err.reason))?;
+            Ok((topic, SubscribeOptions { group, start_from }, sink))
+        })();
+        let (topic, options, sink) = match checked {
+            Ok(checked) => checked,
+            Err(err) => return unknown(env, settled(raw, Err(err))),
         };
         // A live subscription keeps the process alive, as a listening socket would.
         sink.refer(raw);
-        let options = SubscribeOptions {
-            group: group.filter(|g| !g.is_empty()),
-            start_from,
-        };
-        self.run(env, move |shared| async move {
-            let mut subscription = shared.pubsub.subscribe(&topic, options).await?;
-            let id = shared.next_subscription.fetch_add(1, Ordering::Relaxed);
-            let (stop, mut stopped) = oneshot::channel();
-            let (finished, done) = oneshot::channel();
-            lock(&shared.subscriptions).insert(id, Running { stop, done });
-            let forward = shared.clone();
-            runtime()?.spawn(async move {
-                let mut batch = Vec::with_capacity(DELIVERY_BATCH);
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => break,
-                        taken = subscription.recv_many(&mut batch, DELIVERY_BATCH) => {
-                            if taken == 0 {
-                                break;
+        let shared = Arc::clone(shared);
+        let inbox = shared.inbox.clone();
+        unknown(
+            env,
+            inbox.spawn(raw, async move {
+                let mut subscription = shared.pubsub.subscribe(&topic, options).await?;
+                let id = shared.next_subscription.fetch_add(1, Ordering::Relaxed);
+                let (stop, mut stopped) = oneshot::channel();
+                let (finished, done) = oneshot::channel();
+                lock(&shared.subscriptions).insert(id, Running { stop, done });
+                runtime()?.spawn(async move {
+                    let mut batch = Vec::with_capacity(DELIVERY_BATCH);
+                    loop {
+                        tokio::select! {
+                            _ = &mut stopped => break,
+                            taken = subscription.recv_many(&mut batch, DELIVERY_BATCH) => {
+                                if taken == 0 {
+                                    break;
+                                }
+                                let handed: Vec<_> = batch
+                                    .drain(..)
+                                    .map(|d| (d.id() as f64, d.shared_json()))
+                                    .collect();
+                                sink.call(handed);
                             }
-                            sink.call(forward.hand_out(&mut batch));
                         }
                     }
-                }
-                subscription.unsubscribe().await;
-                drop(sink);
-                let _ = finished.send(());
-            });
-            Ok(Reply::Number(f64::from(id)))
-        })
+                    subscription.unsubscribe().await;
+                    drop(sink);
+                    let _ = finished.send(());
+                });
+                Ok(Reply::Number(f64::from(id)))
+            }),
+        )
     }
 
-    /// Acknowledges a delivery. Settling twice, or an unknown id, is a no-op.
+    /// Acknowledges a delivery. Never rejects: a settled or unknown delivery, a closed
+    /// transport, or an ack that could not reach Redis (it is retried in the background)
+    /// all resolve.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn ack<'env>(&self, env: &'env Env, delivery: u32) -> Unknown<'env> {
-        self.settle(env, delivery, true)
+    pub fn ack<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
+        let raw = env.raw();
+        let Some((shared, delivery)) = self.held(delivery) else {
+            return unknown(env, resolved(raw));
+        };
+        let (deferred, promise) = shared.inbox.promise(raw);
+        shared
+            .acks
+            .push(raw, (deferred, delivery), shared, Shared::send_acks);
+        unknown(env, promise)
     }
 
     /// Rejects a delivery: redelivered with `deliveryAttempt + 1`, or dropped with a warning
-    /// at `maxDeliveryAttempts`.
+    /// at `maxDeliveryAttempts`. Never rejects, as `ack`.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn nack<'env>(&self, env: &'env Env, delivery: u32) -> Unknown<'env> {
-        self.settle(env, delivery, false)
+    pub fn nack<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
+        let raw = env.raw();
+        let Some((shared, delivery)) = self.held(delivery) else {
+            return unknown(env, resolved(raw));
+        };
+        unknown(
+            env,
+            shared.inbox.defer(raw, async move {
+                // A panic is a bug, and reported as one on stderr; the nack still resolves.
+                let _ = guarded(async {
+                    delivery.nack().await;
+                    Ok(())
+                })
+                .await;
+                Ok(Reply::Undefined)
+            }),
+        )
     }
 
-    /// The subscriber's callback has returned (or resolved) without settling the delivery:
-    /// it is no longer kept claimed while idle, and a sibling may reclaim it after
-    /// `reclaimIdleMs`. A late ack or nack still counts; past the last [`MAX_LET_GO`] such
-    /// deliveries, the oldest is forgotten (it stays pending for a reclaim, and an ack of it
-    /// does nothing), so a callback that never settles does not grow memory without end.
-    /// A settled or unknown delivery is ignored.
+    /// A fan-out subscription's callback has returned (or resolved) without settling the
+    /// delivery: it is done (see `Delivery::returned`). A group's delivery stays held.
     #[napi(catch_unwind)]
-    pub fn handled(&self, delivery: u32) {
-        let Some(shared) = &self.shared else { return };
-        let mut deliveries = lock(&shared.deliveries);
-        let Some(found) = deliveries.get(&delivery) else {
-            return;
-        };
-        found.handled();
-        let mut let_go = lock(&shared.let_go);
-        let_go.push_back(delivery);
-        while let_go.len() > MAX_LET_GO {
-            if let Some(oldest) = let_go.pop_front() {
-                deliveries.remove(&oldest);
-            }
+    pub fn returned(&self, delivery: f64) {
+        if let Some((_, delivery)) = self.held(delivery) {
+            delivery.returned();
         }
     }
 
@@ -285,7 +325,7 @@ impl RedisStreamsTransport {
             .as_ref()
             .and_then(|shared| lock(&shared.subscriptions).remove(&subscription));
         let Some(Running { stop, done }) = running else {
-            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
+            return unknown(env, resolved(env.raw()));
         };
         let _ = stop.send(());
         self.run(env, |_| async move {
@@ -304,21 +344,30 @@ impl RedisStreamsTransport {
         })
     }
 
-    /// Deletes the topic's stream; never rejects (failures go to the log).
-    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn clear_topic<'env>(&self, env: &'env Env, topic: String) -> Unknown<'env> {
+    /// Deletes the topic's stream; never rejects for Redis' sake (failures go to the log).
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn clear_topic<'env>(&self, env: &'env Env, topic: Unknown<'env>) -> Unknown<'env> {
+        let topic = match args::stream_name(env.raw(), topic.raw(), "topic", &self.limits) {
+            Ok(topic) => topic,
+            Err(err) => return unknown(env, settled(env.raw(), Err(err))),
+        };
         self.run(env, move |shared| async move {
             shared.pubsub.clear_topic(&topic).await;
             Ok(Reply::Undefined)
         })
     }
 
-    /// Stops every subscription and drains publishes; later calls reject with
-    /// `ERR_LEASE_CLOSED`. Idempotent, bounded by the command timeout.
+    /// Stops every subscription, drains publishes and closes every connection; later calls
+    /// reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). Idempotent,
+    /// bounded by the block and command timeouts.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         let Some(shared) = self.shared.take() else {
-            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
+            return unknown(env, resolved(env.raw()));
         };
         for (_, running) in lock(&shared.subscriptions).drain() {
             let _ = running.stop.send(());
@@ -335,27 +384,12 @@ impl RedisStreamsTransport {
         )
     }
 
-    fn settle<'env>(&self, env: &'env Env, delivery: u32, ack: bool) -> Unknown<'env> {
-        let Some(shared) = &self.shared else {
-            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
-        };
-        let Some(delivery) = lock(&shared.deliveries).remove(&delivery) else {
-            return unknown(env, settled(env.raw(), Ok(Reply::Undefined)));
-        };
-        if ack {
-            let (deferred, promise) = shared.inbox.promise(env.raw());
-            shared
-                .acks
-                .push(env.raw(), (deferred, delivery), shared, Shared::send_acks);
-            return unknown(env, promise);
-        }
-        unknown(
-            env,
-            shared.inbox.defer(env.raw(), async move {
-                delivery.nack().await?;
-                Ok(Reply::Undefined)
-            }),
-        )
+    /// The held delivery with this id, with the transport's state; `None` once closed, or
+    /// for an id that is not a held delivery's.
+    fn held(&self, delivery: f64) -> Option<(&Arc<Shared>, Delivery)> {
+        let shared = self.shared.as_ref()?;
+        let id = args::safe_integer(delivery)?;
+        Some((shared, shared.pubsub.delivery(id)?))
     }
 
     /// Runs `work` on the runtime; a closed transport rejects at once.
@@ -365,11 +399,16 @@ impl RedisStreamsTransport {
         Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
     {
         let Some(shared) = &self.shared else {
-            return unknown(env, settled(env.raw(), Err(LeaseError::Closed)));
+            return unknown(env, closed(env.raw()));
         };
         let inbox = shared.inbox.clone();
         unknown(env, inbox.spawn(env.raw(), work(shared.clone())))
     }
+}
+
+/// A promise rejected because the transport was closed.
+fn closed(env: js::Env) -> Value {
+    settled(env, Err(LeaseError::Closed(Subject::StreamsPubSub)))
 }
 
 impl Shared {
@@ -395,7 +434,8 @@ impl Shared {
         });
     }
 
-    /// Sends the turn's acks as one round trip.
+    /// Sends the turn's acks as one round trip. They resolve whatever happened: an ack that
+    /// could not land is retried in the background.
     fn send_acks(self: &Arc<Self>) {
         let Some((runtime, batch)) = self.inbox.take_batch(&self.acks, |(d, _)| d) else {
             return;
@@ -403,60 +443,21 @@ impl Shared {
         let inbox = self.inbox.clone();
         runtime.spawn(async move {
             let (waiting, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let answers: Vec<_> =
-                match guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await {
-                    Ok(answers) => answers
-                        .into_iter()
-                        .map(|answer| answer.map(|_| Reply::Undefined))
-                        .collect(),
-                    Err(err) => waiting.iter().map(|_| Err(err.clone())).collect(),
-                };
-            inbox.complete(waiting.into_iter().zip(answers).collect());
+            // A panic is a bug, and reported as one on stderr; the acks still resolve.
+            let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
+            let outcomes = waiting
+                .into_iter()
+                .map(|deferred| (deferred, Ok(Reply::Undefined)));
+            inbox.complete(outcomes.collect());
         });
-    }
-
-    /// Registers a batch of deliveries under fresh ids; answers `[id, json, id, json, ...]`.
-    fn hand_out(&self, batch: &mut Vec<Delivery>) -> Vec<(u32, Arc<str>)> {
-        let mut deliveries = lock(&self.deliveries);
-        batch
-            .drain(..)
-            .map(|delivery| {
-                let id = self.next_delivery.fetch_add(1, Ordering::Relaxed);
-                let json = delivery.shared_json();
-                deliveries.insert(id, delivery);
-                (id, json)
-            })
-            .collect()
     }
 }
 
-fn delivery_args(env: js::Env, batch: Vec<(u32, Arc<str>)>) -> Vec<Value> {
+fn delivery_args(env: js::Env, batch: Vec<(f64, Arc<str>)>) -> Vec<Value> {
     let mut flat = Vec::with_capacity(batch.len() * 2);
     for (id, json) in &batch {
-        flat.push(js::number_value(env, f64::from(*id)));
+        flat.push(js::number_value(env, *id));
         flat.push(js::string(env, json));
     }
     vec![js::array(env, &flat)]
-}
-
-/// Forwards the transport's notices to the shell's `log(level, message, fieldsJson)`.
-struct JsLogger(JsCallback<Notice>);
-
-impl Logger for JsLogger {
-    fn log(&self, notice: Notice) {
-        self.0.call(notice);
-    }
-}
-
-fn notice_args(env: js::Env, notice: Notice) -> Vec<Value> {
-    let level = match notice.level {
-        Level::Debug => "debug",
-        Level::Warn => "warn",
-    };
-    let fields = serde_json::Value::Object(notice.fields).to_string();
-    vec![
-        js::string(env, level),
-        js::string(env, &notice.message),
-        js::string(env, &fields),
-    ]
 }

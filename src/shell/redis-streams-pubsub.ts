@@ -6,18 +6,19 @@ import { RedisStreamsTransport } from '../../index.js'
 import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 
-/** Anything with Mastra's logger's `debug` and `warn` (Mastra's own logger fits). */
+/** A logger: `warn` for warnings and, if it has one, `debug` for notes (Mastra's logger fits). */
 export interface StreamsLogger {
-  debug(message: string, fields?: Record<string, unknown>): void
   warn(message: string, fields?: Record<string, unknown>): void
+  debug?(message: string, fields?: Record<string, unknown>): void
 }
 
 /** Options of `new RedisStreamsPubSub(options?)`; every field has a default. */
-export interface RedisStreamsPubSubOptions extends RedisStreamsOptions {
+export interface RedisStreamsPubSubOptions extends Omit<RedisStreamsOptions, 'logger'> {
   /**
-   * Receives dropped-event warnings, connection trouble (at most once per 30 s), and the
-   * warning when Redis's eviction policy could evict leases (once per policy). Without it,
-   * that warning goes to `process.emitWarning` (code `MASTRA_LEASE_EVICTION_POLICY`).
+   * Receives dropped-event warnings, connection trouble (at most once per 30 s), events held
+   * unusually long, and the warning when Redis's eviction policy could evict leases (once per
+   * policy); debug notes when it has `debug`. Without it, the eviction-policy warning goes to
+   * `process.emitWarning` (code `MASTRA_LEASE_EVICTION_POLICY`).
    */
   logger?: StreamsLogger
 }
@@ -46,31 +47,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly logger: StreamsLogger | undefined
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
-    if (options !== null && options !== undefined && typeof options !== 'object') {
-      throw optionError(`options must be an object, got ${typeof options}`)
-    }
-    const { logger, ...native } = options ?? {}
-    if (logger !== undefined && (typeof logger?.debug !== 'function' || typeof logger?.warn !== 'function')) {
-      throw optionError('logger must have debug(message, fields) and warn(message, fields) methods')
-    }
-    const log = logger
-      ? (level: 'debug' | 'warn', message: string, fieldsJson: string) => {
-          try {
-            logger[level](message, JSON.parse(fieldsJson) as Record<string, unknown>)
-          } catch {
-            // A logger that throws must not break delivery.
-          }
-        }
-      : undefined
-    const transport = new RedisStreamsTransport(native, log)
+    // Every option, the logger included, is checked natively: a bad or unknown one throws.
+    const transport = new RedisStreamsTransport(options)
     const leases = transport.leaseProvider()
     super(leases)
     this.transport = transport
     this.ownLeases = leases
-    this.logger = logger
-    // The transport accepted it: undefined (default 5), 0 or Infinity (unlimited), or a whole number.
-    const max = native.maxDeliveryAttempts
-    this.maxAttempts = max === undefined ? 5 : max === 0 ? Infinity : max
+    this.logger = options?.logger
+    this.maxAttempts = transport.maxDeliveryAttempts
   }
 
   override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {
@@ -117,9 +101,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * nack) is reclaimed after `reclaimIdleMs`.
    */
   async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
+    if (typeof cb !== 'function') throw argumentError(`the callback must be a function, got ${typeof cb}`)
+    const { group, startFrom } = subscribeOptions(options)
     const onEvents = (batch: Array<number | string>) => {
       for (let i = 0; i + 1 < batch.length; i += 2) {
-        this.deliver(batch[i] as number, batch[i + 1] as string, cb)
+        this.deliver(batch[i] as number, batch[i + 1] as string, cb, group)
       }
     }
     let byCallback = this.subscriptions.get(topic)
@@ -129,14 +115,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       await existing.id
       return
     }
-    const group = options?.group || undefined
-    const id = this.transport.subscribe(topic, group, options?.startFrom ?? 'earliest', onEvents)
+    const id = this.transport.subscribe(topic, group, startFrom, onEvents)
     if (!byCallback) this.subscriptions.set(topic, (byCallback = new Map()))
     byCallback.set(cb, { id, group })
     try {
       await id
     } catch (err) {
       byCallback.delete(cb)
+      if (byCallback.size === 0) this.subscriptions.delete(topic)
       throw err
     }
   }
@@ -255,14 +241,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     return members.length > 0 ? this.nextMember(topic, group, members) : undefined
   }
 
-  private deliver(delivery: number, json: string, cb: EventCallback): void {
+  private deliver(delivery: number, json: string, cb: EventCallback, group: string | undefined): void {
     let event: Event
     try {
       event = JSON.parse(json) as Event
       event.createdAt = dateOf(event.createdAt as unknown as string)
     } catch {
       // Not an event: settle it so it does not come back forever.
-      void this.transport.ack(delivery).catch(() => {})
+      void this.transport.ack(delivery)
       return
     }
     let settled = false
@@ -271,11 +257,12 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       settled = true
       return this.transport[how](delivery)
     }
-    // While the callback runs, its event is kept claimed however long it takes; returning
-    // without ack or nack leaves the event to be reclaimed after `reclaimIdleMs`.
-    invoke(cb, event, settle('ack'), settle('nack'), () => {
-      if (!settled) this.transport.handled(delivery)
-    })
+    // A group's event stays held (kept claimed) until it is acked or nacked, however long
+    // after the callback returns that is: Mastra's workers return at once and ack when the
+    // step ends. A fan-out event, which holds nothing in Redis, is done once its callback
+    // returned.
+    const returned = group === undefined ? () => settled || this.transport.returned(delivery) : undefined
+    invoke(cb, event, settle('ack'), settle('nack'), returned)
   }
 }
 
@@ -315,9 +302,29 @@ function attemptOf(attempt: unknown): number {
   return typeof attempt === 'number' && Number.isSafeInteger(attempt) && attempt >= 1 ? attempt : 1
 }
 
-/** The same coded error the native option checks throw. */
-function optionError(message: string): TypeError {
-  return Object.assign(new TypeError(message), { code: 'ERR_LEASE_INVALID_OPTION' })
+/** The same coded error the native argument checks give. */
+function argumentError(message: string): TypeError {
+  return Object.assign(new TypeError(message), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+}
+
+/**
+ * `subscribe`'s options: `group` and `startFrom` (checked natively), and `batch`, which a pubsub
+ * without native batching delivers unbatched, as Mastra's own `CachingPubSub` documents. Any
+ * other field is refused: `{ grup: 'workers' }` must not quietly become a fan-out subscription,
+ * where every process handles every event.
+ */
+function subscribeOptions(options: SubscribeOptions | undefined | null): {
+  group: string | undefined
+  startFrom: SubscribeOptions['startFrom']
+} {
+  if (options === undefined || options === null) return { group: undefined, startFrom: undefined }
+  if (typeof options !== 'object') throw argumentError(`subscribe options must be an object, got ${typeof options}`)
+  for (const name of Object.keys(options)) {
+    if (name !== 'group' && name !== 'startFrom' && name !== 'batch') {
+      throw argumentError(`unknown subscribe option ${JSON.stringify(name)} (subscribe takes group, startFrom and batch)`)
+    }
+  }
+  return { group: options.group, startFrom: options.startFrom }
 }
 
 /** Calls a subscriber; a throw or a rejection nacks the event, a return calls `done`. */
@@ -326,7 +333,7 @@ function invoke(
   event: Event,
   ack: () => Promise<void>,
   nack: () => Promise<void>,
-  done: () => void = () => {},
+  done: () => unknown = () => {},
 ): void {
   const failed = () => void nack().catch(() => {})
   try {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use redis::{Pipeline, Script, Value};
 
 use super::{Answer, Call, Grant, LeaseStore, Limits};
-use crate::core::connection::{parse, Connection, TlsOptions};
-use crate::core::error::{InputErrorKind, LeaseError, Result};
+use crate::core::connection::{parse, Connection, ConnectionOptions};
+use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
 
 const ACQUIRE_LUA: &str = include_str!("acquire.lua");
 const RENEW_LUA: &str = include_str!("renew.lua");
@@ -27,30 +27,21 @@ static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_LUA));
 /// How to reach Redis and where the leases live there.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
-    /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
-    pub url: String,
+    /// The server, the credentials, TLS, the connection name and the timeouts (every call
+    /// settles within the command timeout).
+    pub connection: ConnectionOptions,
     /// Leases live at `<key_prefix>:lease:<key>`. Default `mastra:topic`, as Mastra's backend.
     pub key_prefix: String,
-    /// Bound on one attempt to open the connection. Default 2 s.
-    pub connect_timeout: Duration,
-    /// Bound on a whole call, connecting included: every call settles within it. Default 2 s.
-    pub command_timeout: Duration,
     /// Input limits.
     pub limits: Limits,
-    /// CA, client certificate and key for a `rediss://` URL. Default none.
-    pub tls: TlsOptions,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
-            url: "redis://127.0.0.1:6379".to_owned(),
+            connection: ConnectionOptions::default(),
             key_prefix: "mastra:topic".to_owned(),
-            connect_timeout: Duration::from_secs(2),
-            command_timeout: Duration::from_secs(2),
             limits: Limits::default(),
-            tls: TlsOptions::default(),
         }
     }
 }
@@ -67,12 +58,7 @@ pub struct RedisStore {
 impl RedisStore {
     /// Checks the options; does not connect. Must run inside a Tokio runtime.
     pub fn new(options: RedisOptions) -> Result<Self> {
-        let connection = Connection::new(
-            &options.url,
-            &options.tls,
-            options.connect_timeout,
-            options.command_timeout,
-        )?;
+        let connection = Connection::new(&options.connection, Subject::LeaseProvider)?;
         Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)
     }
 

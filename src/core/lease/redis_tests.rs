@@ -3,14 +3,18 @@
 use std::time::{Duration, Instant};
 
 use super::{RedisOptions, RedisStore};
+use crate::core::connection::ConnectionOptions;
 use crate::core::test_redis::Server;
 use crate::core::{Answer, Call, Grant, LeaseStore};
 
 fn store(server: &Server, command_timeout: Duration) -> RedisStore {
     RedisStore::new(RedisOptions {
-        url: server.url(),
+        connection: ConnectionOptions {
+            url: server.url(),
+            command_timeout,
+            ..ConnectionOptions::default()
+        },
         key_prefix: "t".into(),
-        command_timeout,
         ..RedisOptions::default()
     })
     .unwrap()
@@ -114,7 +118,10 @@ async fn a_frozen_server_makes_calls_time_out_and_a_thawed_one_answers_again() {
 #[tokio::test]
 async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
     let store = RedisStore::new(RedisOptions {
-        url: "redis+unix:///nonexistent/mastra-lease.sock".into(),
+        connection: ConnectionOptions {
+            url: "redis+unix:///nonexistent/mastra-lease.sock".into(),
+            ..ConnectionOptions::default()
+        },
         ..RedisOptions::default()
     })
     .unwrap();

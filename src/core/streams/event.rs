@@ -1,50 +1,20 @@
-//! Events on the wire: stamping what is published, reading entries back.
+//! Events on the wire: reading entries back, and the event fields delivery needs.
 //!
 //! An entry is `XADD <keyPrefix>:<topic> * event <json>`: one field, `event`, holding the
 //! event as JSON, the layout Mastra's own Redis Streams backend writes and reads. The JSON
 //! carries `id` (a random UUID), `createdAt` (an ISO 8601 UTC string, what `JSON.stringify`
-//! makes of a `Date`) and `deliveryAttempt` (1 on publish, one more on each redelivery).
+//! makes of a `Date`) and `deliveryAttempt` (1 on publish, one more on each redelivery); the
+//! TypeScript shell stamps them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::fmt;
 
 use redis::Value;
 use serde_json::{Map, Value as Json};
 
-use crate::core::error::{InputErrorKind, LeaseError, Result};
+use crate::core::error::{LeaseError, Result};
 
 /// The stream field that holds the event.
 pub(crate) const EVENT_FIELD: &str = "event";
-
-/// Adds `id`, `createdAt` and `deliveryAttempt` to an event and serialises it.
-///
-/// Like Mastra's backend, `id` and `createdAt` are always assigned here and a
-/// `deliveryAttempt` the caller set is kept (a positive integer; anything else becomes 1).
-pub(crate) fn stamp(event: Json) -> Result<(String, String)> {
-    let Json::Object(mut fields) = event else {
-        return Err(LeaseError::streams_argument(
-            InputErrorKind::Type,
-            "event must be a JSON object",
-        ));
-    };
-    let id = uuid_v4()?;
-    let attempt = attempt_of(&fields);
-    fields.insert("id".into(), Json::String(id.clone()));
-    fields.insert("createdAt".into(), Json::String(iso8601_now()));
-    fields.insert("deliveryAttempt".into(), Json::from(attempt));
-    let json = serde_json::to_string(&Json::Object(fields))
-        .map_err(|err| LeaseError::Internal(format!("could not serialise an event: {err}")))?;
-    Ok((id, json))
-}
-
-/// The `deliveryAttempt` of an event: a positive integer, or 1 when absent or unusable
-/// (entries written by other producers may lack it).
-pub(crate) fn attempt_of(fields: &Map<String, Json>) -> u64 {
-    fields
-        .get("deliveryAttempt")
-        .and_then(Json::as_u64)
-        .filter(|&n| n >= 1)
-        .unwrap_or(1)
-}
 
 /// The event in `json` with `deliveryAttempt` set to `attempt`, serialised: the payload a
 /// redelivery appends to the stream. `id` and `createdAt` stay those of the original.
@@ -82,39 +52,6 @@ pub(crate) fn uuid_v4() -> Result<String> {
     Ok(out)
 }
 
-/// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ`, the format `Date.prototype.toJSON` produces, so a
-/// JavaScript reader can turn it back into a `Date`.
-pub(crate) fn iso8601_now() -> String {
-    // A clock before 1970 is a misconfigured machine; the epoch is a harmless stand-in.
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    iso8601(u64::try_from(ms).unwrap_or(u64::MAX))
-}
-
-/// Formats milliseconds since the Unix epoch (civil-from-days, proleptic Gregorian).
-pub(crate) fn iso8601(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
 /// One stream entry as read: its stream id, the `event` field (if it had one), and how many
 /// times Redis has delivered it to the group (1 for a fresh read; a reclaim's XAUTOCLAIM
 /// counts one more each time).
@@ -125,21 +62,60 @@ pub(crate) struct Entry {
     pub deliveries: u64,
 }
 
-/// Reads the entries of an XREAD / XREADGROUP reply for one stream. A timed-out blocking
-/// read answers nil; RESP3 servers answer a map instead of an array of pairs.
-pub(crate) fn read_reply(reply: Value) -> Vec<Entry> {
-    let streams: Vec<Value> = match reply {
+/// A stream entry id, `<ms>-<seq>`, ordered as Redis orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub(crate) struct EntryId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl EntryId {
+    /// `0-0`: before every entry.
+    pub const ZERO: Self = Self { ms: 0, seq: 0 };
+
+    /// Parses `<ms>-<seq>` (or a bare `<ms>`, as `<ms>-0`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (ms, seq) = text.split_once('-').unwrap_or((text, "0"));
+        Some(Self {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// Reads the entries of an XREAD / XREADGROUP reply, stream by stream: each stream's key and
+/// its entries. A timed-out blocking read answers nil; RESP3 servers answer a map instead of
+/// an array of pairs.
+pub(crate) fn read_reply(reply: Value) -> Vec<(String, Vec<Entry>)> {
+    let streams: Vec<(Value, Value)> = match reply {
         Value::Array(streams) => streams
             .into_iter()
             .filter_map(|stream| match stream {
-                Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
+                Value::Array(pair) if pair.len() == 2 => {
+                    let mut pair = pair.into_iter();
+                    Some((pair.next()?, pair.next()?))
+                }
                 _ => None,
             })
             .collect(),
-        Value::Map(pairs) => pairs.into_iter().map(|(_, entries)| entries).collect(),
+        Value::Map(pairs) => pairs,
         _ => Vec::new(),
     };
-    streams.into_iter().flat_map(entries).collect()
+    streams
+        .into_iter()
+        .filter_map(|(key, list)| Some((text(&key)?, entries(list))))
+        .collect()
+}
+
+/// The entries of an XRANGE / XREVRANGE reply.
+pub(crate) fn range_reply(reply: Value) -> Vec<Entry> {
+    entries(reply)
 }
 
 /// Reads the reply of `reclaim.lua`: the cursor to continue from, the claimed entries, and
@@ -297,15 +273,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn iso8601_matches_javascript_date_to_json() {
-        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
-        // new Date(1700000000123).toJSON()
-        assert_eq!(iso8601(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
-        // A leap day: new Date(Date.UTC(2024, 1, 29, 23, 59, 59, 999)).toJSON()
-        assert_eq!(iso8601(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
-    }
-
-    #[test]
     fn a_payload_is_read_for_its_id_and_attempt_and_must_be_an_object() {
         let read = |text: &str| parse(text.as_bytes().to_vec()).map(|p| (p.id, p.attempt));
         let id = |s: &str| Some(s.to_owned());
@@ -346,19 +313,13 @@ mod tests {
     }
 
     #[test]
-    fn stamping_keeps_a_given_attempt_and_rejects_non_objects() {
-        let (id, json) = stamp(serde_json::json!({"type": "t", "deliveryAttempt": 3})).unwrap();
-        let back: Json = serde_json::from_str(&json).unwrap();
-        assert_eq!(back["id"], Json::String(id));
-        assert_eq!(back["deliveryAttempt"], 3);
-        assert_eq!(back["type"], "t");
-        let (_, json) = stamp(serde_json::json!({"deliveryAttempt": "x"})).unwrap();
-        assert_eq!(
-            serde_json::from_str::<Json>(&json).unwrap()["deliveryAttempt"],
-            1
-        );
-        let err = stamp(serde_json::json!([1, 2])).unwrap_err();
-        assert_eq!(err.code(), "ERR_STREAMS_INVALID_ARGUMENT");
+    fn entry_ids_order_as_redis_orders_them() {
+        let id = |text: &str| EntryId::parse(text).unwrap();
+        assert!(id("1-2") < id("1-10"));
+        assert!(id("9-0") < id("10-0"));
+        assert_eq!(id("5"), id("5-0"));
+        assert_eq!(id("1700000000123-7").to_string(), "1700000000123-7");
+        assert!(EntryId::parse("x-1").is_none());
     }
 
     #[test]

@@ -2,62 +2,74 @@
 //!
 //! Each topic is a stream `<keyPrefix>:<topic>` whose entries hold one field, `event`, with
 //! the event as JSON: the layout of Mastra's own Redis Streams backend, so processes running
-//! either can share topics. [`StreamsPubSub::publish`] stamps `id`, `createdAt` and
-//! `deliveryAttempt` and returns once XADD answered. [`StreamsPubSub::subscribe`] returns a
-//! [`Subscription`] whose deliveries arrive on a Tokio channel; each [`Delivery`] is acked or
-//! nacked through its own methods (dropping it unsettled counts as a nack).
+//! either can share topics. [`StreamsPubSub::publish_stamped_batch`] appends events the
+//! caller stamped; [`StreamsPubSub::subscribe`] returns a [`Subscription`] whose deliveries
+//! arrive on a channel. A [`Delivery`] is held by its consumer until it is acked or nacked.
 //!
-//! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL,
-//! the settle script) multiplexes over one `ConnectionManager`, so concurrent publishes and
-//! acks are pipelined. A blocking read holds its connection until it returns, so each
-//! subscription has its own reader connection and task (see `subscriber.rs` for why not one
-//! shared reader). Every command is bounded by a timeout; readers reconnect with backoff.
+//! The files, by concept:
+//! - `publish.rs`: appends, and the second send of appends a broken connection cut off.
+//! - `subscription.rs`: subscribing and unsubscribing; which reader serves a subscription.
+//! - `group.rs`: a consumer group's reader (one per topic and group in this process).
+//! - `fanout.rs`: the one reader of every fan-out subscription of this process.
+//! - `delivery.rs`: a delivery and how it settles (ack, nack, redelivery, the attempt cap),
+//!   settles that could not reach Redis retried in the background.
+//! - `keeper.rs`: what runs beside the readers: held entries kept claimed, reclaiming what a
+//!   dead consumer left, the in-flight timeout, warnings about long holds.
+//! - `trim.rs`: trimming streams without cutting entries a group has not settled.
+//! - `reader.rs`: what both readers share: reading entries, backoff.
+//!
+//! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL, the
+//! scripts) multiplexes over one connection, shared with the lease store. Blocking reads
+//! need connections of their own: one for all fan-out subscriptions, and one per topic and
+//! consumer group this process reads. Every command is bounded by a timeout; readers
+//! reconnect with backoff.
 
+mod delivery;
 mod event;
-mod subscriber;
+mod fanout;
+mod group;
+mod keeper;
+mod publish;
+mod reader;
+mod subscription;
+mod trim;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, Client, Pipeline, RedisResult, Value};
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
-use crate::core::connection::{parse, Connection, TlsOptions};
-use crate::core::error::{InputErrorKind, LeaseError, Result};
+use crate::core::connection::{Connection, ConnectionOptions};
+use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::log::{Level, Logger, Notice, Throttle};
 
-static APPEND_AGAIN: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("append_again.lua")));
-/// Most entries `append_again.lua` looks through for the events it sends again (it also
-/// stops at 4 MiB of events): a bound on how long it holds Redis.
-const AGAIN_SCAN: usize = 5_000;
-
-pub use subscriber::{Acker, Delivery, Settled, Subscription};
+pub use delivery::{Delivery, Settled};
+pub use subscription::Subscription;
 
 /// How to reach Redis, where topics live, and how delivery behaves. The defaults are those
 /// of Mastra's own Redis Streams backend wherever it has one.
 #[derive(Clone)]
 pub struct StreamsOptions {
-    /// `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
-    /// `redis+unix:///path/to.sock`. Default `redis://127.0.0.1:6379`.
-    pub url: String,
+    /// The server, credentials, TLS, connection name, and the bounds on connecting and on
+    /// every non-blocking command (publish, ack, nack, group creation, clear).
+    pub connection: ConnectionOptions,
     /// A topic's stream is `<key_prefix>:<topic>`. Default `mastra:topic`, as Mastra's.
     pub key_prefix: String,
-    /// Bound on one attempt to open a connection. Default 2 s.
-    pub connect_timeout: Duration,
-    /// Bound on every non-blocking command (publish, ack, nack, group creation, clear),
-    /// connecting included. Default 2 s.
-    pub command_timeout: Duration,
     /// How long one blocking read waits for new entries (`BLOCK`). Default 1 s (Mastra's
-    /// `blockMs`). Shorter makes a reclaim pass start sooner after it is due.
+    /// `blockMs`).
     pub block: Duration,
     /// Most entries one read returns (`COUNT`). Default 10, as Mastra's reads.
     pub batch_count: usize,
-    /// `MAXLEN ~` threshold applied on every append; 0 disables trimming. Default 10 000
-    /// (Mastra's `maxStreamLength`).
+    /// Streams are trimmed to about this many entries, never cutting an entry a consumer
+    /// group has not settled; 0 disables trimming. Default 10 000 (Mastra's
+    /// `maxStreamLength`).
     pub max_len: u64,
+    /// Where trimming cuts entries a group has not settled after all (each one lost is
+    /// counted in a warning); 0 never does. Default ten times `max_len`.
+    pub hard_max_len: u64,
     /// Sliding idle expiry of a stream, refreshed (PEXPIRE) by every append and group
     /// creation. Default `None` (Mastra's `streamIdleTtlMs: 0`).
     pub idle_ttl: Option<Duration>,
@@ -65,64 +77,69 @@ pub struct StreamsOptions {
     /// this, then dropped with a warning. `None` redelivers forever. Default `Some(5)`, as
     /// Mastra's.
     pub max_delivery_attempts: Option<u64>,
-    /// Most events one subscription holds unsettled: read from Redis and not yet acked or
-    /// nacked, and not let go by a handler that returned ([`Delivery::handled`]). At the
-    /// limit its reader waits, so the rest of a backlog stays for the group's other
-    /// consumers. `None` sets no limit. Default `Some(1000)`.
+    /// Most events one consumer holds unsettled (a group consumer of this process, or one
+    /// fan-out subscription). At the limit its reader waits, so the rest of a backlog stays
+    /// for the group's other consumers. `None` sets no limit. Default `Some(1000)`.
     pub max_in_flight: Option<usize>,
-    /// How often a grouped subscription looks for entries another consumer read and never
-    /// settled (XAUTOCLAIM). `None` disables reclaiming. Default 30 s (Mastra's
-    /// `reclaimIntervalMs`). A subscription also runs one pass as soon as it starts.
+    /// A delivery held unsettled this long is nacked on its handler's behalf, with a
+    /// warning (Mastra's `inFlightTimeoutMs`). Default `None`: held until settled.
+    pub in_flight_timeout: Option<Duration>,
+    /// How often a consumer looks for entries another consumer read and never settled
+    /// (XAUTOCLAIM). `None` disables reclaiming. Default 30 s (Mastra's
+    /// `reclaimIntervalMs`). A consumer also runs one pass as soon as it starts.
     pub reclaim_interval: Option<Duration>,
-    /// How long an entry must sit unsettled before it is reclaimed. Default 60 s (Mastra's
-    /// `reclaimIdleMs`). A live consumer keeps the entries it is handling claimed, however
-    /// long they take: this bounds how soon a dead consumer's entries move to a live one.
+    /// How long an entry must sit unclaimed before it is reclaimed. Default 60 s (Mastra's
+    /// `reclaimIdleMs`). A live consumer keeps the entries it holds claimed, however long
+    /// they take: this bounds how soon a dead consumer's entries move to a live one.
     pub reclaim_idle: Duration,
     /// Receives warnings (dropped events, connection trouble) and debug notes.
     pub logger: Option<Arc<dyn Logger>>,
-    /// CA, client certificate and key for a `rediss://` URL. Default none.
-    pub tls: TlsOptions,
 }
 
 impl Default for StreamsOptions {
     fn default() -> Self {
         Self {
-            url: "redis://127.0.0.1:6379".to_owned(),
+            connection: ConnectionOptions::default(),
             key_prefix: "mastra:topic".to_owned(),
-            connect_timeout: Duration::from_secs(2),
-            command_timeout: Duration::from_secs(2),
             block: Duration::from_secs(1),
             batch_count: 10,
-            max_len: 10_000,
+            max_len: DEFAULT_MAX_LEN,
+            hard_max_len: DEFAULT_MAX_LEN * HARD_MAX_LEN_FACTOR,
             idle_ttl: None,
-            max_delivery_attempts: Some(5),
+            max_delivery_attempts: Some(DEFAULT_MAX_DELIVERY_ATTEMPTS),
             max_in_flight: Some(1000),
+            in_flight_timeout: None,
             reclaim_interval: Some(Duration::from_secs(30)),
             reclaim_idle: Duration::from_secs(60),
             logger: None,
-            tls: TlsOptions::default(),
         }
     }
 }
 
+/// Mastra's `maxStreamLength` default.
+pub const DEFAULT_MAX_LEN: u64 = 10_000;
+/// `hard_max_len` is this many times `max_len` unless set.
+pub const HARD_MAX_LEN_FACTOR: u64 = 10;
+/// Mastra's `maxDeliveryAttempts` default.
+pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u64 = 5;
+
 impl fmt::Debug for StreamsOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The URL may carry a password: never print it.
         f.debug_struct("StreamsOptions")
+            .field("connection", &self.connection)
             .field("key_prefix", &self.key_prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
             .field("block", &self.block)
             .field("batch_count", &self.batch_count)
             .field("max_len", &self.max_len)
+            .field("hard_max_len", &self.hard_max_len)
             .field("idle_ttl", &self.idle_ttl)
             .field("max_delivery_attempts", &self.max_delivery_attempts)
             .field("max_in_flight", &self.max_in_flight)
+            .field("in_flight_timeout", &self.in_flight_timeout)
             .field("reclaim_interval", &self.reclaim_interval)
             .field("reclaim_idle", &self.reclaim_idle)
             .field("logger", &self.logger.is_some())
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -140,50 +157,12 @@ pub enum StartFrom {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SubscribeOptions {
     /// With a group, subscribers of that group compete: each entry goes to one of them
-    /// (a Redis consumer group, one consumer per subscription). Without one, every
-    /// subscriber sees every entry (fan-out). Must not be empty.
+    /// (a Redis consumer group; this process is one consumer of it per topic). Without one,
+    /// every subscriber sees every entry (fan-out). Must not be empty.
     pub group: Option<String>,
-    /// Where a new group, or a fan-out subscription, starts. An existing group keeps its
-    /// own position whatever this says.
+    /// Where a new group (or a fan-out subscription) starts. An existing group keeps its
+    /// position.
     pub start_from: StartFrom,
-}
-
-/// What [`StreamsPubSub::publish`] appended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
-    /// The event's `id` (a UUID) as stamped into the JSON.
-    pub id: String,
-    /// The stream entry id Redis assigned (`<ms>-<seq>`).
-    pub entry_id: String,
-}
-
-/// How much a [`Notice`] matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// Expected trouble the transport recovered from (a group that already existed, a
-    /// retried read). Mastra's backend logs these at `debug`.
-    Debug,
-    /// Something an operator should see: a dropped event, a connection that keeps failing.
-    Warn,
-}
-
-/// One message for the [`Logger`]: a sentence and structured fields (topic, group, event
-/// id, error), shaped like the `(message, fields)` pair Mastra's logger takes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Notice {
-    /// Debug or warn.
-    pub level: Level,
-    /// A sentence, prefixed `mastra-lease streams:`.
-    pub message: String,
-    /// Context as JSON fields.
-    pub fields: Map<String, Json>,
-}
-
-/// Where the transport reports what it could not report as an error to a caller: events
-/// dropped after too many attempts, malformed entries, connection trouble in readers.
-pub trait Logger: Send + Sync {
-    /// Called from Tokio tasks; must not block.
-    fn log(&self, notice: Notice);
 }
 
 /// Mastra's PubSub over Redis Streams. Cheap to share behind an `Arc`.
@@ -202,305 +181,56 @@ impl fmt::Debug for StreamsPubSub {
 
 impl StreamsPubSub {
     /// Checks the options; does not connect. Must run inside a Tokio runtime, whose handle
-    /// the reader tasks (and the nacks of dropped deliveries) are spawned on.
+    /// the reader tasks are spawned on.
     pub fn new(options: StreamsOptions) -> Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             LeaseError::Internal("StreamsPubSub must be created inside a Tokio runtime".into())
         })?;
+        check(&options)?;
         let writer = Arc::new(Connection::new(
-            &options.url,
-            &options.tls,
-            options.connect_timeout,
-            options.command_timeout,
+            &options.connection,
+            Subject::StreamsPubSub,
         )?);
-        let range = |message: &str| Err(LeaseError::option(InputErrorKind::Range, message));
-        if options.key_prefix.is_empty() {
-            return range("keyPrefix must not be empty");
-        }
-        if options.command_timeout.is_zero() || options.connect_timeout.is_zero() {
-            return range("connectTimeoutMs and commandTimeoutMs must be at least 1 ms");
-        }
-        if options.block.as_millis() < 1 {
-            // BLOCK 0 waits forever: a reader could then never notice a dead server.
-            return range("blockMs must be at least 1 ms");
-        }
-        if options.batch_count == 0 {
-            return range("batchCount must be at least 1");
-        }
-        if options.max_in_flight == Some(0) {
-            return range("maxInFlight must be at least 1 (or unlimited)");
-        }
-        if options.max_delivery_attempts == Some(0) {
-            return range("maxDeliveryAttempts must be at least 1 (or unlimited)");
-        }
-        if options.idle_ttl.is_some_and(|ttl| ttl.as_millis() < 1) {
-            return range("streamIdleTtlMs must be at least 1 ms when set");
-        }
-        if options.reclaim_idle.as_millis() < 1
-            || options.reclaim_interval.is_some_and(|i| i.is_zero())
-        {
-            return range("reclaimIdleMs and reclaimIntervalMs must be at least 1 ms");
-        }
-        // A blocking read legitimately takes up to `block` before answering.
-        let reader_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.block.saturating_add(options.command_timeout)));
         let tuning = Tuning {
-            connect_timeout: options.connect_timeout,
-            command_timeout: options.command_timeout,
+            command_timeout: options.connection.command_timeout,
             block: options.block,
             batch_count: options.batch_count,
             max_len: options.max_len,
+            hard_max_len: options.hard_max_len,
             ttl_ms: options.idle_ttl.map_or(0, duration_ms),
             max_attempts: options.max_delivery_attempts,
             max_in_flight: options.max_in_flight,
+            in_flight_timeout: options.in_flight_timeout,
             reclaim_interval: options.reclaim_interval,
             reclaim_idle_ms: duration_ms(options.reclaim_idle),
         };
         Ok(Self {
             shared: Arc::new(Shared {
-                client: writer.client().clone(),
                 writer,
-                reader_config,
                 prefix: options.key_prefix,
                 tuning,
                 logger: options.logger,
                 closed: AtomicBool::new(false),
                 publishes: tokio::sync::RwLock::new(()),
-                subscriptions: Mutex::new(HashMap::new()),
-                next_subscription: AtomicU64::new(1),
+                consumers: Mutex::new(HashMap::new()),
+                fanout: fanout::Fanout::default(),
+                deliveries: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                trim: trim::Trimmer::default(),
+                keeper: Once::new(),
                 runtime,
-                keeper: std::sync::Once::new(),
             }),
         })
     }
 
-    /// The stream key of a topic: `<keyPrefix>:<topic>`.
-    /// The multiplexed connection this transport writes through, for a lease store that
-    /// should share it ([`crate::core::RedisStore::with_connection`]).
+    /// The connection publishes and acks go through; a lease store can share it.
     pub fn connection(&self) -> Arc<Connection> {
-        self.shared.writer.clone()
+        Arc::clone(&self.shared.writer)
     }
 
-    pub fn stream_key(&self, topic: &str) -> String {
-        self.shared.stream_key(topic)
-    }
-
-    /// Appends one event to its topic's stream and returns once Redis answered. `event` must
-    /// be a JSON object; `id`, `createdAt` and `deliveryAttempt` are stamped into it.
-    pub async fn publish(&self, topic: &str, event: Json) -> Result<Published> {
-        let mut answers = self.publish_batch(vec![(topic.to_owned(), event)]).await;
-        answers
-            .pop()
-            .unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
-    }
-
-    /// Appends several events in one pipelined write; each gets its own answer, in order.
-    /// A bad event fails alone, before anything is sent.
-    pub async fn publish_batch(&self, events: Vec<(String, Json)>) -> Vec<Result<Published>> {
-        let mut ids = Vec::with_capacity(events.len());
-        let stamped = events
-            .into_iter()
-            .map(|(topic, event)| {
-                let (id, json) = event::stamp(event)?;
-                ids.push(id);
-                Ok((topic, json))
-            })
-            .collect::<Vec<_>>();
-        // The ids of the events that stamped, in order; the others answer with their error.
-        let mut ids = ids.into_iter();
-        let stamped_ok: Vec<bool> = stamped.iter().map(Result::is_ok).collect();
-        self.append_batch(stamped)
-            .await
-            .into_iter()
-            .zip(stamped_ok)
-            .map(|(appended, ok)| {
-                let id = if ok { ids.next() } else { None };
-                appended.map(|entry_id| Published {
-                    id: id.unwrap_or_default(),
-                    entry_id,
-                })
-            })
-            .collect()
-    }
-
-    /// Appends events whose JSON already carries `id`, `createdAt` and `deliveryAttempt`, as
-    /// the TypeScript shell stamps them: the text goes to Redis as it is, never parsed and
-    /// written again. Each must be an object's JSON (it starts with `{`). Answers the entry
-    /// ids Redis assigned, in order.
-    pub async fn publish_stamped_batch(
-        &self,
-        events: Vec<(String, String)>,
-    ) -> Vec<Result<String>> {
-        let checked = events
-            .into_iter()
-            .map(|(topic, json)| {
-                if json.starts_with('{') {
-                    Ok((topic, json))
-                } else {
-                    Err(LeaseError::streams_argument(
-                        InputErrorKind::Type,
-                        "event must be a JSON object",
-                    ))
-                }
-            })
-            .collect();
-        self.append_batch(checked).await
-    }
-
-    /// XADDs every `Ok((topic, json))` in one pipelined write, in order; an `Err` answers
-    /// for itself. Answers each appended entry's id.
-    ///
-    /// A connection that breaks under the write (a server restart, an idle connection closed
-    /// by the server or a proxy, a killed client) leaves unknown which appends ran. They go
-    /// once more, on a fresh connection and within the same `commandTimeoutMs`, through
-    /// `append_again.lua`, which first looks for each event by its `id` among the entries
-    /// appended since: every event lands exactly once. Only when too much came since to
-    /// tell (over [`AGAIN_SCAN`] entries or 4 MiB) does the publish reject, as at first.
-    async fn append_batch(&self, events: Vec<Result<(String, String)>>) -> Vec<Result<String>> {
-        let shared = &self.shared;
-        if shared.closed.load(Ordering::Acquire) {
-            return events.iter().map(|_| Err(LeaseError::Closed)).collect();
-        }
-        let started = Instant::now();
-        let deadline = started + shared.writer.timeout();
-        let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
-        // (answer index, stream key, payload)
-        let mut sent: Vec<(usize, String, String)> = Vec::new();
-        for (i, event) in events.into_iter().enumerate() {
-            match event {
-                Ok((topic, json)) => {
-                    sent.push((i, shared.stream_key(&topic), json));
-                    answers.push(None);
-                }
-                Err(err) => answers.push(Some(Err(err))),
-            }
-        }
-        if !sent.is_empty() {
-            let mut pipe = redis::pipe();
-            let mut replies = 0;
-            let at: Vec<usize> = sent
-                .iter()
-                .map(|(_, key, json)| shared.append(&mut pipe, key, json, &mut replies))
-                .collect();
-            // Held across the write so `flush` and `close` can wait for it to settle.
-            let _in_flight = shared.publishes.read().await;
-            let budget = deadline.saturating_duration_since(Instant::now());
-            match shared
-                .writer
-                .run_within(budget, |mut c| async move {
-                    c.send_packed_commands(&pipe, 0, replies).await
-                })
-                .await
-            {
-                Ok(mut values) => {
-                    for ((i, _, _), at) in sent.iter().zip(at) {
-                        let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                        answers[*i] =
-                            Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
-                    }
-                }
-                Err(err @ LeaseError::Connection(_)) => {
-                    shared.notice(
-                        Level::Debug,
-                        "a connection broke under publishes; sending them again, each once",
-                        &[
-                            ("events", sent.len().into()),
-                            ("err", err.full_message().into()),
-                        ],
-                    );
-                    let again = self.append_again(&sent, started, deadline).await;
-                    for ((i, _, _), answer) in sent.iter().zip(again) {
-                        answers[*i] = Some(answer.unwrap_or_else(|| Err(err.clone())));
-                    }
-                }
-                Err(err) => {
-                    for (i, _, _) in &sent {
-                        answers[*i] = Some(Err(err.clone()));
-                    }
-                }
-            }
-        }
-        answers
-            .into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| Err(LeaseError::Internal("a publish went unanswered".into())))
-            })
-            .collect()
-    }
-
-    /// The second send of appends a broken connection cut off (see [`Self::append_batch`]):
-    /// one `append_again.lua` per stream, pipelined. `None` for an event whose fate cannot be
-    /// told (no `id` to look for, too many entries since, or this send failed too).
-    async fn append_again(
-        &self,
-        sent: &[(usize, String, String)],
-        started: Instant,
-        deadline: Instant,
-    ) -> Vec<Option<Result<String>>> {
-        let shared = &self.shared;
-        let mut answers: Vec<Option<Result<String>>> = vec![None; sent.len()];
-        // Per stream, in order: (index into `sent`, event id).
-        let mut streams: Vec<(&str, Vec<(usize, String)>)> = Vec::new();
-        for (k, (_, key, json)) in sent.iter().enumerate() {
-            let Some(id) = event::parse(json.clone().into_bytes()).and_then(|p| p.id) else {
-                continue;
-            };
-            match streams
-                .iter_mut()
-                .find(|(stream, _)| *stream == key.as_str())
-            {
-                Some((_, events)) => events.push((k, id)),
-                None => streams.push((key, vec![(k, id)])),
-            }
-        }
-        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let runs = streams.iter().map(|(key, events)| {
-            let mut invocation = APPEND_AGAIN.prepare_invoke();
-            invocation
-                .key(*key)
-                .arg(elapsed)
-                .arg(AGAIN_SCAN)
-                .arg(shared.tuning.max_len)
-                .arg(shared.tuning.ttl_ms);
-            for (k, id) in events {
-                invocation.arg(id).arg(&sent[*k].2);
-            }
-            let budget = deadline.saturating_duration_since(Instant::now());
-            async move {
-                shared
-                    .writer
-                    .run_within(budget, |mut c| async move {
-                        invocation.invoke_async::<Vec<Option<String>>>(&mut c).await
-                    })
-                    .await
-            }
-        });
-        let results = futures::future::join_all(runs).await;
-        for ((_, events), result) in streams.iter().zip(results) {
-            match result {
-                Ok(ids) => {
-                    for ((k, _), id) in events.iter().zip(ids) {
-                        answers[*k] = id.map(Ok);
-                    }
-                }
-                Err(LeaseError::Connection(_)) => {}
-                Err(err) => {
-                    for (k, _) in events {
-                        answers[*k] = Some(Err(err.clone()));
-                    }
-                }
-            }
-        }
-        answers
-    }
-
-    /// Parses `json` (a JSON object) and publishes it; for callers that hold text.
-    pub async fn publish_json(&self, topic: &str, json: &str) -> Result<Published> {
-        let event = serde_json::from_str::<Json>(json).map_err(|err| {
-            LeaseError::streams_argument(InputErrorKind::Type, format!("event is not JSON: {err}"))
-        })?;
-        self.publish(topic, event).await
+    /// `maxDeliveryAttempts`: `None` when unlimited.
+    pub fn max_delivery_attempts(&self) -> Option<u64> {
+        self.shared.tuning.max_attempts
     }
 
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group
@@ -509,7 +239,7 @@ impl StreamsPubSub {
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
-            return Err(LeaseError::Closed);
+            return Err(LeaseError::Closed(Subject::StreamsPubSub));
         }
         if options.group.as_deref() == Some("") {
             return Err(LeaseError::streams_argument(
@@ -517,7 +247,13 @@ impl StreamsPubSub {
                 "group must not be empty",
             ));
         }
-        subscriber::open(Arc::clone(shared), topic, options).await
+        subscription::open(Arc::clone(shared), topic, options).await
+    }
+
+    /// The delivery with this id ([`Delivery::id`]), while it is held: handed out and not yet
+    /// settled (nor nacked on its behalf by the in-flight timeout).
+    pub fn delivery(&self, id: u64) -> Option<Delivery> {
+        delivery::find(&self.shared, id)
     }
 
     /// Waits until every publish already in flight has settled (each is bounded by the
@@ -544,13 +280,15 @@ impl StreamsPubSub {
         del.arg(&key);
         match shared
             .writer
-            .run(|mut c| async move { del.query_async::<Value>(&mut c).await })
+            .run(|mut c| async move { del.query_async::<redis::Value>(&mut c).await })
             .await
         {
             Ok(_) => {
-                for sub in shared.subscriptions().values() {
-                    if sub.topic == topic {
-                        sub.restart();
+                shared.forget_appends(&key);
+                shared.fanout.restart(&key);
+                for consumer in shared.consumers().values() {
+                    if consumer.key == key {
+                        consumer.restart();
                     }
                 }
             }
@@ -562,16 +300,21 @@ impl StreamsPubSub {
         }
     }
 
-    /// Stops every reader, waits for publishes in flight to settle, and takes no more
-    /// publishes or subscriptions. Idempotent; bounded by the command timeout even while
-    /// Redis is down. Deliveries already handed out can still be acked or nacked.
+    /// Stops every reader (a group's after its current read, whose entries go back to the
+    /// group), waits for publishes in flight, and closes every connection; takes no more
+    /// publishes or subscriptions. Deliveries still held stay pending in Redis, for a
+    /// sibling to reclaim after `reclaimIdleMs`; acking or nacking them afterwards does
+    /// nothing. Idempotent; bounded by the block and command timeouts even while Redis is
+    /// down.
     pub async fn close(&self) {
         let shared = &self.shared;
         if !shared.closed.swap(true, Ordering::AcqRel) {
-            let subs: Vec<_> = shared.subscriptions().drain().map(|(_, s)| s).collect();
-            for sub in subs {
-                sub.stop();
-            }
+            let consumers: Vec<_> = shared.consumers().values().cloned().collect();
+            let stops = consumers.iter().map(|consumer| consumer.stop_all(shared));
+            futures::join!(futures::future::join_all(stops), shared.fanout.stop_all());
+            self.flush().await;
+            shared.writer.close();
+            shared.deliveries().clear();
         }
         self.flush().await;
     }
@@ -582,38 +325,89 @@ impl StreamsPubSub {
     }
 }
 
+/// The option rules the types do not express.
+fn check(options: &StreamsOptions) -> Result<()> {
+    let range = |message: &str| Err(LeaseError::option(InputErrorKind::Range, message));
+    if options.key_prefix.is_empty() {
+        return range("keyPrefix must not be empty");
+    }
+    let connection = &options.connection;
+    if connection.command_timeout.is_zero() || connection.connect_timeout.is_zero() {
+        return range("connectTimeoutMs and commandTimeoutMs must be at least 1 ms");
+    }
+    if options.batch_count == 0 {
+        return range("batchCount must be at least 1");
+    }
+    if options.block.is_zero() {
+        return range("blockMs must be at least 1 ms");
+    }
+    if options.max_in_flight == Some(0) {
+        return range("maxInFlight must be at least 1 (or unlimited)");
+    }
+    if options.max_delivery_attempts == Some(0) {
+        return range("maxDeliveryAttempts must be at least 1 (or unlimited)");
+    }
+    if options.idle_ttl.is_some_and(|ttl| ttl.as_millis() < 1)
+        || options.in_flight_timeout.is_some_and(|t| t.as_millis() < 1)
+    {
+        return range("streamIdleTtlMs and inFlightTimeoutMs must be at least 1 ms when set");
+    }
+    if options.reclaim_idle.as_millis() < 1 || options.reclaim_interval.is_some_and(|i| i.is_zero())
+    {
+        return range("reclaimIdleMs and reclaimIntervalMs must be at least 1 ms");
+    }
+    if options.hard_max_len != 0 && options.hard_max_len < options.max_len {
+        return range("hardMaxStreamLength must be at least maxStreamLength (or 0: never cut)");
+    }
+    if options.max_len == 0 && options.hard_max_len != 0 {
+        return range(
+            "hardMaxStreamLength needs maxStreamLength: with trimming off, nothing is cut",
+        );
+    }
+    Ok(())
+}
+
 /// Settings fixed at construction that the tasks read.
 #[derive(Debug, Clone)]
 pub(crate) struct Tuning {
-    pub connect_timeout: Duration,
     pub command_timeout: Duration,
     pub block: Duration,
     pub batch_count: usize,
     pub max_len: u64,
+    pub hard_max_len: u64,
     /// 0 = no idle TTL.
     pub ttl_ms: u64,
     pub max_attempts: Option<u64>,
     pub max_in_flight: Option<usize>,
+    pub in_flight_timeout: Option<Duration>,
     pub reclaim_interval: Option<Duration>,
     pub reclaim_idle_ms: u64,
 }
 
 /// State shared by the pubsub, its reader tasks and its deliveries.
 pub(crate) struct Shared {
+    /// Every non-blocking command goes through it; readers open connections of their own
+    /// from it.
     pub writer: Arc<Connection>,
-    pub client: Client,
-    pub reader_config: AsyncConnectionConfig,
     pub prefix: String,
     pub tuning: Tuning,
     logger: Option<Arc<dyn Logger>>,
     pub closed: AtomicBool,
     /// Publishes hold it shared while in flight; flush takes it exclusively.
     publishes: tokio::sync::RwLock<()>,
-    subscriptions: Mutex<HashMap<u64, Arc<subscriber::SubState>>>,
-    pub next_subscription: AtomicU64,
+    /// This process's consumer of each (stream key, group) it subscribed to: it stays for
+    /// the pubsub's life, so a group sees one consumer name per process and topic.
+    consumers: Mutex<HashMap<(String, String), Arc<group::Consumer>>>,
+    /// The reader of every fan-out subscription.
+    pub fanout: fanout::Fanout,
+    /// Deliveries read and not yet settled, by id.
+    deliveries: Mutex<HashMap<u64, Arc<delivery::State>>>,
+    /// Numbers subscriptions and deliveries.
+    pub next_id: AtomicU64,
+    pub trim: trim::Trimmer,
+    /// Starts the task that keeps held entries claimed, once a subscription needs it.
+    pub keeper: Once,
     pub runtime: tokio::runtime::Handle,
-    /// Starts the task that keeps handled entries claimed, once a group needs it.
-    pub keeper: std::sync::Once,
 }
 
 impl Shared {
@@ -621,72 +415,82 @@ impl Shared {
         format!("{}:{}", self.prefix, topic)
     }
 
-    pub fn subscriptions(&self) -> MutexGuard<'_, HashMap<u64, Arc<subscriber::SubState>>> {
-        // Only inserts and removes happen under this lock; poisoning cannot leave it torn.
-        self.subscriptions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The topic a stream key belongs to.
+    pub fn topic_of<'k>(&self, key: &'k str) -> &'k str {
+        key.get(self.prefix.len() + 1..).unwrap_or(key)
     }
 
-    /// Appends the commands that add `payload` to `key` (XADD with `MAXLEN ~`, and when an
-    /// idle TTL is set, PEXPIRE in the same MULTI so the stream can never be left immortal)
-    /// and returns the index of the reply holding the entry id (`replies` counts them).
-    pub fn append(
-        &self,
-        pipe: &mut Pipeline,
-        key: &str,
-        payload: &str,
-        replies: &mut usize,
-    ) -> usize {
-        let ttl = self.tuning.ttl_ms;
-        if ttl > 0 {
-            pipe.cmd("MULTI");
-        }
-        pipe.cmd("XADD").arg(key);
-        if self.tuning.max_len > 0 {
-            pipe.arg("MAXLEN").arg("~").arg(self.tuning.max_len);
-        }
-        pipe.arg("*").arg(event::EVENT_FIELD).arg(payload);
-        if ttl > 0 {
-            pipe.cmd("PEXPIRE").arg(key).arg(ttl).cmd("EXEC");
-            *replies += 4;
-            *replies - 1
-        } else {
-            *replies += 1;
-            *replies - 1
-        }
+    pub fn consumers(&self) -> MutexGuard<'_, HashMap<(String, String), Arc<group::Consumer>>> {
+        lock(&self.consumers)
+    }
+
+    pub fn deliveries(&self) -> MutexGuard<'_, HashMap<u64, Arc<delivery::State>>> {
+        lock(&self.deliveries)
     }
 
     /// Reports to the logger, if any.
     pub fn notice(&self, level: Level, message: &str, fields: &[(&str, Json)]) {
         if let Some(logger) = &self.logger {
-            logger.log(Notice {
+            logger.log(Notice::new(
                 level,
-                message: format!("mastra-lease streams: {message}"),
-                fields: fields
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                    .collect(),
-            });
+                format!("mastra-lease streams: {message}"),
+                fields,
+            ));
         }
     }
 
-    pub fn remove_subscription(&self, id: u64) {
-        self.subscriptions().remove(&id);
+    /// Reports one occurrence of a lasting kind of trouble: a warning the first time and
+    /// then at most every 30 s (saying how many occurred since), debug notes in between.
+    /// An error, if any, is reported with its code.
+    pub fn throttled(
+        &self,
+        throttle: &Throttle,
+        message: &str,
+        err: Option<&LeaseError>,
+        fields: &[(&str, Json)],
+    ) {
+        let (level, count) = throttle.level();
+        let mut all = Vec::with_capacity(fields.len() + 3);
+        if let Some(err) = err {
+            all.push(("code", Json::from(err.code())));
+            all.push(("err", Json::from(err.full_message())));
+        }
+        if level == Level::Warn && count > 1 {
+            all.push(("occurrences", Json::from(count)));
+        }
+        all.extend(fields.iter().cloned());
+        self.notice(level, message, &all);
     }
 
-    pub fn add_subscription(&self, sub: Arc<subscriber::SubState>) {
-        self.subscriptions().insert(sub.id, sub);
+    /// Starts the task that keeps held entries claimed, unless it runs already.
+    pub fn start_keeper(self: &Arc<Self>) {
+        self.keeper.call_once(|| {
+            self.runtime.spawn(keeper::run(Arc::downgrade(self)));
+        });
     }
 }
 
-/// The entry id an append answered: XADD's reply, or inside EXEC's reply when the append
-/// ran in a MULTI with PEXPIRE.
-fn appended_id(value: Value) -> RedisResult<String> {
-    match parse::<Value>(value)? {
-        Value::Array(mut inner) if !inner.is_empty() => parse::<String>(inner.swap_remove(0)),
-        other => parse::<String>(other),
-    }
+/// The greatest entry of the stream at or below `upper` (`+`: its last entry), if any.
+pub(crate) async fn last_entry(
+    shared: &Shared,
+    key: &str,
+    upper: &str,
+) -> Result<Option<event::Entry>> {
+    let mut cmd = redis::cmd("XREVRANGE");
+    cmd.arg(key).arg(upper).arg("-").arg("COUNT").arg(1);
+    let reply = shared
+        .writer
+        .run(|mut c| async move { cmd.query_async::<redis::Value>(&mut c).await })
+        .await?;
+    Ok(event::range_reply(reply).pop())
+}
+
+/// Locks a mutex whose holders only insert, remove or replace under it: a panic cannot
+/// leave it half-written, so a poisoned lock is still safe to use.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

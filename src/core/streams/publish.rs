@@ -1,0 +1,247 @@
+//! Appending events: one pipelined write per batch, and a second send, exactly once, of the
+//! appends a broken connection cut off.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
+use std::time::Instant;
+
+use redis::{Pipeline, RedisResult, Value};
+
+use super::event::EVENT_FIELD;
+use super::{Shared, StreamsPubSub};
+use crate::core::connection::parse;
+use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::log::Level;
+
+static APPEND_AGAIN: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("append_again.lua")));
+/// Most entries `append_again.lua` looks through for the events it sends again (it also
+/// stops at 4 MiB of events): a bound on how long it holds Redis.
+const AGAIN_SCAN: usize = 5_000;
+
+impl StreamsPubSub {
+    /// Appends events whose JSON already carries `id`, `createdAt` and `deliveryAttempt`, as
+    /// the TypeScript shell stamps them: the text goes to Redis as it is, never parsed and
+    /// written again. Each must be an object's JSON (it starts with `{`). Answers the entry
+    /// ids Redis assigned, in order.
+    pub async fn publish_stamped_batch(
+        &self,
+        events: Vec<(String, String)>,
+    ) -> Vec<Result<String>> {
+        let checked = events
+            .into_iter()
+            .map(|(topic, json)| {
+                if json.starts_with('{') {
+                    Ok((self.shared.stream_key(&topic), json))
+                } else {
+                    Err(LeaseError::streams_argument(
+                        InputErrorKind::Type,
+                        "event must be a JSON object",
+                    ))
+                }
+            })
+            .collect();
+        append_batch(&self.shared, checked).await
+    }
+}
+
+/// XADDs every `Ok((stream key, json))` in one pipelined write, in order; an `Err` answers
+/// for itself. Answers each appended entry's id.
+///
+/// A connection that breaks under the write (a server restart, an idle connection closed by
+/// the server or a proxy, a killed client) leaves unknown which appends ran. They go once
+/// more, on a fresh connection and within the same `commandTimeoutMs`, through
+/// `append_again.lua`, which first looks for each payload among the entries appended since:
+/// every event lands exactly once. Only when too much came since to tell (over
+/// [`AGAIN_SCAN`] entries or 4 MiB) does the append fail, as at first.
+pub(super) async fn append_batch(
+    shared: &Arc<Shared>,
+    events: Vec<Result<(String, String)>>,
+) -> Vec<Result<String>> {
+    if shared.closed.load(Ordering::Acquire) {
+        let closed = || Err(LeaseError::Closed(Subject::StreamsPubSub));
+        return events.iter().map(|_| closed()).collect();
+    }
+    let started = Instant::now();
+    let deadline = started + shared.writer.timeout();
+    let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
+    // (answer index, stream key, payload)
+    let mut sent: Vec<(usize, String, String)> = Vec::new();
+    for (i, event) in events.into_iter().enumerate() {
+        match event {
+            Ok((key, json)) => {
+                sent.push((i, key, json));
+                answers.push(None);
+            }
+            Err(err) => answers.push(Some(Err(err))),
+        }
+    }
+    if !sent.is_empty() {
+        let mut pipe = redis::pipe();
+        let mut replies = 0;
+        let at: Vec<usize> = sent
+            .iter()
+            .map(|(_, key, json)| append(shared, &mut pipe, key, json, &mut replies))
+            .collect();
+        // Held across the write so `flush` and `close` can wait for it to settle.
+        let _in_flight = shared.publishes.read().await;
+        let budget = deadline.saturating_duration_since(Instant::now());
+        match shared
+            .writer
+            .run_within(budget, |mut c| async move {
+                c.send_packed_commands(&pipe, 0, replies).await
+            })
+            .await
+        {
+            Ok(mut values) => {
+                for ((i, _, _), at) in sent.iter().zip(at) {
+                    let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
+                    answers[*i] = Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
+                }
+            }
+            Err(err @ LeaseError::Connection(_)) => {
+                shared.notice(
+                    Level::Debug,
+                    "a connection broke under appends; sending them again, each once",
+                    &[
+                        ("events", sent.len().into()),
+                        ("err", err.full_message().into()),
+                    ],
+                );
+                let again = append_again(shared, &sent, started, deadline).await;
+                for ((i, _, _), answer) in sent.iter().zip(again) {
+                    answers[*i] = Some(answer.unwrap_or_else(|| Err(err.clone())));
+                }
+            }
+            Err(err) => {
+                for (i, _, _) in &sent {
+                    answers[*i] = Some(Err(err.clone()));
+                }
+            }
+        }
+        // Counted per stream: a batch mostly goes to a few.
+        let mut appended: Vec<(&str, u64)> = Vec::new();
+        for (i, key, _) in &sent {
+            if answers[*i].as_ref().is_some_and(Result::is_ok) {
+                match appended.iter_mut().find(|(k, _)| *k == key.as_str()) {
+                    Some((_, count)) => *count += 1,
+                    None => appended.push((key, 1)),
+                }
+            }
+        }
+        for (key, count) in appended {
+            shared.appended(key, count);
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(LeaseError::Internal("an append went unanswered".into()))))
+        .collect()
+}
+
+/// Adds to `pipe` the commands that append `payload` to `key` (XADD, and when an idle TTL is
+/// set, PEXPIRE in the same MULTI so the stream can never be left immortal). Returns the
+/// index of the reply holding the entry id; `replies` counts them.
+fn append(
+    shared: &Shared,
+    pipe: &mut Pipeline,
+    key: &str,
+    payload: &str,
+    replies: &mut usize,
+) -> usize {
+    let ttl = shared.tuning.ttl_ms;
+    if ttl > 0 {
+        pipe.cmd("MULTI");
+    }
+    pipe.cmd("XADD")
+        .arg(key)
+        .arg("*")
+        .arg(EVENT_FIELD)
+        .arg(payload);
+    if ttl > 0 {
+        pipe.cmd("PEXPIRE").arg(key).arg(ttl).cmd("EXEC");
+        *replies += 4;
+    } else {
+        *replies += 1;
+    }
+    *replies - 1
+}
+
+/// The second send of appends a broken connection cut off (see [`append_batch`]): one
+/// `append_again.lua` per stream, pipelined. `None` for an event whose fate cannot be told
+/// (too many entries since, or this send failed too).
+async fn append_again(
+    shared: &Shared,
+    sent: &[(usize, String, String)],
+    started: Instant,
+    deadline: Instant,
+) -> Vec<Option<Result<String>>> {
+    let mut answers: Vec<Option<Result<String>>> = vec![None; sent.len()];
+    // Per stream, in order: indexes into `sent`.
+    let mut streams: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (k, (_, key, _)) in sent.iter().enumerate() {
+        match streams
+            .iter_mut()
+            .find(|(stream, _)| *stream == key.as_str())
+        {
+            Some((_, events)) => events.push(k),
+            None => streams.push((key, vec![k])),
+        }
+    }
+    let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let runs = streams.iter().map(|(key, events)| {
+        let mut invocation = APPEND_AGAIN.prepare_invoke();
+        invocation
+            .key(*key)
+            .arg(EVENT_FIELD)
+            .arg(elapsed)
+            .arg(AGAIN_SCAN)
+            .arg(shared.tuning.ttl_ms);
+        for k in events {
+            invocation.arg(&sent[*k].2);
+        }
+        let budget = deadline.saturating_duration_since(Instant::now());
+        async move {
+            shared
+                .writer
+                .run_within(budget, |mut c| async move {
+                    invocation.invoke_async::<Vec<Option<String>>>(&mut c).await
+                })
+                .await
+        }
+    });
+    let results = futures::future::join_all(runs).await;
+    for ((_, events), result) in streams.iter().zip(results) {
+        match result {
+            Ok(ids) => {
+                for (k, id) in events.iter().zip(ids) {
+                    answers[*k] = id.map(Ok);
+                }
+            }
+            Err(LeaseError::Connection(_)) => {}
+            Err(err) => {
+                for k in events {
+                    answers[*k] = Some(Err(err.clone()));
+                }
+            }
+        }
+    }
+    answers
+}
+
+/// Appends one payload (a redelivery), exactly once as [`append_batch`] does.
+pub(super) async fn append_one(shared: &Arc<Shared>, key: &str, payload: String) -> Result<String> {
+    append_batch(shared, vec![Ok((key.to_owned(), payload))])
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(LeaseError::Internal("an append went unanswered".into())))
+}
+
+/// The entry id an append answered: XADD's reply, or inside EXEC's reply when the append
+/// ran in a MULTI with PEXPIRE.
+fn appended_id(value: Value) -> RedisResult<String> {
+    match parse::<Value>(value)? {
+        Value::Array(mut inner) if !inner.is_empty() => parse::<String>(inner.swap_remove(0)),
+        other => parse::<String>(other),
+    }
+}
