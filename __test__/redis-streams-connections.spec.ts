@@ -134,6 +134,27 @@ describe('connections of RedisStreamsPubSub', () => {
     expect(await settleAt(redis, name, 0, 500)).toBe(0)
   })
 
+  it('an ACL user without CLIENT (no name, no id, no unblock) gets every event all the same; a topic added is read within blockMs', async () => {
+    const redis = await server()
+    await redis.cli('ACL', 'SETUSER', 'app', 'on', '>app-pw', '~*', '&*', '+@all', '-client')
+    const url = redis.url.replace('redis://', 'redis://app:app-pw@')
+    const pubsub = new RedisStreamsPubSub({ url, keyPrefix: uniqueName(), blockMs: 200 })
+    opened.push(pubsub)
+    const a = new Inbox()
+    const b = new Inbox()
+    await pubsub.subscribe('a', a.cb)
+    await pubsub.publish('a', ev(1))
+    await a.count(1)
+    await pubsub.subscribe('b', b.cb)
+    await pubsub.subscribe('jobs', a.cb, { group: 'workers' })
+    await pubsub.publish('b', ev(2))
+    await pubsub.publish('jobs', ev(3))
+    await b.count(1, 2_000)
+    await a.count(2, 2_000)
+    const denied = ((await redis.cli('ACL', 'LOG')) as unknown[][]).map((entry) => String(entry[entry.indexOf('object') + 1]))
+    expect(new Set(denied)).toEqual(new Set(['client|setname', 'client|id']))
+  })
+
   it('lease calls and publishes never wait behind a blocking read', async () => {
     const redis = await server()
     const name = uniqueName()

@@ -463,13 +463,13 @@ impl Connection {
     /// eviction policy, in a task of its own, so the call that got here is never delayed or
     /// failed by either.
     fn set_up_fresh(&self) {
-        let logger = self.setup.logger.get().cloned();
-        if self.name.is_none() && logger.is_none() {
-            return;
-        }
         // A plain load first: the calls on a set-up connection only read the flag.
         let fresh = &self.setup.fresh;
-        if !fresh.load(Ordering::Relaxed) || !fresh.swap(false, Ordering::Relaxed) {
+        if !fresh.load(Ordering::Relaxed) {
+            return;
+        }
+        let logger = self.setup.logger.get().cloned();
+        if (self.name.is_none() && logger.is_none()) || !fresh.swap(false, Ordering::Relaxed) {
             return;
         }
         let Ok((_, mut connection)) = self.get() else {

@@ -73,6 +73,31 @@ pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     String::from_utf16(&units[..copied]).map_err(|_| StringError::LoneSurrogate)
 }
 
+/// A string's text as UTF-8, a lone surrogate becoming U+FFFD: for payloads (an event's
+/// JSON), where V8 hands one-byte strings over without decoding. Keys and names, which must
+/// not collide, go through [`string_value`].
+pub fn text_value(env: Env, value: Value) -> Option<String> {
+    let mut len = 0usize;
+    // SAFETY: a null buffer asks only for the length.
+    let status =
+        unsafe { sys::napi_get_value_string_utf8(env, value, ptr::null_mut(), 0, &mut len) };
+    if status != sys::Status::napi_ok {
+        return None;
+    }
+    let mut bytes = vec![0u8; len + 1];
+    let mut copied = 0usize;
+    // SAFETY: the buffer holds len bytes plus the terminator N-API writes.
+    let status = unsafe {
+        sys::napi_get_value_string_utf8(env, value, bytes.as_mut_ptr().cast(), len + 1, &mut copied)
+    };
+    if status != sys::Status::napi_ok {
+        return None;
+    }
+    bytes.truncate(copied);
+    // N-API wrote UTF-8 (lone surrogates replaced), so this does not fail.
+    String::from_utf8(bytes).ok()
+}
+
 /// A number's value (the caller checked the type).
 pub fn number(env: Env, value: Value) -> f64 {
     let mut out = f64::NAN;

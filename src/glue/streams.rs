@@ -156,20 +156,15 @@ impl RedisStreamsTransport {
         };
         let checked =
             args::stream_name(raw, topic.raw(), "topic", &self.limits).and_then(|topic| {
-                match js::type_of(raw, json.raw()) {
-                    ValueType::napi_string => js::string_value(raw, json.raw())
-                        .map(|json| (topic, json))
-                        .map_err(|_| {
-                            LeaseError::streams_argument(
-                                InputErrorKind::Type,
-                                "event must be well-formed UTF-16 JSON",
-                            )
-                        }),
-                    _ => Err(LeaseError::streams_argument(
+                let json = (js::type_of(raw, json.raw()) == ValueType::napi_string)
+                    .then(|| js::text_value(raw, json.raw()))
+                    .flatten();
+                json.map(|json| (topic, json)).ok_or_else(|| {
+                    LeaseError::streams_argument(
                         InputErrorKind::Type,
                         "event must be an object's JSON text",
-                    )),
-                }
+                    )
+                })
             });
         let (topic, json) = match checked {
             Ok(checked) => checked,

@@ -202,17 +202,25 @@ impl Consumer {
 
     /// Hands a delivery to the subscriptions in turn; gives it back when none is left.
     async fn hand_out(&self, mut delivery: Delivery) -> std::result::Result<(), Delivery> {
-        let (list, start) = {
+        let turn = {
             let mut members = self.members();
-            let start = members.next;
+            if members.list.is_empty() {
+                return Err(delivery);
+            }
+            let turn = members.next % members.list.len();
             members.next = members.next.wrapping_add(1);
-            (members.list.clone(), start)
+            Arc::clone(&members.list[turn])
         };
-        for k in 0..list.len() {
-            let member = &list[(start + k) % list.len()];
+        match turn.tx.send(delivery).await {
+            Ok(()) => return Ok(()),
+            Err(unsent) => delivery = unsent.0,
+        }
+        // That one left meanwhile: any other.
+        let others = self.members().list.clone();
+        for member in others.iter().filter(|m| !Arc::ptr_eq(m, &turn)) {
             match member.tx.send(delivery).await {
                 Ok(()) => return Ok(()),
-                Err(returned) => delivery = returned.0,
+                Err(unsent) => delivery = unsent.0,
             }
         }
         Err(delivery)
@@ -220,12 +228,15 @@ impl Consumer {
 
     /// Room in the subscriptions' channels; waits for some when they are all full.
     async fn channel_room(&self) -> usize {
-        let list = self.members().list.clone();
-        let room: usize = list.iter().map(|m| m.tx.capacity()).sum();
+        let (room, first) = {
+            let members = self.members();
+            let room: usize = members.list.iter().map(|m| m.tx.capacity()).sum();
+            (room, members.list.first().cloned())
+        };
         if room > 0 {
             return room;
         }
-        if let Some(first) = list.first() {
+        if let Some(first) = first {
             if let Ok(permit) = first.tx.reserve().await {
                 drop(permit);
             }

@@ -3,17 +3,19 @@
 -- have died holding it until a sibling reclaims it), or not yet delivered to the group.
 -- Only past the hard limit are such entries cut, and then they are counted.
 --
+-- Where the length limit falls is told by the caller, from earlier runs' answers: the
+-- newest entry it saw when `entries-added` was at most this many behind today's. That keeps
+-- at least the limit and costs no read of the entries themselves. Without one, the oldest
+-- entries are read to find it (at most ARGV[4] of them), as they are past the hard limit,
+-- which is rare.
+--
 -- KEYS[1]  the stream
--- ARGV[1]  the length limit (entries beyond it are trimmed once every group settled them)
--- ARGV[2]  the hard limit ('0': none; entries beyond it are trimmed whatever their state)
--- ARGV[3]  most entries one call removes (a bound on how long it holds Redis)
--- Returns  { entries trimmed, of them entries some group had not settled }
-
--- The id just after `id`: trimming MINID it removes `id` and everything before.
-local function after(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
-end
+-- ARGV[1]  the length limit
+-- ARGV[2]  where it falls: the entries from this id on are at least the limit ('': unknown)
+-- ARGV[3]  the hard limit ('0': none)
+-- ARGV[4]  most entries one call removes or reads (a bound on how long it holds Redis)
+-- Returns  { entries trimmed, of them entries some group had not settled, entries left,
+--            entries-added, last-generated-id } (the last two for the caller's next call)
 
 local function less(a, b)
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
@@ -27,31 +29,41 @@ local function less(a, b)
   return tonumber(aseq) < tonumber(bseq)
 end
 
--- The oldest `n` entries.
-local function oldest(n)
-  return redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', n)
+-- The id just after `id`: trimming MINID it removes `id` and everything before.
+local function after(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
 end
 
-local length = redis.call('XLEN', KEYS[1])
-local limit = tonumber(ARGV[1])
-local hard = tonumber(ARGV[2])
-local budget = tonumber(ARGV[3])
+-- A field of a flat reply.
+local function field(reply, name)
+  for i = 1, #reply - 1, 2 do
+    if reply[i] == name then
+      return reply[i + 1]
+    end
+  end
+end
+
+local limit, hard, budget = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local length = field(info, 'length')
+local added = field(info, 'entries-added')
+local last = field(info, 'last-generated-id')
 if length <= limit then
-  return { 0, 0 }
+  return { 0, 0, length, added, last }
+end
+
+-- The id `n` entries in from the oldest, read when the caller could not tell it.
+local function nth(n)
+  local page = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', n)
+  return page[#page][1]
 end
 
 -- The groups, and the oldest entry any of them still needs.
 local groups = {}
 local floor = nil
 for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local name, delivered
-  for i = 1, #group - 1, 2 do
-    if group[i] == 'name' then
-      name = group[i + 1]
-    elseif group[i] == 'last-delivered-id' then
-      delivered = group[i + 1]
-    end
-  end
+  local name, delivered = field(group, 'name'), field(group, 'last-delivered-id')
   groups[#groups + 1] = { name, delivered }
   local first = redis.call('XPENDING', KEYS[1], name, '-', '+', 1)[1]
   local needed = first and first[1] or after(delivered)
@@ -60,7 +72,18 @@ for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   end
 end
 
--- Whether some group has not settled entry `id`: not yet delivered to it, or pending.
+-- Down to the length limit, but not past the floor.
+local cut = ARGV[2]
+if cut == '' then
+  cut = nth(math.min(length - limit, budget) + 1)
+end
+if floor ~= nil and less(floor, cut) then
+  cut = floor
+end
+local trimmed = redis.call('XTRIM', KEYS[1], 'MINID', cut)
+
+-- Past the hard limit, whatever the floor: the entries some group had not settled are lost,
+-- and counted.
 local function unsettled(id)
   for _, group in ipairs(groups) do
     if less(group[2], id) or redis.call('XPENDING', KEYS[1], group[1], id, id, 1)[1] then
@@ -69,31 +92,19 @@ local function unsettled(id)
   end
   return false
 end
-
--- Down to the length limit, but not past the floor (when the floor is the oldest entry,
--- there is nothing to look at).
-local trimmed = 0
-if floor == nil or less(oldest(1)[1][1], floor) then
-  local excess = math.min(length - limit, budget)
-  local cut = oldest(excess + 1)[excess + 1][1]
-  if floor ~= nil and less(floor, cut) then
-    cut = floor
-  end
-  trimmed = redis.call('XTRIM', KEYS[1], 'MINID', cut)
-end
-
--- Past the hard limit, whatever the floor: the entries some group had not settled are lost,
--- and counted.
 local lost = 0
 length = length - trimmed
 if hard > 0 and length > hard then
   local over = math.min(length - hard, budget)
-  local page = oldest(over + 1)
+  local page = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over + 1)
+  local hard_cut = page[#page][1]
   for i = 1, over do
     if unsettled(page[i][1]) then
       lost = lost + 1
     end
   end
-  trimmed = trimmed + redis.call('XTRIM', KEYS[1], 'MINID', page[over + 1][1])
+  local cut_hard = redis.call('XTRIM', KEYS[1], 'MINID', hard_cut)
+  trimmed = trimmed + cut_hard
+  length = length - cut_hard
 end
-return { trimmed, lost }
+return { trimmed, lost, length, added, last }
