@@ -21,7 +21,7 @@ pub(crate) fn give_back_memory() {
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
-pub mod core;
+mod core;
 mod glue;
 
 pub use glue::options::{

@@ -17,7 +17,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value as Json;
 
-use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::{Level, Logger, Notice};
 
 /// The `code` field of the eviction-policy warning (and of Node's `process.emitWarning`).
@@ -45,7 +45,7 @@ impl TlsOptions {
     /// Checks the PEM: `ca` and `cert` hold certificates that parse, `key` a private key
     /// that matches `cert`. The messages never repeat the material.
     fn check(&self) -> Result<()> {
-        let range = |message: String| LeaseError::option(InputErrorKind::Range, message);
+        let range = |message: String| Error::option(InputErrorKind::Range, message);
         let mut roots = rustls::RootCertStore::empty();
         if let Some(ca) = &self.ca {
             for (n, cert) in certificates("ca", ca)?.into_iter().enumerate() {
@@ -59,7 +59,7 @@ impl TlsOptions {
         }
         match (&self.cert, &self.key) {
             (None, None) => Ok(()),
-            (Some(_), None) | (None, Some(_)) => Err(LeaseError::option(
+            (Some(_), None) | (None, Some(_)) => Err(Error::option(
                 InputErrorKind::Type,
                 "tls.cert and tls.key go together: give both (the client certificate and its \
                  private key) or neither",
@@ -155,7 +155,7 @@ pub const DEFAULT_NAME: &str = "mastra-lease";
 
 /// The certificates in a PEM option: at least one, each block well-formed.
 fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
-    let range = |message: String| LeaseError::option(InputErrorKind::Range, message);
+    let range = |message: String| Error::option(InputErrorKind::Range, message);
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|_| range(format!("tls.{label} is not well-formed PEM")))?;
@@ -172,14 +172,14 @@ fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>>
 /// ## Behavior
 /// - Nothing connects until the first call; the calls made meanwhile share one attempt.
 /// - Every call, connecting included, is bounded by the command timeout: it answers, or it
-///   fails with [`LeaseError::Timeout`].
+///   fails with [`Error::Timeout`].
 /// - An I/O error breaks the connection; redis-rs' `ConnectionManager` opens a new one for the
-///   next call. A call that broke with it fails with [`LeaseError::Connection`], unless it went
+///   next call. A call that broke with it fails with [`Error::Connection`], unless it went
 ///   through [`Connection::run_again_if_broken`].
 /// - A call that timed out gives up its connection (see [`Connection::run`]).
 /// - Each new connection is named (`CLIENT SETNAME`) and, with a logger, has its eviction
 ///   policy read, in a task of its own after a call on it succeeded.
-/// - After [`Connection::close`] every call fails with [`LeaseError::Closed`].
+/// - After [`Connection::close`] every call fails with [`Error::Closed`].
 pub struct Connection {
     client: Client,
     config: ConnectionManagerConfig,
@@ -220,7 +220,7 @@ impl Connection {
         let client = Client::open(url.as_str()).map_err(|err| {
             // The URL may carry a password, so neither it nor the parser's echo of it is
             // repeated; the parser's complaint without the URL is enough to fix it.
-            LeaseError::option(
+            Error::option(
                 InputErrorKind::Range,
                 format!(
                     "url is not a Redis URL (redis://, rediss://, redis+unix://): {}",
@@ -232,7 +232,7 @@ impl Connection {
         let mut settings = info.redis_settings().clone();
         // Given twice, differently: which one was meant cannot be told.
         let twice = |what: &str| {
-            LeaseError::option(
+            Error::option(
                 InputErrorKind::Type,
                 format!("the {what} is given both in the url and as an option, differently"),
             )
@@ -261,7 +261,7 @@ impl Connection {
             Client::open(info)
         } else {
             if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-                return Err(LeaseError::option(
+                return Err(Error::option(
                     InputErrorKind::Range,
                     "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// \
                      only",
@@ -282,7 +282,7 @@ impl Connection {
         // The material was checked above, so this fails only on what redis-rs itself
         // refuses; its message is not repeated in case it quotes the material.
         .map_err(|_| {
-            LeaseError::option(
+            Error::option(
                 InputErrorKind::Range,
                 "tls: the Redis client refused the certificates or key",
             )
@@ -330,7 +330,7 @@ impl Connection {
     /// another connection can interrupt a blocking read with `CLIENT UNBLOCK <id>`.
     pub async fn dedicated(&self) -> Result<(MultiplexedConnection, Option<i64>)> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(LeaseError::Closed(self.subject));
+            return Err(Error::Closed(self.subject));
         }
         let bound = self.connect_timeout.saturating_add(self.timeout);
         let attempt = async {
@@ -356,8 +356,8 @@ impl Connection {
         };
         match tokio::time::timeout(bound, attempt).await {
             Ok(Ok(opened)) => Ok(opened),
-            Ok(Err(err)) => Err(LeaseError::from_redis(err, bound)),
-            Err(_) => Err(LeaseError::Timeout(bound)),
+            Ok(Err(err)) => Err(Error::from_redis(err, bound)),
+            Err(_) => Err(Error::Timeout(bound)),
         }
     }
 
@@ -383,7 +383,7 @@ impl Connection {
     {
         let deadline = tokio::time::Instant::now() + self.timeout;
         match self.run_within(self.timeout, &work).await {
-            Err(LeaseError::Connection(_)) => {
+            Err(Error::Connection(_)) => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 self.run_within(left, work).await
             }
@@ -405,19 +405,19 @@ impl Connection {
             }
             Ok(Err(err)) => {
                 let err = self.sort(err);
-                if matches!(err, LeaseError::Timeout(_)) {
+                if matches!(err, Error::Timeout(_)) {
                     self.forget(number);
                 }
                 Err(err)
             }
             Err(_) => {
                 self.forget(number);
-                Err(LeaseError::Timeout(self.timeout))
+                Err(Error::Timeout(self.timeout))
             }
         }
     }
 
-    /// Closes the connection; every later call fails with [`LeaseError::Closed`]. Calls in
+    /// Closes the connection; every later call fails with [`Error::Closed`]. Calls in
     /// flight keep the connection until they settle.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
@@ -440,13 +440,13 @@ impl Connection {
 
     /// Sorts a redis-rs error into the variant a caller can act on, and forgets a connection
     /// Redis refused to authenticate so the next call tries again.
-    pub fn sort(&self, err: redis::RedisError) -> LeaseError {
+    pub fn sort(&self, err: redis::RedisError) -> Error {
         if err.is_unrecoverable_error() || err.is_io_error() {
             // The manager replaces the connection after these: the next one is set up.
             self.setup.fresh.store(true, Ordering::Relaxed);
         }
-        let err = LeaseError::from_redis(err, self.timeout);
-        if matches!(err, LeaseError::Auth(_)) {
+        let err = Error::from_redis(err, self.timeout);
+        if matches!(err, Error::Auth(_)) {
             self.slot().take();
             self.setup.fresh.store(true, Ordering::Relaxed);
         }
@@ -455,8 +455,8 @@ impl Connection {
 
     /// Sorts the error in one reply of a pipeline. The connection answered, so it is kept,
     /// even for NOPERM: a key outside the user's ACL must not cost a reconnect per call.
-    pub fn sort_reply(&self, err: redis::RedisError) -> LeaseError {
-        LeaseError::from_redis(err, self.timeout)
+    pub fn sort_reply(&self, err: redis::RedisError) -> Error {
+        Error::from_redis(err, self.timeout)
     }
 
     /// After a call succeeded on a connection not yet set up: names it and reads the
@@ -506,11 +506,11 @@ impl Connection {
                     if err.is_unrecoverable_error() || err.is_io_error() {
                         setup.fresh.store(true, Ordering::Relaxed);
                     }
-                    LeaseError::from_redis(err, timeout).to_string()
+                    Error::from_redis(err, timeout).to_string()
                 }
                 Err(_) => {
                     setup.fresh.store(true, Ordering::Relaxed);
-                    LeaseError::Timeout(timeout).to_string()
+                    Error::Timeout(timeout).to_string()
                 }
             };
             // Refused (an ACL without CLIENT SETNAME or INFO) or failed: both are advice, so
@@ -528,14 +528,14 @@ impl Connection {
     fn get(&self) -> Result<(u64, ConnectionManager)> {
         let mut slot = self.slot();
         if self.closed.load(Ordering::Acquire) {
-            return Err(LeaseError::Closed(self.subject));
+            return Err(Error::Closed(self.subject));
         }
         if let Some(current) = slot.as_ref() {
             return Ok(current.clone());
         }
         let connection =
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map_err(|err| LeaseError::from_redis(err, self.timeout))?;
+                .map_err(|err| Error::from_redis(err, self.timeout))?;
         let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);
         *slot = Some(current.clone());
         Ok(current)
@@ -695,7 +695,7 @@ mod tests {
         };
         assert!(matches!(
             lone_key.check(),
-            Err(LeaseError::InvalidOption {
+            Err(Error::InvalidOption {
                 kind: InputErrorKind::Type,
                 ..
             })

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-/// Everything a lease operation can fail with.
+/// Everything a call into the core can fail with: a lease operation, a publish, a subscribe.
 ///
 /// "Not the owner" is never an error: it is a result (`false`, `{ acquired: false }`).
-/// These are the failures: bad input, a closed provider, or Redis not answering.
+/// These are the failures: bad input, a closed object, or Redis not answering.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum LeaseError {
+pub enum Error {
     /// An argument of a lease call is unusable; nothing was sent anywhere.
     #[error("{message}")]
     InvalidArgument {
@@ -57,7 +57,7 @@ pub enum LeaseError {
     Internal(String),
 }
 
-/// What a [`LeaseError::Closed`] says was closed.
+/// What a [`Error::Closed`] says was closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
     /// A `RedisLeaseProvider` or `MemoryLeaseProvider`.
@@ -75,7 +75,7 @@ impl std::fmt::Display for Subject {
     }
 }
 
-/// The argument an [`LeaseError::InvalidArgument`] is about.
+/// The argument an [`Error::InvalidArgument`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Argument {
     /// The lease key.
@@ -95,7 +95,7 @@ pub enum InputErrorKind {
     Range,
 }
 
-/// The JavaScript error class a [`LeaseError`] becomes.
+/// The JavaScript error class a [`Error`] becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
     /// `TypeError`
@@ -107,9 +107,9 @@ pub enum ErrorClass {
 }
 
 /// Result of every core operation.
-pub type Result<T> = std::result::Result<T, LeaseError>;
+pub type Result<T> = std::result::Result<T, Error>;
 
-impl LeaseError {
+impl Error {
     /// The stable string that becomes `err.code` in JavaScript.
     pub fn code(&self) -> &'static str {
         match self {

@@ -5,11 +5,12 @@ pub mod connection;
 pub mod error;
 pub mod lease;
 pub mod log;
+mod scripts;
 pub mod streams;
 #[cfg(test)]
 pub(crate) mod test_redis;
 
-pub use error::{Argument, ErrorClass, InputErrorKind, LeaseError, Result, Subject};
+pub use error::{Argument, Error, ErrorClass, InputErrorKind, Result, Subject};
 pub use lease::memory::MemoryStore;
 pub use lease::redis::{RedisOptions, RedisStore};
-pub use lease::{Answer, Call, Grant, LeaseStore, Limits};
+pub use lease::{Answer, Call, LeaseStore, Limits};

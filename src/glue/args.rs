@@ -5,7 +5,7 @@ use napi::sys::ValueType;
 
 use super::js::{self, Env, Value};
 use crate::core::streams::StartFrom;
-use crate::core::{Argument, Call, InputErrorKind, LeaseError, Limits, Result};
+use crate::core::{Argument, Call, Error, InputErrorKind, Limits, Result};
 
 /// `acquireLease(key, owner, ttlMs)`.
 pub fn acquire(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
@@ -63,7 +63,7 @@ pub fn owner(env: Env, value: Value, name: &str) -> Result<String> {
 /// A topic or group name: a string of well-formed UTF-16, not empty, at most the lease
 /// key limit in UTF-8 bytes (`name` says which, in errors).
 pub fn stream_name(env: Env, value: Value, name: &str, limits: &Limits) -> Result<String> {
-    let invalid = |kind, message: String| LeaseError::streams_argument(kind, message);
+    let invalid = |kind, message: String| Error::streams_argument(kind, message);
     let kind = js::type_of(env, value);
     if kind != ValueType::napi_string {
         return Err(invalid(
@@ -102,7 +102,7 @@ pub fn start_from(env: Env, value: Value) -> Result<StartFrom> {
     match text.as_deref() {
         Some("earliest") => Ok(StartFrom::Earliest),
         Some("latest") => Ok(StartFrom::Latest),
-        _ => Err(LeaseError::streams_argument(
+        _ => Err(Error::streams_argument(
             if kind == ValueType::napi_string {
                 InputErrorKind::Range
             } else {
@@ -120,7 +120,7 @@ pub fn start_from(env: Env, value: Value) -> Result<StartFrom> {
 pub fn ttl(env: Env, value: Value) -> Result<u64> {
     let kind = js::type_of(env, value);
     if kind != ValueType::napi_number {
-        return Err(LeaseError::argument(
+        return Err(Error::argument(
             Argument::Ttl,
             InputErrorKind::Type,
             format!(
@@ -131,7 +131,7 @@ pub fn ttl(env: Env, value: Value) -> Result<u64> {
     }
     let ms = js::number(env, value);
     safe_integer(ms).filter(|&ms| ms >= 1).ok_or_else(|| {
-        LeaseError::argument(
+        Error::argument(
             Argument::Ttl,
             InputErrorKind::Range,
             format!("ttlMs must be a whole number of milliseconds of at least 1, got {ms}"),
@@ -149,7 +149,7 @@ pub fn safe_integer(value: f64) -> Option<u64> {
 fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String> {
     let kind = js::type_of(env, value);
     if kind != ValueType::napi_string {
-        return Err(LeaseError::argument(
+        return Err(Error::argument(
             argument,
             InputErrorKind::Type,
             format!("{name} must be a string, got {}", type_name(kind)),
@@ -157,9 +157,9 @@ fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String
     }
     js::string_value(env, value).map_err(|err| match err {
         js::StringError::Unreadable => {
-            LeaseError::Internal(format!("could not read the {name} string from JavaScript"))
+            Error::Internal(format!("could not read the {name} string from JavaScript"))
         }
-        js::StringError::LoneSurrogate => LeaseError::argument(
+        js::StringError::LoneSurrogate => Error::argument(
             argument,
             InputErrorKind::Type,
             format!("{name} must be well-formed UTF-16 (it contains a lone surrogate)"),

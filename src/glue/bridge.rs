@@ -12,7 +12,7 @@ use super::inbox::Inbox;
 use super::js::{Deferred, Env, Value};
 use super::reply::{guarded, Reply};
 use super::turn::Outbox;
-use crate::core::{Call, LeaseError, LeaseStore};
+use crate::core::{Call, Error, LeaseStore};
 
 /// The most calls sent as one pipeline.
 const MAX_PIPELINE: usize = 64;
@@ -73,7 +73,7 @@ impl<S: LeaseStore + 'static> Bridge<S> {
                     .await
                     .unwrap_or_else(|panic| vec![Err(panic); count]);
                 answers.resize_with(count, || {
-                    Err(LeaseError::Internal("a call went unanswered".into()))
+                    Err(Error::Internal("a call went unanswered".into()))
                 });
                 let outcomes = deferreds
                     .into_iter()

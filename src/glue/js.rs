@@ -8,7 +8,7 @@ use std::ptr;
 
 use napi::sys;
 
-use crate::core::{ErrorClass, LeaseError};
+use crate::core::{Error, ErrorClass};
 
 pub type Env = sys::napi_env;
 pub type Value = sys::napi_value;
@@ -336,7 +336,7 @@ fn grant_factory(env: Env) -> Option<Value> {
 }
 
 /// A `TypeError`, `RangeError` or `Error` with `err.code` set to the error's stable code.
-pub fn error(env: Env, err: &LeaseError) -> Value {
+pub fn error(env: Env, err: &Error) -> Value {
     let code = string(env, err.code());
     let message = string(env, &err.full_message());
     let mut out = ptr::null_mut();
@@ -353,7 +353,7 @@ pub fn error(env: Env, err: &LeaseError) -> Value {
 
 /// Throws `err` (for constructors, which cannot answer with a promise), with `cause` (what a
 /// getter threw, say) as its `cause` property.
-pub fn throw(env: Env, err: &LeaseError, cause: Option<Value>) {
+pub fn throw(env: Env, err: &Error, cause: Option<Value>) {
     let value = error(env, err);
     // SAFETY: value is an error object made on this thread; cause is a live value of it.
     unsafe {

@@ -10,7 +10,7 @@ use super::js::{self, Env, Value};
 use super::tsfn::JsCallback;
 use crate::core::connection::EVICTION_WARNING_CODE;
 use crate::core::log::{Level, Logger, Notice};
-use crate::core::{LeaseError, Result};
+use crate::core::{Error, Result};
 
 /// Notices on their way to JavaScript functions, called on Node's thread.
 pub struct JsLog {
@@ -41,9 +41,8 @@ impl JsLog {
             let function = js::property(env, logger, name).ok()?;
             JsCallback::new(env, bound(env, function, logger)?, message_and_fields).ok()
         };
-        let warn = method(c"warn").ok_or_else(|| {
-            LeaseError::Internal("could not bind the logger's warn method".into())
-        })?;
+        let warn = method(c"warn")
+            .ok_or_else(|| Error::Internal("could not bind the logger's warn method".into()))?;
         Ok(Self {
             warn,
             debug: method(c"debug"),
@@ -65,9 +64,7 @@ impl JsLog {
             .and_then(|function| JsCallback::new(env, function, message_and_code).ok());
         match emit {
             Some(warn) => Ok(Self { warn, debug: None }),
-            None => Err(LeaseError::Internal(
-                "process.emitWarning is unavailable".into(),
-            )),
+            None => Err(Error::Internal("process.emitWarning is unavailable".into())),
         }
     }
 

@@ -15,7 +15,7 @@ use super::options;
 use super::reply::{catching, resolved, settled, Reply};
 use super::tsfn::Tsfn;
 use super::{runtime, unknown};
-use crate::core::{Call, LeaseError, MemoryStore, Result, Subject};
+use crate::core::{Call, Error, MemoryStore, Result, Subject};
 
 /// How often expired leases nobody touches are swept out of memory.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -43,7 +43,7 @@ impl MemoryLeaseProvider {
         let raw = env.raw();
         let built = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
             let store = Arc::new(MemoryStore::new(limits));
-            let node = NodeThread::new(raw).map_err(|e| LeaseError::Internal(e.reason))?;
+            let node = NodeThread::new(raw).map_err(|e| Error::Internal(e.reason))?;
             runtime()?.spawn(sweep(Arc::downgrade(&store), node));
             Ok(store)
         });
@@ -160,7 +160,7 @@ impl MemoryLeaseProvider {
     /// Answers a checked call on the spot; a closed provider or bad input is answered too.
     fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let outcome = match &self.store {
-            None => Err(LeaseError::Closed(Subject::LeaseProvider)),
+            None => Err(Error::Closed(Subject::LeaseProvider)),
             Some(store) => call.and_then(|call| catching(|| store.apply(&call).map(Reply::Answer))),
         };
         unknown(env, settled(env.raw(), outcome))

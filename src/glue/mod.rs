@@ -18,7 +18,7 @@ use std::sync::LazyLock;
 
 use tokio::runtime::{Builder, Runtime};
 
-use crate::core::LeaseError;
+use crate::core::Error;
 
 /// One Tokio runtime for every provider in the process. A single worker thread: the work
 /// per call is tiny, and Node's own thread needs the other core.
@@ -30,10 +30,10 @@ static RUNTIME: LazyLock<std::io::Result<Runtime>> = LazyLock::new(|| {
         .build()
 });
 
-fn runtime() -> Result<&'static Runtime, LeaseError> {
+fn runtime() -> Result<&'static Runtime, Error> {
     RUNTIME
         .as_ref()
-        .map_err(|err| LeaseError::Internal(format!("could not start the Tokio runtime: {err}")))
+        .map_err(|err| Error::Internal(format!("could not start the Tokio runtime: {err}")))
 }
 
 /// Hands a value made on this thread back to napi-rs as the method's return value.

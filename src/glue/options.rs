@@ -16,7 +16,7 @@ use super::js::{self, Env, Value};
 use crate::core::connection::{ConnectionOptions, TlsOptions as CoreTls};
 use crate::core::lease::TTL_CEILING_MS;
 use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
-use crate::core::{InputErrorKind, LeaseError, Limits, RedisOptions};
+use crate::core::{Error, InputErrorKind, Limits, RedisOptions};
 
 /// Options of `new MemoryLeaseProvider(options?)`.
 #[napi(object, object_from_js = false, object_to_js = false)]
@@ -187,12 +187,12 @@ pub struct RedisStreamsOptions {
 
 /// Why options were refused: the coded error, and what a getter threw, if that was it.
 pub struct OptionError {
-    pub error: LeaseError,
+    pub error: Error,
     pub cause: Option<Value>,
 }
 
-impl From<LeaseError> for OptionError {
-    fn from(error: LeaseError) -> Self {
+impl From<Error> for OptionError {
+    fn from(error: Error) -> Self {
         Self { error, cause: None }
     }
 }
@@ -325,7 +325,7 @@ impl Options {
             Some((_, ValueType::napi_undefined | ValueType::napi_null)) => None,
             Some((v, ValueType::napi_object)) => Some(v),
             Some((_, kind)) => {
-                return Err(LeaseError::option(
+                return Err(Error::option(
                     InputErrorKind::Type,
                     format!("options must be an object, got {}", type_name(kind)),
                 )
@@ -347,7 +347,7 @@ impl Options {
         };
         let read = self.read.borrow();
         let names = js::property_names(self.env, object).map_err(|thrown| OptionError {
-            error: LeaseError::option(InputErrorKind::Type, "options: listing the options threw"),
+            error: Error::option(InputErrorKind::Type, "options: listing the options threw"),
             cause: Some(thrown),
         })?;
         for name in names {
@@ -366,7 +366,7 @@ impl Options {
                     None => String::new(),
                 },
             };
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!(
                     "{}: unknown option {}{hint}",
@@ -397,9 +397,9 @@ impl Options {
         label: &str,
     ) -> Read<Option<(Value, napi::sys::napi_valuetype)>> {
         let c_name = CString::new(name)
-            .map_err(|_| LeaseError::Internal(format!("option name {name:?} holds a NUL")))?;
+            .map_err(|_| Error::Internal(format!("option name {name:?} holds a NUL")))?;
         let value = js::property(self.env, object, &c_name).map_err(|thrown| OptionError {
-            error: LeaseError::option(
+            error: Error::option(
                 InputErrorKind::Type,
                 format!(
                     "reading option {label} threw: {}",
@@ -421,7 +421,7 @@ impl Options {
         let name = self.string("connectionName")?;
         let mut tls = self.tls()?;
         let conflict = |what: &str| -> OptionError {
-            LeaseError::option(
+            Error::option(
                 InputErrorKind::Type,
                 format!("{what} conflict: give one of them (or the same value in both)"),
             )
@@ -441,7 +441,7 @@ impl Options {
         match client.tls {
             Some(true) if url.starts_with("redis://") => url.replace_range(..5, "rediss"),
             Some(true) if !url.starts_with("rediss://") => {
-                return Err(LeaseError::option(
+                return Err(Error::option(
                     InputErrorKind::Range,
                     "redisOptions.socket.tls needs a redis:// or rediss:// url",
                 )
@@ -481,14 +481,14 @@ impl Options {
             return Ok(out);
         };
         if kind != ValueType::napi_object {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!("redisOptions must be an object, got {}", type_name(kind)),
             )
             .into());
         }
         let names = js::property_names(self.env, value).map_err(|thrown| OptionError {
-            error: LeaseError::option(InputErrorKind::Type, "redisOptions: listing it threw"),
+            error: Error::option(InputErrorKind::Type, "redisOptions: listing it threw"),
             cause: Some(thrown),
         })?;
         for name in names {
@@ -506,7 +506,7 @@ impl Options {
                 }
                 "socket" => out.tls = self.socket(field, kind)?,
                 other => {
-                    return Err(LeaseError::option(
+                    return Err(Error::option(
                         InputErrorKind::Type,
                         format!("{label} is not supported: {}", redis_options_instead(other)),
                     )
@@ -520,7 +520,7 @@ impl Options {
     /// `redisOptions.socket`: only `tls` (a boolean) means something here.
     fn socket(&self, value: Value, kind: napi::sys::napi_valuetype) -> Read<Option<bool>> {
         if kind != ValueType::napi_object {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!(
                     "redisOptions.socket must be an object, got {}",
@@ -531,7 +531,7 @@ impl Options {
         }
         let mut tls = None;
         let names = js::property_names(self.env, value).map_err(|thrown| OptionError {
-            error: LeaseError::option(
+            error: Error::option(
                 InputErrorKind::Type,
                 "redisOptions.socket: listing it threw",
             ),
@@ -547,28 +547,28 @@ impl Options {
                     tls = Some(js::bool_value(self.env, field))
                 }
                 "tls" => {
-                    return Err(LeaseError::option(
+                    return Err(Error::option(
                         InputErrorKind::Type,
                         format!("{label} must be a boolean (give certificates in tls)"),
                     )
                     .into())
                 }
                 "host" | "port" | "path" => {
-                    return Err(LeaseError::option(
+                    return Err(Error::option(
                         InputErrorKind::Type,
                         format!("{label} is not supported: give the server in url"),
                     )
                     .into())
                 }
                 "ca" | "cert" | "key" | "servername" | "rejectUnauthorized" => {
-                    return Err(LeaseError::option(
+                    return Err(Error::option(
                         InputErrorKind::Type,
                         format!("{label} is not supported: give TLS material in the tls option"),
                     )
                     .into())
                 }
                 _ => {
-                    return Err(LeaseError::option(
+                    return Err(Error::option(
                         InputErrorKind::Type,
                         format!("{label} is not supported: redisOptions.socket takes only tls"),
                     )
@@ -608,7 +608,7 @@ impl Options {
             None
         };
         if !object || !matches!(warn, Some((_, ValueType::napi_function))) {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 "logger must have a warn(message, fields) method (and may have debug)",
             )
@@ -616,7 +616,7 @@ impl Options {
         }
         match self.field(value, "debug", "logger.debug")? {
             None | Some((_, ValueType::napi_function)) => Ok(Some(value)),
-            Some((_, kind)) => Err(LeaseError::option(
+            Some((_, kind)) => Err(Error::option(
                 InputErrorKind::Type,
                 format!("logger.debug must be a function, got {}", type_name(kind)),
             )
@@ -636,7 +636,7 @@ impl Options {
             ValueType::napi_null => return Ok(None),
             ValueType::napi_object => {}
             _ => {
-                return Err(LeaseError::option(
+                return Err(Error::option(
                     InputErrorKind::Type,
                     format!("tls must be an object, got {}", type_name(kind)),
                 )
@@ -644,7 +644,7 @@ impl Options {
             }
         }
         let names = js::property_names(self.env, value).map_err(|thrown| OptionError {
-            error: LeaseError::option(InputErrorKind::Type, "tls: listing it threw"),
+            error: Error::option(InputErrorKind::Type, "tls: listing it threw"),
             cause: Some(thrown),
         })?;
         for name in names {
@@ -659,7 +659,7 @@ impl Options {
                 }
                 _ => "",
             };
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!(
                     "tls.{} is not supported (tls takes ca, cert and key){why}",
@@ -679,7 +679,7 @@ impl Options {
                     .map(|text| Some(text.into_bytes()));
             }
             js::uint8_bytes(self.env, field).map(Some).ok_or_else(|| {
-                LeaseError::option(
+                Error::option(
                     InputErrorKind::Type,
                     format!(
                         "{label} must be a PEM string or Buffer, got {}",
@@ -706,14 +706,14 @@ impl Options {
     /// A string option's value: well-formed UTF-16.
     fn text(&self, value: Value, kind: napi::sys::napi_valuetype, label: &str) -> Read<String> {
         if kind != ValueType::napi_string {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!("{label} must be a string, got {}", type_name(kind)),
             )
             .into());
         }
         js::string_value(self.env, value).map_err(|_| {
-            LeaseError::option(
+            Error::option(
                 InputErrorKind::Type,
                 format!("{label} must be well-formed UTF-16"),
             )
@@ -738,7 +738,7 @@ impl Options {
         max: u64,
     ) -> Read<u64> {
         if kind != ValueType::napi_number {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Type,
                 format!("{label} must be a number, got {}", type_name(kind)),
             )
@@ -747,7 +747,7 @@ impl Options {
         let number = js::number(self.env, value);
         match safe_integer(number) {
             Some(n) if (min..=max).contains(&n) => Ok(n),
-            _ => Err(LeaseError::option(
+            _ => Err(Error::option(
                 InputErrorKind::Range,
                 format!("{label} must be a whole number from {min} to {max}, got {number}"),
             )

@@ -12,7 +12,7 @@ use super::log::JsLog;
 use super::options;
 use super::reply::{resolved, settled};
 use super::{runtime, unknown};
-use crate::core::{Call, LeaseError, RedisStore, Result, Subject};
+use crate::core::{Call, Error, RedisStore, Result, Subject};
 
 /// Leases in Redis, one atomic Lua script and one round trip per call.
 ///
@@ -169,7 +169,7 @@ impl RedisLeaseProvider {
     fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
         let e = env.raw();
         let promise = match (&self.bridge, call) {
-            (None, _) => settled(e, Err(LeaseError::Closed(self.subject))),
+            (None, _) => settled(e, Err(Error::Closed(self.subject))),
             (Some(_), Err(err)) => settled(e, Err(err)),
             (Some(bridge), Ok(call)) => bridge.submit(e, call),
         };

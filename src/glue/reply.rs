@@ -1,7 +1,7 @@
 //! What a finished lease call hands back to JavaScript.
 
 use super::js::{self, Env, Value};
-use crate::core::{Answer, LeaseError, Result};
+use crate::core::{Answer, Error, Result};
 
 /// What a finished call hands back: a lease answer, or a plain value.
 pub enum Reply {
@@ -57,13 +57,13 @@ pub async fn guarded<T>(work: impl std::future::Future<Output = Result<T>>) -> R
     std::panic::AssertUnwindSafe(work)
         .catch_unwind()
         .await
-        .unwrap_or_else(|panic| Err(LeaseError::Internal(panic_message(panic.as_ref()))))
+        .unwrap_or_else(|panic| Err(Error::Internal(panic_message(panic.as_ref()))))
 }
 
 /// Runs `f`, turning a panic into an internal error so it never unwinds into Node.
 pub fn catching<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|panic| Err(LeaseError::Internal(panic_message(panic.as_ref()))))
+        .unwrap_or_else(|panic| Err(Error::Internal(panic_message(panic.as_ref()))))
 }
 
 /// The text of a caught panic.

@@ -24,7 +24,7 @@ use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
 use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
-use crate::core::{InputErrorKind, LeaseError, Limits, RedisStore, Subject};
+use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
 /// Most deliveries handed to JavaScript in one call.
 const DELIVERY_BATCH: usize = 256;
@@ -160,7 +160,7 @@ impl RedisStreamsTransport {
                     .then(|| js::text_value(raw, json.raw()))
                     .flatten();
                 json.map(|json| (topic, json)).ok_or_else(|| {
-                    LeaseError::streams_argument(
+                    Error::streams_argument(
                         InputErrorKind::Type,
                         "event must be an object's JSON text",
                     )
@@ -213,13 +213,13 @@ impl RedisStreamsTransport {
             };
             let start_from = args::start_from(raw, start_from.raw())?;
             if js::type_of(raw, on_events.raw()) != ValueType::napi_function {
-                return Err(LeaseError::streams_argument(
+                return Err(Error::streams_argument(
                     InputErrorKind::Type,
                     "onEvents must be a function",
                 ));
             }
             let sink = JsCallback::new(raw, on_events.raw(), delivery_args)
-                .map_err(|err| LeaseError::Internal(err.reason))?;
+                .map_err(|err| Error::Internal(err.reason))?;
             Ok((topic, SubscribeOptions { group, start_from }, sink))
         })();
         let (topic, options, sink) = match checked {
@@ -403,7 +403,7 @@ impl RedisStreamsTransport {
 
 /// A promise rejected because the transport was closed.
 fn closed(env: js::Env) -> Value {
-    settled(env, Err(LeaseError::Closed(Subject::StreamsPubSub)))
+    settled(env, Err(Error::Closed(Subject::StreamsPubSub)))
 }
 
 impl Shared {

@@ -8,7 +8,7 @@ pub mod redis;
 
 use std::future::Future;
 
-use crate::core::error::{Argument, InputErrorKind, LeaseError, Result};
+use crate::core::error::{Argument, Error, InputErrorKind, Result};
 
 /// The answer to an acquire: whether the caller holds the lease now, and who does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,13 +103,14 @@ pub trait LeaseStore: Send + Sync {
     fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> + Send;
 
     /// Runs one call.
+    #[cfg(test)]
     fn execute_one(&self, call: Call) -> impl Future<Output = Result<Answer>> + Send {
         let answers = self.execute(vec![call]);
         async move {
             answers
                 .await
                 .pop()
-                .unwrap_or_else(|| Err(LeaseError::Internal("a call went unanswered".into())))
+                .unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
         }
     }
 }
@@ -153,7 +154,7 @@ impl Limits {
     /// Rejects a TTL outside `1..=max_ttl_ms` (0 would delete a Redis key on renew).
     pub fn check_ttl(&self, ttl_ms: u64) -> Result<()> {
         if ttl_ms == 0 || ttl_ms > self.max_ttl_ms {
-            return Err(LeaseError::argument(
+            return Err(Error::argument(
                 Argument::Ttl,
                 InputErrorKind::Range,
                 format!(
@@ -168,14 +169,14 @@ impl Limits {
 
 fn check_text(value: &str, name: &str, argument: Argument, max_bytes: usize) -> Result<()> {
     if value.is_empty() {
-        return Err(LeaseError::argument(
+        return Err(Error::argument(
             argument,
             InputErrorKind::Range,
             format!("{name} must not be empty"),
         ));
     }
     if value.len() > max_bytes {
-        return Err(LeaseError::argument(
+        return Err(Error::argument(
             argument,
             InputErrorKind::Range,
             format!(

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 
 use super::memory::MemoryStore;
 use super::{Answer, Call, Grant, Limits};
-use crate::core::error::{Argument, ErrorClass, InputErrorKind, LeaseError};
+use crate::core::error::{Argument, Error, ErrorClass, InputErrorKind};
 
 /// Keys that are prefixes of one another (Mastra's `resource\0thread` shape), plus two
 /// spellings of "é": a store that truncated, normalised or compared prefixes would show.
@@ -299,7 +299,7 @@ proptest! {
                 prop_assert_eq!(err.class(), ErrorClass::Range);
                 let is_range_error_on_argument = matches!(
                     err,
-                    LeaseError::InvalidArgument { argument: a, kind: InputErrorKind::Range, .. } if a == argument
+                    Error::InvalidArgument { argument: a, kind: InputErrorKind::Range, .. } if a == argument
                 );
                 prop_assert!(is_range_error_on_argument, "{:?}", err);
             }

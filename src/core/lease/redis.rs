@@ -6,23 +6,15 @@
 //! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Pipeline, Script, Value};
+use redis::{Pipeline, Value};
 
 use super::{Answer, Call, Grant, LeaseStore, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions};
-use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
-
-const ACQUIRE_LUA: &str = include_str!("acquire.lua");
-const RENEW_LUA: &str = include_str!("renew.lua");
-const RELEASE_LUA: &str = include_str!("release.lua");
-const TRANSFER_LUA: &str = include_str!("transfer.lua");
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_LUA));
+use crate::core::error::{Error, InputErrorKind, Result, Subject};
+use crate::core::scripts::{self, Lua};
 
 /// How to reach Redis and where the leases live there.
 #[derive(Debug, Clone)]
@@ -70,7 +62,7 @@ impl RedisStore {
         limits: Limits,
     ) -> Result<Self> {
         if key_prefix.is_empty() {
-            return Err(LeaseError::option(
+            return Err(Error::option(
                 InputErrorKind::Range,
                 "keyPrefix must not be empty",
             ));
@@ -132,7 +124,7 @@ impl RedisStore {
                     for &i in &sent {
                         answers[i] = Some(Err(err.clone()));
                     }
-                    if !matches!(err, LeaseError::Connection(_)) {
+                    if !matches!(err, Error::Connection(_)) {
                         break;
                     }
                 }
@@ -141,7 +133,7 @@ impl RedisStore {
         answers
             .into_iter()
             .map(|answer| {
-                answer.unwrap_or_else(|| Err(LeaseError::Internal("a call went unanswered".into())))
+                answer.unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
             })
             .collect()
     }
@@ -177,10 +169,10 @@ impl RedisStore {
                 let mut retry = redis::pipe();
                 let mut loaded: Vec<&'static str> = Vec::new();
                 for &j in &missing {
-                    if let Some((source, _)) = lua(&calls[sent[j]]) {
-                        if !loaded.contains(&source) {
-                            retry.cmd("SCRIPT").arg("LOAD").arg(source);
-                            loaded.push(source);
+                    if let Some(lua) = lua(&calls[sent[j]]) {
+                        if !loaded.contains(&lua.source) {
+                            retry.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+                            loaded.push(lua.source);
                         }
                     }
                 }
@@ -236,7 +228,7 @@ impl RedisStore {
     }
 
     fn evalsha<'p>(&self, pipe: &'p mut Pipeline, call: &Call, key: &str) -> &'p mut Pipeline {
-        let sha = lua(call).map_or("", |(_, script)| script.get_hash());
+        let sha = lua(call).map_or("", |lua| lua.script().get_hash());
         pipe.cmd("EVALSHA").arg(sha).arg(1).arg(self.redis_key(key))
     }
 }
@@ -247,13 +239,13 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// The Lua source and script behind a call (`None` for reads, which are a plain GET).
-fn lua(call: &Call) -> Option<(&'static str, &'static Script)> {
+/// The script behind a call (`None` for reads, which are a plain GET).
+fn lua(call: &Call) -> Option<&'static Lua> {
     match call {
-        Call::Acquire { .. } => Some((ACQUIRE_LUA, &ACQUIRE)),
-        Call::Renew { .. } => Some((RENEW_LUA, &RENEW)),
-        Call::Release { .. } => Some((RELEASE_LUA, &RELEASE)),
-        Call::Transfer { .. } => Some((TRANSFER_LUA, &TRANSFER)),
+        Call::Acquire { .. } => Some(&scripts::ACQUIRE),
+        Call::Renew { .. } => Some(&scripts::RENEW),
+        Call::Release { .. } => Some(&scripts::RELEASE),
+        Call::Transfer { .. } => Some(&scripts::TRANSFER),
         Call::Owner { .. } => None,
     }
 }
@@ -286,5 +278,4 @@ fn text(bytes: Vec<u8>) -> String {
 }
 
 #[cfg(test)]
-#[path = "redis_tests.rs"]
 mod tests;

@@ -13,21 +13,16 @@
 //! twice (an XACK, an ownership-checked script, an append that finds itself already done).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use redis::{Script, Value};
-use serde_json::{Map, Value as Json};
+use redis::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::event::{self, EVENT_FIELD};
 use super::group::Consumer;
-use super::{lock, publish, Shared};
+use super::settle::{self, Settle};
+use super::Shared;
 use crate::core::connection::parse;
-use crate::core::error::{LeaseError, Result};
-use crate::core::log::{Level, Throttle};
-
-static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
 
 /// How a delivery ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +43,7 @@ pub enum Settled {
     NotOwned,
     /// Settled earlier (by another ack or nack of it, or by the in-flight timeout): the
     /// first one counts.
-    AlreadySettled,
+    Already,
     /// Redis could not be reached: the settle is sent again in the background until it
     /// lands, and the entry stays claimed by this consumer meanwhile.
     Retrying,
@@ -57,7 +52,7 @@ pub enum Settled {
 }
 
 /// One event delivered to a subscriber. Ack or nack it once (further calls answer
-/// [`Settled::AlreadySettled`]); until then its consumer holds it.
+/// [`Settled::Already`]); until then its consumer holds it.
 #[derive(Clone)]
 pub struct Delivery {
     pub(super) shared: Arc<Shared>,
@@ -83,11 +78,13 @@ impl Delivery {
 
     /// The event, as published: a JSON object with `id`, `createdAt`, `deliveryAttempt`.
     /// Decoded from [`Delivery::json`] on each call.
-    pub fn event(&self) -> Map<String, Json> {
-        event::object(&self.state.json).unwrap_or_default()
+    #[cfg(test)]
+    pub fn event(&self) -> serde_json::Map<String, serde_json::Value> {
+        super::event::object(&self.state.json).unwrap_or_default()
     }
 
     /// The event exactly as stored in the entry's `event` field.
+    #[cfg(test)]
     pub fn json(&self) -> &str {
         &self.state.json
     }
@@ -98,30 +95,28 @@ impl Delivery {
     }
 
     /// The event's `deliveryAttempt` (1 when the producer did not set one).
+    #[cfg(test)]
     pub fn delivery_attempt(&self) -> u64 {
         self.state.attempt
     }
 
     /// The stream entry id (`<ms>-<seq>`).
+    #[cfg(test)]
     pub fn entry_id(&self) -> &str {
         &self.state.entry_id
     }
 
-    /// The topic it was published to.
-    pub fn topic(&self) -> &str {
-        self.state.topic()
-    }
-
     /// Acknowledges: a grouped entry is XACKed, so no consumer of the group gets it again.
+    #[cfg(test)]
     pub async fn ack(&self) -> Settled {
-        settle(&self.shared, &self.state, Outcome::Ack).await
+        settle::settle(&self.shared, &self.state, Settle::Ack).await
     }
 
     /// Rejects: appended again with `deliveryAttempt + 1` (and acked, for a group), or
     /// dropped with a warning once `maxDeliveryAttempts` is reached. Fan-out subscribers of
     /// this process that share the read and nack it too cause one redelivery, not several.
     pub async fn nack(&self) -> Settled {
-        settle(&self.shared, &self.state, Outcome::Nack).await
+        settle::settle(&self.shared, &self.state, Settle::Nack).await
     }
 
     /// The subscriber's callback has returned (or resolved) without settling. A group's
@@ -131,7 +126,7 @@ impl Delivery {
     pub fn returned(&self) {
         let state = &self.state;
         if matches!(state.origin, Origin::Fanout { .. }) && state.advance(HELD, DONE) {
-            finish(&self.shared, state);
+            settle::finish(&self.shared, state);
         }
     }
 
@@ -143,7 +138,7 @@ impl Delivery {
         let Some(shared) = deliveries.first().map(|d| Arc::clone(&d.shared)) else {
             return Vec::new();
         };
-        let mut answers = vec![Settled::AlreadySettled; deliveries.len()];
+        let mut answers = vec![Settled::Already; deliveries.len()];
         if shared.closed.load(Ordering::Acquire) {
             return vec![Settled::Closed; deliveries.len()];
         }
@@ -191,7 +186,7 @@ impl Delivery {
             let delivery = &deliveries[i];
             (
                 i,
-                conclude(&delivery.shared, &delivery.state, Outcome::Ack).await,
+                settle::conclude(&delivery.shared, &delivery.state, Settle::Ack).await,
             )
         }));
         let (replies, singles) = futures::join!(batch, singles);
@@ -213,10 +208,10 @@ impl Delivery {
                 answers[i] = match &result {
                     Ok(settled) => {
                         state.phase.store(DONE, Ordering::Release);
-                        finish(&shared, state);
+                        settle::finish(&shared, state);
                         *settled
                     }
-                    Err(err) => retry_later(&shared, state, Outcome::Ack, err),
+                    Err(err) => settle::retry_later(&shared, state, Settle::Ack, err),
                 };
             }
         }
@@ -224,30 +219,16 @@ impl Delivery {
     }
 }
 
-/// What a settle asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Outcome {
-    Ack,
-    Nack,
-    /// Nacked on the handler's behalf: it held the delivery past `inFlightTimeoutMs`.
-    Expire,
-    /// Give back unchanged: read, never handed to a subscriber.
-    Release,
-    /// Reclaimed past `maxDeliveryAttempts` (delivered that often and never settled):
-    /// dropped with the nack cap's warning, never handed to a subscriber.
-    Drop,
-}
-
 /// Read, waiting in a subscription's channel.
-const QUEUED: u8 = 0;
+pub(super) const QUEUED: u8 = 0;
 /// Handed to the subscriber, not yet settled.
-const HELD: u8 = 1;
+pub(super) const HELD: u8 = 1;
 /// A settle is on its way to Redis.
-const SETTLING: u8 = 2;
+pub(super) const SETTLING: u8 = 2;
 /// A settle failed and is being sent again in the background.
-const RETRYING: u8 = 3;
+pub(super) const RETRYING: u8 = 3;
 /// Settled (or given up because the pubsub closed).
-const DONE: u8 = 4;
+pub(super) const DONE: u8 = 4;
 
 /// Where a delivery came from, and so how it settles.
 pub(super) enum Origin {
@@ -267,16 +248,16 @@ pub(super) enum Origin {
 /// and the tasks that settle it.
 pub(crate) struct State {
     pub id: u64,
-    origin: Origin,
+    pub(super) origin: Origin,
     pub entry_id: String,
     /// Shared, not copied: most settles only need the entry id.
-    json: Arc<str>,
-    attempt: u64,
-    phase: AtomicU8,
+    pub(super) json: Arc<str>,
+    pub(super) attempt: u64,
+    pub(super) phase: AtomicU8,
     /// When it was handed to the subscriber (for the in-flight timeout).
     taken_at: OnceLock<Instant>,
     /// This delivery's place among its consumer's `maxInFlight`, given back when it is done.
-    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    pub(super) permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl State {
@@ -287,7 +268,7 @@ impl State {
         }
     }
 
-    fn key(&self) -> &str {
+    pub(super) fn key(&self) -> &str {
         match &self.origin {
             Origin::Group(consumer) => &consumer.key,
             Origin::Fanout { key, .. } => key,
@@ -295,14 +276,14 @@ impl State {
     }
 
     /// Moves from one phase to another; `false` if it was not in `from`.
-    fn advance(&self, from: u8, to: u8) -> bool {
+    pub(super) fn advance(&self, from: u8, to: u8) -> bool {
         self.phase
             .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
     /// Claims the delivery for one settle; `false` if it is settling or settled already.
-    fn begin(&self) -> bool {
+    pub(super) fn begin(&self) -> bool {
         self.advance(HELD, SETTLING) || self.advance(QUEUED, SETTLING)
     }
 
@@ -366,8 +347,8 @@ pub(super) fn register(
 }
 
 /// Settles a delivery that never reached a subscriber (released, or dropped at the cap).
-pub(super) async fn settle_unread(delivery: &Delivery, outcome: Outcome) -> Settled {
-    settle(&delivery.shared, &delivery.state, outcome).await
+pub(super) async fn settle_unread(delivery: &Delivery, how: Settle) -> Settled {
+    settle::settle(&delivery.shared, &delivery.state, how).await
 }
 
 /// The held delivery with this id, if any.
@@ -377,258 +358,4 @@ pub(super) fn find(shared: &Arc<Shared>, id: u64) -> Option<Delivery> {
         shared: Arc::clone(shared),
         state,
     })
-}
-
-/// Settles a delivery, once: the first settle of it runs, later ones answer
-/// [`Settled::AlreadySettled`].
-pub(super) async fn settle(shared: &Arc<Shared>, state: &Arc<State>, outcome: Outcome) -> Settled {
-    if shared.closed.load(Ordering::Acquire) {
-        return Settled::Closed;
-    }
-    if !state.begin() {
-        return Settled::AlreadySettled;
-    }
-    conclude(shared, state, outcome).await
-}
-
-/// Runs a settle [`State::begin`] claimed, and ends the hold once it landed; a transport
-/// failure hands it to the background.
-async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: Outcome) -> Settled {
-    // Fan-out subscribers of this process share a read: once one of them redelivered the
-    // event, it reaches all of them again, so the others' nacks add nothing.
-    if let (Origin::Fanout { nacked, .. }, Outcome::Nack | Outcome::Expire) =
-        (&state.origin, outcome)
-    {
-        if nacked.swap(true, Ordering::AcqRel) {
-            state.phase.store(DONE, Ordering::Release);
-            finish(shared, state);
-            return Settled::Redelivered {
-                attempt: state.attempt.saturating_add(1),
-            };
-        }
-    }
-    if outcome == Outcome::Expire {
-        shared.notice(
-            Level::Warn,
-            "a handler held an event past inFlightTimeoutMs; nacking it on its behalf",
-            &[
-                ("topic", state.topic().into()),
-                ("entryId", state.entry_id.clone().into()),
-                ("eventId", event_field(state, "id")),
-                ("attempt", state.attempt.into()),
-            ],
-        );
-    }
-    match run(shared, state, outcome).await {
-        Ok(settled) => {
-            state.phase.store(DONE, Ordering::Release);
-            finish(shared, state);
-            settled
-        }
-        Err(err) => retry_later(shared, state, outcome, &err),
-    }
-}
-
-/// Ends a settled delivery's hold: out of the registry, the consumer's hold on the entry
-/// released, its `maxInFlight` place given back.
-fn finish(shared: &Shared, state: &State) {
-    shared.deliveries().remove(&state.id);
-    if let Origin::Group(consumer) = &state.origin {
-        consumer.release_hold(&state.entry_id, state.id);
-    }
-    lock(&state.permit).take();
-}
-
-/// Warnings about settles that failed: at most one every 30 s, per process.
-static SETTLE_FAILURES: LazyLock<Throttle> = LazyLock::new(Throttle::default);
-
-/// Reports a settle that could not reach Redis and sends it again in the background, with
-/// backoff, until it lands or the pubsub closes. The entry stays held (and kept claimed)
-/// meanwhile, so no sibling reclaims an event whose handler has finished with it.
-fn retry_later(
-    shared: &Arc<Shared>,
-    state: &Arc<State>,
-    outcome: Outcome,
-    err: &LeaseError,
-) -> Settled {
-    state.phase.store(RETRYING, Ordering::Release);
-    shared.throttled(
-        &SETTLE_FAILURES,
-        "could not settle an event; retrying in the background (it stays claimed meanwhile)",
-        Some(err),
-        &[
-            ("topic", state.topic().into()),
-            ("entryId", state.entry_id.clone().into()),
-            ("settle", format!("{outcome:?}").to_lowercase().into()),
-        ],
-    );
-    let (shared, state) = (Arc::clone(shared), Arc::clone(state));
-    let runtime = shared.runtime.clone();
-    runtime.spawn(async move {
-        let mut delay = RETRY_MIN;
-        loop {
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(RETRY_MAX);
-            if shared.closed.load(Ordering::Acquire) {
-                shared.notice(
-                    Level::Debug,
-                    "closed before a settle could land; the entry stays pending for a sibling",
-                    &[
-                        ("topic", state.topic().into()),
-                        ("entryId", state.entry_id.clone().into()),
-                    ],
-                );
-                return;
-            }
-            match run(&shared, &state, outcome).await {
-                Ok(_) => {
-                    state.phase.store(DONE, Ordering::Release);
-                    finish(&shared, &state);
-                    shared.notice(
-                        Level::Debug,
-                        "a settle that had failed landed",
-                        &[
-                            ("topic", state.topic().into()),
-                            ("entryId", state.entry_id.clone().into()),
-                        ],
-                    );
-                    return;
-                }
-                Err(err) => shared.throttled(
-                    &SETTLE_FAILURES,
-                    "could not settle an event; retrying in the background (it stays claimed \
-                     meanwhile)",
-                    Some(&err),
-                    &[
-                        ("topic", state.topic().into()),
-                        ("entryId", state.entry_id.clone().into()),
-                    ],
-                ),
-            }
-        }
-    });
-    Settled::Retrying
-}
-
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(5);
-
-/// Sends one settle to Redis.
-async fn run(shared: &Arc<Shared>, state: &State, outcome: Outcome) -> Result<Settled> {
-    let result = match (&state.origin, outcome) {
-        (Origin::Fanout { .. }, Outcome::Ack | Outcome::Release) => Ok(Settled::Acked),
-        (Origin::Group(consumer), Outcome::Ack) => {
-            let mut cmd = redis::cmd("XACK");
-            cmd.arg(&consumer.key)
-                .arg(&consumer.group)
-                .arg(&state.entry_id);
-            shared
-                .writer
-                .run_again_if_broken(|mut c| {
-                    let cmd = &cmd;
-                    async move { cmd.query_async::<Value>(&mut c).await }
-                })
-                .await
-                .map(|_| Settled::Acked)
-        }
-        (_, Outcome::Release) => settle_owned(shared, state, &state.json).await.map(|owned| {
-            if owned {
-                Settled::Released
-            } else {
-                Settled::NotOwned
-            }
-        }),
-        (_, Outcome::Nack | Outcome::Expire) => nack(shared, state, "nacked").await,
-        (_, Outcome::Drop) => drop_at_cap(shared, state, "reclaimed").await,
-    };
-    // NOGROUP: the stream or group was deleted (clearTopic, TTL expiry), and with it every
-    // pending entry. Nothing is left to settle or to redeliver.
-    match result {
-        Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => Ok(match outcome {
-            Outcome::Ack => Settled::Acked,
-            _ => Settled::NotOwned,
-        }),
-        other => other,
-    }
-}
-
-async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
-    if shared
-        .tuning
-        .max_attempts
-        .is_some_and(|max| state.attempt >= max)
-    {
-        return drop_at_cap(shared, state, reason).await;
-    }
-    let next = state.attempt.saturating_add(1);
-    let payload = event::with_attempt(&state.json, next)?;
-    match &state.origin {
-        Origin::Group(_) => Ok(if settle_owned(shared, state, &payload).await? {
-            Settled::Redelivered { attempt: next }
-        } else {
-            Settled::NotOwned
-        }),
-        Origin::Fanout { key, .. } => {
-            publish::append_one(shared, key, payload).await?;
-            Ok(Settled::Redelivered { attempt: next })
-        }
-    }
-}
-
-/// Acks the entry without appending it again (if still ours) and warns: the event used up
-/// its delivery attempts. `reason` says how the last one ended (`nacked`, `reclaimed`).
-async fn drop_at_cap(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
-    if state.is_group() && !settle_owned(shared, state, "").await? {
-        return Ok(Settled::NotOwned);
-    }
-    shared.notice(
-        Level::Warn,
-        "dropping event after max delivery attempts",
-        &[
-            ("topic", state.topic().into()),
-            ("eventId", event_field(state, "id")),
-            ("eventType", event_field(state, "type")),
-            ("attempt", state.attempt.into()),
-            ("max", shared.tuning.max_attempts.into()),
-            ("reason", reason.into()),
-        ],
-    );
-    Ok(Settled::Dropped)
-}
-
-/// One field of the event, for a notice.
-fn event_field(state: &State, name: &str) -> Json {
-    event::object(&state.json)
-        .and_then(|mut event| event.remove(name))
-        .unwrap_or(Json::Null)
-}
-
-/// Runs `settle.lua`: appends `payload` (unless empty) and acks, if the entry is still this
-/// consumer's. Answers whether it was.
-async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Result<bool> {
-    let Origin::Group(consumer) = &state.origin else {
-        return Ok(true);
-    };
-    let mut invocation = SETTLE.prepare_invoke();
-    invocation
-        .key(&consumer.key)
-        .arg(&consumer.group)
-        .arg(&consumer.name)
-        .arg(&state.entry_id)
-        .arg(payload)
-        .arg(shared.tuning.ttl_ms)
-        .arg(EVENT_FIELD);
-    // Safe to run twice: a second run finds the entry settled (no longer ours) and changes
-    // nothing, so a connection that breaks under it costs nothing.
-    let owned: i64 = shared
-        .writer
-        .run_again_if_broken(|mut c| {
-            let invocation = &invocation;
-            async move { invocation.invoke_async(&mut c).await }
-        })
-        .await?;
-    if owned == 1 && !payload.is_empty() {
-        shared.appended(state.key(), 1);
-    }
-    Ok(owned == 1)
 }

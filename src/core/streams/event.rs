@@ -11,7 +11,7 @@ use std::fmt;
 use redis::Value;
 use serde_json::{Map, Value as Json};
 
-use crate::core::error::{LeaseError, Result};
+use crate::core::error::{Error, Result};
 
 /// The stream field that holds the event.
 pub(crate) const EVENT_FIELD: &str = "event";
@@ -19,12 +19,11 @@ pub(crate) const EVENT_FIELD: &str = "event";
 /// The event in `json` with `deliveryAttempt` set to `attempt`, serialised: the payload a
 /// redelivery appends to the stream. `id` and `createdAt` stay those of the original.
 pub(crate) fn with_attempt(json: &str, attempt: u64) -> Result<String> {
-    let mut fields = object(json).ok_or_else(|| {
-        LeaseError::Internal("a delivered event is no longer a JSON object".into())
-    })?;
+    let mut fields = object(json)
+        .ok_or_else(|| Error::Internal("a delivered event is no longer a JSON object".into()))?;
     fields.insert("deliveryAttempt".into(), Json::from(attempt));
     serde_json::to_string(&Json::Object(fields))
-        .map_err(|err| LeaseError::Internal(format!("could not serialise an event: {err}")))
+        .map_err(|err| Error::Internal(format!("could not serialise an event: {err}")))
 }
 
 /// The whole event object in `json`, or `None` when it is not a JSON object.
@@ -39,7 +38,7 @@ pub(crate) fn object(json: &str) -> Option<Map<String, Json>> {
 pub(crate) fn uuid_v4() -> Result<String> {
     let mut bytes = [0u8; 16];
     getrandom::getrandom(&mut bytes)
-        .map_err(|err| LeaseError::Internal(format!("the system random source failed: {err}")))?;
+        .map_err(|err| Error::Internal(format!("the system random source failed: {err}")))?;
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let mut out = String::with_capacity(36);

@@ -19,11 +19,13 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
-use super::delivery::{self, Origin, Outcome};
+use super::delivery::{self, Origin};
 use super::event::{self, Entry, EntryId};
-use super::reader::{self, Backoff, Member};
+use super::reader::{self, Backoff};
+use super::settle::Settle;
+use super::subscription::Member;
 use super::{lock, Shared};
-use crate::core::error::LeaseError;
+use crate::core::error::Error;
 use crate::core::log::{Level, Throttle};
 
 /// The fan-out subscriptions of one pubsub and their reader.
@@ -237,8 +239,7 @@ async fn read_loop(shared: Arc<Shared>) {
     let throttle = Throttle::default();
     let mut connection: Option<MultiplexedConnection> = None;
     let mut backoff = Backoff::default();
-    let report =
-        |message: &str, err: &LeaseError| shared.throttled(&throttle, message, Some(err), &[]);
+    let report = |message: &str, err: &Error| shared.throttled(&throttle, message, Some(err), &[]);
     loop {
         if shared.closed.load(Ordering::Acquire) {
             return;
@@ -323,7 +324,7 @@ async fn read_loop(shared: Arc<Shared>) {
                 }
                 report(
                     "fan-out read failed; retrying",
-                    &LeaseError::from_redis(err, tuning.command_timeout),
+                    &Error::from_redis(err, tuning.command_timeout),
                 );
                 tokio::time::sleep(backoff.next()).await;
             }
@@ -333,7 +334,7 @@ async fn read_loop(shared: Arc<Shared>) {
                 fanout.reader_id.store(0, Ordering::Release);
                 report(
                     "fan-out read timed out; reconnecting",
-                    &LeaseError::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
+                    &Error::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
                 );
                 tokio::time::sleep(backoff.next()).await;
             }
@@ -390,7 +391,7 @@ async fn deliver(shared: &Arc<Shared>, read: &Read, entries: Vec<Entry>) {
             };
             if let Err(unsent) = member.tx.send(delivery).await {
                 // Unsubscribed meanwhile.
-                delivery::settle_unread(&unsent.0, Outcome::Release).await;
+                delivery::settle_unread(&unsent.0, Settle::Release).await;
             }
         }
     }

@@ -3,20 +3,14 @@
 //! and warns about deliveries held unusually long.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::Script;
-
-use super::delivery::{self, Outcome};
-use super::Shared;
-use crate::core::error::LeaseError;
+use super::delivery;
+use super::settle::{self, Settle};
+use super::{reclaim, Shared};
 use crate::core::log::Throttle;
 
-static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("keep.lua")));
-
-/// Most entry ids one `keep.lua` call names.
-const KEEP_CHUNK: usize = 500;
 /// A delivery held this many times `reclaimIdleMs` is worth a warning: where Mastra's own
 /// backend would long since have handed it to a sibling.
 const LONG_HOLD_FACTOR: u32 = 5;
@@ -55,51 +49,9 @@ pub(super) async fn run(shared: Weak<Shared>) {
         }
         if kept_at.elapsed() >= keep_every {
             kept_at = Instant::now();
-            keep_claimed(&shared, &keep_failures).await;
+            reclaim::keep_claimed(&shared, &keep_failures).await;
         }
         look_at_holds(&shared, &long_holds).await;
-    }
-}
-
-/// Resets the idle time of every entry this pubsub's consumers hold.
-async fn keep_claimed(shared: &Shared, failures: &Throttle) {
-    let consumers: Vec<_> = shared.consumers().values().cloned().collect();
-    let mut calls = Vec::new();
-    for consumer in &consumers {
-        let held = consumer.held_entries();
-        for ids in held.chunks(KEEP_CHUNK) {
-            let mut invocation = KEEP.prepare_invoke();
-            invocation
-                .key(&consumer.key)
-                .arg(&consumer.group)
-                .arg(&consumer.name)
-                .arg(ids);
-            calls.push((consumer, invocation));
-        }
-    }
-    let runs = calls.into_iter().map(|(consumer, invocation)| {
-        let writer = &shared.writer;
-        async move {
-            let run =
-                writer.run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await });
-            (consumer, run.await)
-        }
-    });
-    for (consumer, result) in futures::future::join_all(runs).await {
-        match result {
-            Ok(_) => {}
-            // The stream or group is gone, and with it every pending entry.
-            Err(LeaseError::Server(err)) if err.code() == Some("NOGROUP") => {}
-            Err(err) => shared.throttled(
-                failures,
-                "could not keep the events being handled claimed; a sibling may reclaim them",
-                Some(&err),
-                &[
-                    ("topic", consumer.topic.clone().into()),
-                    ("group", consumer.group.clone().into()),
-                ],
-            ),
-        }
     }
 }
 
@@ -144,7 +96,7 @@ async fn look_at_holds(shared: &Arc<Shared>, long_holds: &Throttle) {
     }
     let expiries = expired.into_iter().map(|state| {
         let shared = Arc::clone(shared);
-        async move { delivery::settle(&shared, &state, Outcome::Expire).await }
+        async move { settle::settle(&shared, &state, Settle::Expire).await }
     });
     futures::future::join_all(expiries).await;
 }

@@ -9,14 +9,17 @@
 //! The files, by concept:
 //! - `publish.rs`: appends, and the second send of appends a broken connection cut off.
 //! - `subscription.rs`: subscribing and unsubscribing; which reader serves a subscription.
-//! - `group.rs`: a consumer group's reader (one per topic and group in this process).
+//! - `group.rs`: this process's consumer of a group on a topic, its members and places.
+//! - `reader.rs`: a consumer's reader (reads, NOGROUP recovery, reconnects), and what the
+//!   fan-out reader shares with it.
 //! - `fanout.rs`: the one reader of every fan-out subscription of this process.
-//! - `delivery.rs`: a delivery and how it settles (ack, nack, redelivery, the attempt cap),
-//!   settles that could not reach Redis retried in the background.
-//! - `keeper.rs`: what runs beside the readers: held entries kept claimed, reclaiming what a
-//!   dead consumer left, the in-flight timeout, warnings about long holds.
+//! - `delivery.rs`: a delivery, held until settled, and the table of those held.
+//! - `settle.rs`: ack, nack, redelivery, the attempt cap; settles that could not reach Redis
+//!   retried in the background.
+//! - `reclaim.rs`: taking over what a dead consumer left idle; keeping held entries claimed.
+//! - `keeper.rs`: the task beside the readers: keeping claims, the in-flight timeout,
+//!   warnings about long holds.
 //! - `trim.rs`: trimming streams without cutting entries a group has not settled.
-//! - `reader.rs`: what both readers share: reading entries, backoff.
 //!
 //! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL, the
 //! scripts) multiplexes over one connection, shared with the lease store. Blocking reads
@@ -31,6 +34,8 @@ mod group;
 mod keeper;
 mod publish;
 mod reader;
+mod reclaim;
+mod settle;
 mod subscription;
 mod trim;
 
@@ -43,10 +48,10 @@ use std::time::Duration;
 use serde_json::Value as Json;
 
 use crate::core::connection::{Connection, ConnectionOptions};
-use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::{Level, Logger, Notice, Throttle};
 
-pub use delivery::{Delivery, Settled};
+pub use delivery::Delivery;
 pub use subscription::Subscription;
 
 /// How to reach Redis, where topics live, and how delivery behaves. The defaults are those
@@ -184,7 +189,7 @@ impl StreamsPubSub {
     /// the reader tasks are spawned on.
     pub fn new(options: StreamsOptions) -> Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            LeaseError::Internal("StreamsPubSub must be created inside a Tokio runtime".into())
+            Error::Internal("StreamsPubSub must be created inside a Tokio runtime".into())
         })?;
         check(&options)?;
         let writer = Arc::new(Connection::new(
@@ -239,10 +244,10 @@ impl StreamsPubSub {
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
-            return Err(LeaseError::Closed(Subject::StreamsPubSub));
+            return Err(Error::Closed(Subject::StreamsPubSub));
         }
         if options.group.as_deref() == Some("") {
-            return Err(LeaseError::streams_argument(
+            return Err(Error::streams_argument(
                 InputErrorKind::Range,
                 "group must not be empty",
             ));
@@ -318,16 +323,11 @@ impl StreamsPubSub {
         }
         self.flush().await;
     }
-
-    /// Whether `close` was called.
-    pub fn is_closed(&self) -> bool {
-        self.shared.closed.load(Ordering::Acquire)
-    }
 }
 
 /// The option rules the types do not express.
 fn check(options: &StreamsOptions) -> Result<()> {
-    let range = |message: &str| Err(LeaseError::option(InputErrorKind::Range, message));
+    let range = |message: &str| Err(Error::option(InputErrorKind::Range, message));
     if options.key_prefix.is_empty() {
         return range("keyPrefix must not be empty");
     }
@@ -446,7 +446,7 @@ impl Shared {
         &self,
         throttle: &Throttle,
         message: &str,
-        err: Option<&LeaseError>,
+        err: Option<&Error>,
         fields: &[(&str, Json)],
     ) {
         let (level, count) = throttle.level();

@@ -2,7 +2,7 @@
 //! appends a broken connection cut off.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use redis::{Pipeline, RedisResult, Value};
@@ -10,11 +10,10 @@ use redis::{Pipeline, RedisResult, Value};
 use super::event::EVENT_FIELD;
 use super::{Shared, StreamsPubSub};
 use crate::core::connection::parse;
-use crate::core::error::{InputErrorKind, LeaseError, Result, Subject};
+use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::Level;
+use crate::core::scripts;
 
-static APPEND_AGAIN: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("append_again.lua")));
 /// Most entries `append_again.lua` looks through for the events it sends again (it also
 /// stops at 4 MiB of events): a bound on how long it holds Redis.
 const AGAIN_SCAN: usize = 5_000;
@@ -34,7 +33,7 @@ impl StreamsPubSub {
                 if json.starts_with('{') {
                     Ok((self.shared.stream_key(&topic), json))
                 } else {
-                    Err(LeaseError::streams_argument(
+                    Err(Error::streams_argument(
                         InputErrorKind::Type,
                         "event must be a JSON object",
                     ))
@@ -59,7 +58,7 @@ pub(super) async fn append_batch(
     events: Vec<Result<(String, String)>>,
 ) -> Vec<Result<String>> {
     if shared.closed.load(Ordering::Acquire) {
-        let closed = || Err(LeaseError::Closed(Subject::StreamsPubSub));
+        let closed = || Err(Error::Closed(Subject::StreamsPubSub));
         return events.iter().map(|_| closed()).collect();
     }
     let started = Instant::now();
@@ -99,7 +98,7 @@ pub(super) async fn append_batch(
                     answers[*i] = Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
                 }
             }
-            Err(err @ LeaseError::Connection(_)) => {
+            Err(err @ Error::Connection(_)) => {
                 shared.notice(
                     Level::Debug,
                     "a connection broke under appends; sending them again, each once",
@@ -135,7 +134,7 @@ pub(super) async fn append_batch(
     }
     answers
         .into_iter()
-        .map(|a| a.unwrap_or_else(|| Err(LeaseError::Internal("an append went unanswered".into()))))
+        .map(|a| a.unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into()))))
         .collect()
 }
 
@@ -190,7 +189,7 @@ async fn append_again(
     }
     let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let runs = streams.iter().map(|(key, events)| {
-        let mut invocation = APPEND_AGAIN.prepare_invoke();
+        let mut invocation = scripts::APPEND_AGAIN.script().prepare_invoke();
         invocation
             .key(*key)
             .arg(EVENT_FIELD)
@@ -218,7 +217,7 @@ async fn append_again(
                     answers[*k] = id.map(Ok);
                 }
             }
-            Err(LeaseError::Connection(_)) => {}
+            Err(Error::Connection(_)) => {}
             Err(err) => {
                 for k in events {
                     answers[*k] = Some(Err(err.clone()));
@@ -234,7 +233,7 @@ pub(super) async fn append_one(shared: &Arc<Shared>, key: &str, payload: String)
     append_batch(shared, vec![Ok((key.to_owned(), payload))])
         .await
         .pop()
-        .unwrap_or_else(|| Err(LeaseError::Internal("an append went unanswered".into())))
+        .unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into())))
 }
 
 /// The entry id an append answered: XADD's reply, or inside EXEC's reply when the append

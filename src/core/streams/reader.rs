@@ -1,16 +1,26 @@
-//! What the group readers and the fan-out reader share: sending reads and gathering their
-//! entries, backoff between failures, and the members a reader hands entries to.
+//! A consumer's reader: it reads its group (`XREADGROUP ... >`), hands entries out, runs a
+//! reclaim pass every `reclaimIntervalMs` (`reclaim.rs`), recovers from NOGROUP (a deleted
+//! stream or group) by creating the group again, and reconnects with backoff. A read whose
+//! reply was lost with its connection took entries this consumer never saw: after a broken
+//! connection the reader first reads its own pending entries back. Also what the fan-out
+//! reader shares with it: sending reads, gathering their entries, backoff.
 
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use tokio::sync::{mpsc, Semaphore};
 
-use super::delivery::Delivery;
-use super::event::{self, Entry, EntryId};
+use super::delivery::{self, Origin};
+use super::event::{self, Entry};
+use super::group::{self, Consumer};
+use super::reclaim;
+use super::settle::Settle;
+use super::Shared;
 use crate::core::connection::parse;
+use crate::core::error::{Error, Result};
+use crate::core::log::{Level, Throttle};
 
 /// Deliveries read but not yet taken by a subscription, at least. Kept small: what sits in a
 /// channel is read (for a group, owned by this consumer) but not yet being handled.
@@ -18,31 +28,376 @@ pub(super) const MIN_BUFFER: usize = 16;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// One subscription as its reader sees it: where its deliveries go.
-pub(crate) struct Member {
-    pub id: u64,
-    pub tx: mpsc::Sender<Delivery>,
-    /// Fan-out: the last entry this subscription was given; reads skip entries up to it.
-    pub position: Mutex<EntryId>,
-    /// Fan-out: this subscription's `maxInFlight` places (a group's belong to its consumer).
-    pub room: Option<std::sync::Arc<Semaphore>>,
+/// Most reads sent together while a group has a backlog (see [`read_commands`]).
+const MAX_READ_AHEAD: usize = 8;
+
+/// Where entries handed to [`deliver`] come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A read of new entries (`>`): the cursor moves past them.
+    Read,
+    /// This consumer's own pending entries read back after a broken connection: only those
+    /// it does not hold already are delivered.
+    History,
+    /// A reclaim pass: entries idle past the threshold, this consumer's own among them.
+    Reclaim,
 }
 
-impl Member {
-    pub fn position(&self) -> EntryId {
-        *super::lock(&self.position)
-    }
-
-    pub fn set_position(&self, id: EntryId) {
-        *super::lock(&self.position) = id;
-    }
-
-    /// How many more deliveries its `maxInFlight` lets it hold (`usize::MAX` unlimited).
-    pub fn free(&self) -> usize {
-        self.room
+/// The reader of one consumer: reads, hands entries out, reclaims idle entries, recovers
+/// from NOGROUP and reconnects. Runs while it is its consumer's current reader and the
+/// consumer has subscriptions.
+pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, generation: u64) {
+    let tuning = shared.tuning.clone();
+    let throttle = Throttle::default();
+    let mut connection: Option<MultiplexedConnection> = None;
+    let mut backoff = Backoff::default();
+    // The first pass runs at once: a new consumer picks up what a crashed one left.
+    let mut reclaim_at = Instant::now();
+    let mut reclaim_cursor = "0-0".to_owned();
+    // The last read came back full: more is likely waiting, so read ahead without blocking.
+    let mut backlog = false;
+    // After the reader's connection broke, a read may have run whose reply was lost: its
+    // entries are pending for this consumer, which never saw them. Until this consumer's own
+    // pending entries have been read back (from this id on), reads read those.
+    let mut history: Option<String> = None;
+    let report = |message: &str, err: &Error| {
+        shared.throttled(
+            &throttle,
+            message,
+            Some(err),
+            &[
+                ("topic", consumer.topic.clone().into()),
+                ("group", consumer.group.clone().into()),
+            ],
+        );
+    };
+    loop {
+        if shared.closed.load(Ordering::Acquire) || !consumer.serves(generation) {
+            return;
+        }
+        if let Some(places) = &consumer.room {
+            // At `maxInFlight`: wait until a delivery is settled.
+            if places.available_permits() == 0 {
+                match places.acquire().await {
+                    Ok(place) => drop(place),
+                    Err(_) => return,
+                }
+                continue;
+            }
+        }
+        let free = consumer
+            .room
             .as_ref()
             .map_or(usize::MAX, |places| places.available_permits())
+            .min(consumer.channel_room().await)
+            .max(1);
+        let count = free.min(tuning.batch_count);
+
+        if let Some(interval) = tuning.reclaim_interval {
+            if Instant::now() >= reclaim_at {
+                match reclaim::reclaim(&shared, &consumer, &reclaim_cursor, count).await {
+                    Ok((cursor, entries)) => {
+                        // A cursor other than 0-0 means more to scan: continue promptly.
+                        reclaim_at = if cursor == "0-0" {
+                            later(interval)
+                        } else {
+                            Instant::now()
+                        };
+                        reclaim_cursor = cursor;
+                        deliver(&shared, &consumer, entries, Source::Reclaim).await;
+                    }
+                    Err(err) => {
+                        reclaim_at = later(interval);
+                        // NOGROUP is the read's to recover from; anything else is trouble.
+                        if !is_nogroup(&err) {
+                            report("reclaim pass failed", &err);
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+
+        let mut conn = match connection.take() {
+            Some(conn) => conn,
+            None => match shared.writer.dedicated().await {
+                Ok((conn, _)) => conn,
+                Err(err) => {
+                    report("reader cannot connect; retrying", &err);
+                    tokio::time::sleep(backoff.next()).await;
+                    continue;
+                }
+            },
+        };
+        let (pipe, reads, epoch) =
+            read_commands(&shared, &consumer, free, backlog, history.as_deref());
+        let outcome = tokio::time::timeout(
+            tuning.block.saturating_add(tuning.command_timeout),
+            read_all(&mut conn, &pipe, reads),
+        )
+        .await;
+        match outcome {
+            Ok(Ok(streams)) => {
+                connection = Some(conn);
+                backoff.reset();
+                if consumer.cursor().epoch != epoch {
+                    history = None;
+                    continue; // read from a stream clearTopic deleted meanwhile
+                }
+                let entries: Vec<Entry> = streams.into_iter().flat_map(|(_, e)| e).collect();
+                let full = entries.len() >= reads * count;
+                let source = if history.is_some() {
+                    // Read back until a read comes back short.
+                    history = entries.last().filter(|_| full).map(|e| e.id.clone());
+                    Source::History
+                } else {
+                    backlog = full;
+                    Source::Read
+                };
+                deliver(&shared, &consumer, entries, source).await;
+            }
+            Ok(Err(err)) if err.code() == Some("NOGROUP") => {
+                connection = Some(conn);
+                recover_group(&shared, &consumer).await;
+                // Grows only if recovery keeps failing (a successful read resets it).
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Ok(Err(err)) => {
+                // A server error (READONLY, WRONGTYPE, OOM) leaves the connection usable;
+                // anything else may have broken it.
+                if matches!(err.kind(), redis::ErrorKind::Server(_)) {
+                    connection = Some(conn);
+                } else {
+                    history = Some("0".to_owned());
+                }
+                report(
+                    "read failed; retrying",
+                    &Error::from_redis(err, tuning.command_timeout),
+                );
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Err(_) => {
+                // No answer past BLOCK + timeout: frozen or unreachable. A fresh connection
+                // is the only way to know; the old one may never answer.
+                report(
+                    "read timed out; reconnecting",
+                    &Error::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
+                );
+                history = Some("0".to_owned());
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
     }
+}
+
+fn is_nogroup(err: &Error) -> bool {
+    matches!(err, Error::Server(e) if e.code() == Some("NOGROUP"))
+}
+
+/// The next read: XREADGROUP `>` (entries never delivered to any consumer of the group) of
+/// at most `batchCount` entries.
+///
+/// Normally one read that blocks until entries arrive. While the group has a backlog (the
+/// last read came back full), as many reads as there is room for go out together in one
+/// round trip, none blocking: a consumer keeps up with a producer at `free / batchCount`
+/// times the rate of one read per round trip, and never holds more than it has room for.
+/// With `history`, one read, not blocking, of this consumer's own pending entries after
+/// that id: after a broken connection, what a read whose reply was lost had taken.
+/// Returns the pipeline, how many reads it holds, and the cursor epoch they belong to.
+fn read_commands(
+    shared: &Shared,
+    consumer: &Consumer,
+    free: usize,
+    backlog: bool,
+    history: Option<&str>,
+) -> (redis::Pipeline, usize, u64) {
+    let batch = shared.tuning.batch_count;
+    let reads = if backlog && history.is_none() {
+        (free / batch).clamp(1, MAX_READ_AHEAD)
+    } else {
+        1
+    };
+    let block = super::duration_ms(shared.tuning.block);
+    let epoch = consumer.cursor().epoch;
+    let mut pipe = redis::pipe();
+    for _ in 0..reads {
+        let cmd = pipe
+            .cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&consumer.group)
+            .arg(&consumer.name)
+            .arg("COUNT")
+            .arg(free.min(batch));
+        if !backlog && history.is_none() {
+            cmd.arg("BLOCK").arg(block);
+        }
+        cmd.arg("STREAMS")
+            .arg(&consumer.key)
+            .arg(history.unwrap_or(">"));
+    }
+    (pipe, reads, epoch)
+}
+
+/// Hands entries to the consumer's subscriptions.
+///
+/// A reclaimed entry was delivered `deliveries` times by Redis, each a consumer that never
+/// settled it: its attempt is the one it was appended with plus the deliveries after the
+/// first, and the event handed out carries that `deliveryAttempt`. Past the cap it is
+/// dropped (acked, with the cap's warning) instead of handed out. An entry this consumer
+/// holds already (a reclaim pass or a read-back found it) is skipped.
+async fn deliver(
+    shared: &Arc<Shared>,
+    consumer: &Arc<Consumer>,
+    entries: Vec<Entry>,
+    source: Source,
+) {
+    let mut settles = Vec::new();
+    for entry in entries {
+        let parsed = entry.event.and_then(event::parse);
+        if source == Source::Read {
+            let mut cursor = consumer.cursor();
+            cursor.position = Some(entry.id.clone());
+            cursor.position_event = parsed.as_ref().and_then(|p| p.id.clone());
+        }
+        let Some(parsed) = parsed else {
+            malformed(shared, consumer, &entry.id).await;
+            continue;
+        };
+        let attempt = parsed
+            .attempt
+            .saturating_add(entry.deliveries.saturating_sub(1));
+        let json = if attempt == parsed.attempt {
+            parsed.json
+        } else {
+            // A map with string keys always serialises; were it not to, the stored JSON
+            // (with the older attempt) is still the event.
+            event::with_attempt(&parsed.json, attempt).unwrap_or(parsed.json)
+        };
+        let origin = Origin::Group(Arc::clone(consumer));
+        let Some(delivery) = delivery::register(
+            shared,
+            origin,
+            entry.id,
+            json.into(),
+            attempt,
+            consumer.place(),
+        ) else {
+            continue;
+        };
+        if shared.tuning.max_attempts.is_some_and(|max| attempt > max) {
+            settles.push(async move { delivery::settle_unread(&delivery, Settle::Drop).await });
+            continue;
+        }
+        if let Err(unread) = consumer.hand_out(delivery).await {
+            // Nobody to hand it to (the last subscription left): back to the group.
+            delivery::settle_unread(&unread, Settle::Release).await;
+        }
+    }
+    // Concurrent over the multiplexed connection: one round trip for the whole batch.
+    futures::future::join_all(settles).await;
+}
+
+/// An entry without a usable `event` field can never be handled: warn, and ack it so it
+/// does not come back forever.
+async fn malformed(shared: &Shared, consumer: &Consumer, id: &str) {
+    shared.notice(
+        Level::Warn,
+        "malformed entry (no JSON object in its event field); dropping it",
+        &[
+            ("topic", consumer.topic.clone().into()),
+            ("entryId", id.into()),
+        ],
+    );
+    let mut cmd = redis::cmd("XACK");
+    cmd.arg(&consumer.key).arg(&consumer.group).arg(id);
+    if let Err(err) = shared
+        .writer
+        .run(|mut c| async move { cmd.query_async::<Value>(&mut c).await })
+        .await
+    {
+        shared.notice(
+            Level::Debug,
+            "ack of a malformed entry failed",
+            &[
+                ("topic", consumer.topic.clone().into()),
+                ("err", err.full_message().into()),
+            ],
+        );
+    }
+}
+
+/// After NOGROUP (stream or group deleted: clearTopic elsewhere, TTL expiry, FLUSHALL),
+/// create the group again after the last entry this consumer read, so entries appended
+/// since are delivered; before any read, at the subscription's own anchor.
+///
+/// The key may now hold another stream: deleted and re-created by another process (its
+/// clearTopic, then a publish). A re-created stream numbers entries from the current time
+/// again, so within the millisecond of our position its first entries have ids at or below
+/// it, and a group created there would skip them. So the stream is checked first (one
+/// XREVRANGE, on this rare path only): when the greatest entry at or below our position is
+/// the very entry we last read (same id, same event `id`), it is the same stream and the
+/// group resumes after it; when the stream holds nothing at or below our position, starting
+/// at `0` is the same as starting there, and also right for a stream re-created moments ago
+/// whose first entries are yet to come; anything else means a new stream, read from its
+/// start. (If the entry we last read was XDELed from the old stream, this reads the old
+/// stream's earlier entries again: at least once, never lost.)
+async fn recover_group(shared: &Shared, consumer: &Consumer) {
+    let (position, seen_event, anchor) = {
+        let cursor = consumer.cursor();
+        (
+            cursor.position.clone(),
+            cursor.position_event.clone(),
+            cursor.anchor,
+        )
+    };
+    let at = match position {
+        None => anchor.to_owned(),
+        Some(position) => match greatest_at_or_below(shared, &consumer.key, &position).await {
+            Ok(None) => "0".to_owned(),
+            Ok(Some((id, event))) if id == position && event == seen_event => position,
+            Ok(Some(_)) => {
+                shared.notice(
+                    Level::Debug,
+                    "the stream was re-created; reading it from its start",
+                    &[("topic", consumer.topic.clone().into())],
+                );
+                "0".to_owned()
+            }
+            // Cannot tell: resume after our position, as before (the create will likely fail
+            // the same way and be retried).
+            Err(_) => position,
+        },
+    };
+    match group::create_group(shared, &consumer.key, &consumer.group, &at).await {
+        Ok(()) => shared.notice(
+            Level::Debug,
+            "recreated consumer group after NOGROUP",
+            &[
+                ("topic", consumer.topic.clone().into()),
+                ("group", consumer.group.clone().into()),
+            ],
+        ),
+        Err(err) => shared.notice(
+            Level::Debug,
+            "consumer group re-create failed",
+            &[
+                ("topic", consumer.topic.clone().into()),
+                ("err", err.full_message().into()),
+            ],
+        ),
+    }
+}
+
+/// The greatest entry of the stream at or below `id`, with its event `id` (if it has one).
+async fn greatest_at_or_below(
+    shared: &Shared,
+    key: &str,
+    id: &str,
+) -> Result<Option<(String, Option<String>)>> {
+    Ok(super::last_entry(shared, key, id).await?.map(|entry| {
+        let event = entry.event.and_then(event::parse);
+        (entry.id, event.and_then(|p| p.id))
+    }))
 }
 
 /// Sends the reads of `pipe` and gathers their entries, stream by stream, in order. A read

@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, Semaphore};
 
-use super::delivery::{self, Delivery, Outcome};
+use super::delivery::{self, Delivery};
 use super::event::EntryId;
 use super::group::{self, Consumer};
-use super::reader::{Member, MIN_BUFFER};
+use super::reader::MIN_BUFFER;
+use super::settle::Settle;
 use super::{Shared, StartFrom, SubscribeOptions};
-use crate::core::error::{LeaseError, Result, Subject};
+use crate::core::error::{Error, Result, Subject};
 
 /// A subscription to one topic. Deliveries arrive through [`Subscription::recv`]. Dropping
 /// it (or [`Subscription::unsubscribe`]) stops its deliveries; those read but not yet taken
@@ -52,6 +53,7 @@ impl std::fmt::Debug for Subscription {
 impl Subscription {
     /// The next delivery; `None` once the subscription was stopped (unsubscribe or the
     /// pubsub's close) and everything already read was taken.
+    #[cfg(test)]
     pub async fn recv(&mut self) -> Option<Delivery> {
         let rx = &mut self.live.as_mut()?.rx;
         loop {
@@ -88,17 +90,13 @@ impl Subscription {
         }
     }
 
-    /// The topic.
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
     /// The consumer group, for a grouped subscription.
     pub fn group(&self) -> Option<&str> {
         self.group.as_ref().map(|(group, _)| group.as_str())
     }
 
     /// This process's consumer name in the group (`<group>-<uuid>`).
+    #[cfg(test)]
     pub fn consumer(&self) -> Option<&str> {
         self.group.as_ref().map(|(_, consumer)| consumer.as_str())
     }
@@ -136,9 +134,36 @@ impl Live {
         }
         let releases = buffered
             .iter()
-            .map(|delivery| delivery::settle_unread(delivery, Outcome::Release));
+            .map(|delivery| delivery::settle_unread(delivery, Settle::Release));
         let bound = self.shared.tuning.command_timeout;
         let _ = tokio::time::timeout(bound, futures::future::join_all(releases)).await;
+    }
+}
+
+/// One subscription as its reader sees it: where its deliveries go.
+pub(crate) struct Member {
+    pub id: u64,
+    pub tx: mpsc::Sender<Delivery>,
+    /// Fan-out: the last entry this subscription was given; reads skip entries up to it.
+    pub position: Mutex<EntryId>,
+    /// Fan-out: this subscription's `maxInFlight` places (a group's belong to its consumer).
+    pub room: Option<std::sync::Arc<Semaphore>>,
+}
+
+impl Member {
+    pub fn position(&self) -> EntryId {
+        *super::lock(&self.position)
+    }
+
+    pub fn set_position(&self, id: EntryId) {
+        *super::lock(&self.position) = id;
+    }
+
+    /// How many more deliveries its `maxInFlight` lets it hold (`usize::MAX` unlimited).
+    pub fn free(&self) -> usize {
+        self.room
+            .as_ref()
+            .map_or(usize::MAX, |places| places.available_permits())
     }
 }
 
@@ -215,7 +240,7 @@ pub(super) async fn open(
     // close() may have run between the check in subscribe and joining the reader.
     if live.shared.closed.load(Ordering::Acquire) {
         live.leave().await;
-        return Err(LeaseError::Closed(Subject::StreamsPubSub));
+        return Err(Error::Closed(Subject::StreamsPubSub));
     }
     Ok(Subscription {
         topic: topic.to_owned(),

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
 
+use super::delivery::Settled;
 use super::*;
 use crate::core::connection::ConnectionOptions;
 use crate::core::test_redis::Server;
@@ -159,7 +160,7 @@ async fn events_are_written_in_the_mastra_layout_and_delivered_as_they_were_stam
     assert_eq!(d.event()["type"], "step");
     assert_eq!(n(&d), 1);
     assert_eq!(d.ack().await, Settled::Acked);
-    assert_eq!(d.nack().await, Settled::AlreadySettled);
+    assert_eq!(d.nack().await, Settled::Already);
 
     // A plain XRANGE sees one field, `event`, holding the JSON.
     let raw = server.cli(&["XRANGE", "t:topic", "-", "+"]);
@@ -422,8 +423,8 @@ async fn a_delivery_held_past_the_in_flight_timeout_is_nacked_on_its_behalf() {
     let warning = logger.find("inFlightTimeoutMs").expect("a warning");
     assert_eq!(warning.fields["eventId"], json!(id));
     // The stalled handler's late settles change nothing.
-    assert_eq!(stalled.ack().await, Settled::AlreadySettled);
-    assert_eq!(stalled.nack().await, Settled::AlreadySettled);
+    assert_eq!(stalled.ack().await, Settled::Already);
+    assert_eq!(stalled.nack().await, Settled::Already);
     assert_eq!(again.ack().await, Settled::Acked);
     assert_eq!(pending(&server, "t:t", "g"), "0");
 }
@@ -463,7 +464,7 @@ async fn a_settle_redis_refuses_is_retried_in_the_background_until_it_lands() {
     assert_eq!(first.ack().await, Settled::Retrying);
     assert_eq!(second.nack().await, Settled::Retrying);
     assert_eq!(heard.nack().await, Settled::Retrying);
-    assert_eq!(first.ack().await, Settled::AlreadySettled);
+    assert_eq!(first.ack().await, Settled::Already);
     assert!(logger.warned("could not settle an event"));
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(pending(&server, "t:d", "g"), "2", "nothing landed yet");
@@ -512,7 +513,7 @@ async fn ack_all_sends_one_xack_per_consumer() {
     let before = calls(&server, "xack");
     let answers = Delivery::ack_all(&batch).await;
     assert_eq!(calls(&server, "xack") - before, 2, "one XACK per group");
-    assert_eq!(answers[0], Settled::AlreadySettled);
+    assert_eq!(answers[0], Settled::Already);
     assert!(
         answers[1..].iter().all(|a| *a == Settled::Acked),
         "{answers:?}"
@@ -734,7 +735,6 @@ async fn close_during_an_outage_settles_within_the_timeout_and_closes_every_conn
     let again = Instant::now();
     ps.close().await;
     assert!(again.elapsed() < Duration::from_millis(100));
-    assert!(ps.is_closed());
     let (_, json) = stamped(ev(3));
     let answer = ps.publish_stamped_batch(vec![("z".into(), json)]).await;
     assert_eq!(answer[0].as_ref().unwrap_err().code(), "ERR_LEASE_CLOSED");

@@ -11,14 +11,11 @@
 //! reading entries.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, LazyLock, Mutex};
-
-use redis::Script;
+use std::sync::{Arc, Mutex};
 
 use super::{lock, Shared};
 use crate::core::log::{Level, Throttle};
-
-static TRIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("trim.lua")));
+use crate::core::scripts;
 
 /// Most entries one trim removes or reads: a bound on how long it holds Redis. A stream
 /// further over its limit is trimmed again at once.
@@ -136,7 +133,7 @@ async fn trim(shared: Arc<Shared>, key: String) {
                 .and_then(|stream| stream.cut(tuning.max_len)),
             Find::Exactly => None,
         };
-        let mut invocation = TRIM.prepare_invoke();
+        let mut invocation = scripts::TRIM.script().prepare_invoke();
         invocation
             .key(&key)
             .arg(tuning.max_len)

@@ -4,8 +4,9 @@ use std::time::{Duration, Instant};
 
 use super::{RedisOptions, RedisStore};
 use crate::core::connection::ConnectionOptions;
+use crate::core::lease::Grant;
 use crate::core::test_redis::Server;
-use crate::core::{Answer, Call, Grant, LeaseStore};
+use crate::core::{Answer, Call, LeaseStore};
 
 fn store(server: &Server, command_timeout: Duration) -> RedisStore {
     RedisStore::new(RedisOptions {
@@ -136,7 +137,7 @@ async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
 async fn a_transfer_sent_again_answers_true_only_when_the_lease_is_already_with_its_new_owner() {
     let server = Server::start("lease-transfer-again");
     let store = store(&server, Duration::from_secs(2));
-    let script = super::TRANSFER_LUA;
+    let script = crate::core::scripts::TRANSFER.source;
     let run = |holder: &str, again: bool| {
         server.cli(&["SET", "t:lease:k", holder, "PX", "60000"]);
         let mut args = vec!["EVAL", script, "1", "t:lease:k", "a", "b", "5000"];

@@ -1,0 +1,80 @@
+//! Entries that sit unsettled: taking over what a dead consumer left idle (XAUTOCLAIM, in a
+//! consumer's reader), and keeping what a live one holds claimed so nobody takes it over.
+
+use redis::Value;
+
+use super::event::{self, Entry};
+use super::group::Consumer;
+use super::Shared;
+use crate::core::error::{Error, Result};
+use crate::core::log::Throttle;
+use crate::core::scripts;
+
+/// One XAUTOCLAIM step (`reclaim.lua`): takes over up to `count` entries of the group idle
+/// for at least the reclaim threshold, starting at `cursor`, each with the number of times
+/// Redis has now delivered it. One round trip, whatever the batch.
+pub(super) async fn reclaim(
+    shared: &Shared,
+    consumer: &Consumer,
+    cursor: &str,
+    count: usize,
+) -> Result<(String, Vec<Entry>)> {
+    let mut invocation = scripts::RECLAIM.script().prepare_invoke();
+    invocation
+        .key(&consumer.key)
+        .arg(&consumer.group)
+        .arg(&consumer.name)
+        .arg(shared.tuning.reclaim_idle_ms)
+        .arg(cursor)
+        .arg(count);
+    let reply: Value = shared
+        .writer
+        .run(|mut c| async move { invocation.invoke_async(&mut c).await })
+        .await?;
+    Ok(event::reclaim_reply(reply))
+}
+
+/// Most entry ids one `keep.lua` call names.
+const KEEP_CHUNK: usize = 500;
+
+/// Resets the idle time of every entry this pubsub's consumers hold.
+pub(super) async fn keep_claimed(shared: &Shared, failures: &Throttle) {
+    let consumers: Vec<_> = shared.consumers().values().cloned().collect();
+    let mut calls = Vec::new();
+    for consumer in &consumers {
+        let held = consumer.held_entries();
+        for ids in held.chunks(KEEP_CHUNK) {
+            let mut invocation = scripts::KEEP.script().prepare_invoke();
+            invocation
+                .key(&consumer.key)
+                .arg(&consumer.group)
+                .arg(&consumer.name)
+                .arg(ids);
+            calls.push((consumer, invocation));
+        }
+    }
+    let runs = calls.into_iter().map(|(consumer, invocation)| {
+        let writer = &shared.writer;
+        async move {
+            let run =
+                writer.run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await });
+            (consumer, run.await)
+        }
+    });
+    for (consumer, result) in futures::future::join_all(runs).await {
+        match result {
+            Ok(_) => {}
+            // The stream or group is gone, and with it every pending entry.
+            Err(Error::Server(err)) if err.code() == Some("NOGROUP") => {}
+            Err(err) => shared.throttled(
+                failures,
+                "could not keep the events being handled claimed; a sibling may reclaim them",
+                Some(&err),
+                &[
+                    ("topic", consumer.topic.clone().into()),
+                    ("group", consumer.group.clone().into()),
+                ],
+            ),
+        }
+    }
+}

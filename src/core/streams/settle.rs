@@ -1,0 +1,285 @@
+//! How a delivery settles: ack, nack, redelivery and the attempt cap, a hand-back of what was
+//! never handed out, and settles that could not reach Redis, sent again in the background
+//! until they land. Every way of settling is safe to run twice: an XACK, an
+//! ownership-checked script (`settle.lua`), an append that first looks for itself.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::Value;
+use serde_json::Value as Json;
+
+use super::delivery::{Origin, Settled, State, DONE, RETRYING};
+use super::event::{self, EVENT_FIELD};
+use super::{lock, publish, Shared};
+use crate::core::error::{Error, Result};
+use crate::core::log::{Level, Throttle};
+use crate::core::scripts;
+
+/// What a settle asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settle {
+    Ack,
+    Nack,
+    /// Nacked on the handler's behalf: it held the delivery past `inFlightTimeoutMs`.
+    Expire,
+    /// Give back unchanged: read, never handed to a subscriber.
+    Release,
+    /// Reclaimed past `maxDeliveryAttempts` (delivered that often and never settled):
+    /// dropped with the nack cap's warning, never handed to a subscriber.
+    Drop,
+}
+
+/// Settles a delivery, once: the first settle of it runs, later ones answer
+/// [`Settled::Already`].
+pub(super) async fn settle(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
+    if shared.closed.load(Ordering::Acquire) {
+        return Settled::Closed;
+    }
+    if !state.begin() {
+        return Settled::Already;
+    }
+    conclude(shared, state, outcome).await
+}
+
+/// Runs a settle [`State::begin`] claimed, and ends the hold once it landed; a transport
+/// failure hands it to the background.
+pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
+    // Fan-out subscribers of this process share a read: once one of them redelivered the
+    // event, it reaches all of them again, so the others' nacks add nothing.
+    if let (Origin::Fanout { nacked, .. }, Settle::Nack | Settle::Expire) = (&state.origin, outcome)
+    {
+        if nacked.swap(true, Ordering::AcqRel) {
+            state.phase.store(DONE, Ordering::Release);
+            finish(shared, state);
+            return Settled::Redelivered {
+                attempt: state.attempt.saturating_add(1),
+            };
+        }
+    }
+    if outcome == Settle::Expire {
+        shared.notice(
+            Level::Warn,
+            "a handler held an event past inFlightTimeoutMs; nacking it on its behalf",
+            &[
+                ("topic", state.topic().into()),
+                ("entryId", state.entry_id.clone().into()),
+                ("eventId", event_field(state, "id")),
+                ("attempt", state.attempt.into()),
+            ],
+        );
+    }
+    match run(shared, state, outcome).await {
+        Ok(settled) => {
+            state.phase.store(DONE, Ordering::Release);
+            finish(shared, state);
+            settled
+        }
+        Err(err) => retry_later(shared, state, outcome, &err),
+    }
+}
+
+/// Ends a settled delivery's hold: out of the registry, the consumer's hold on the entry
+/// released, its `maxInFlight` place given back.
+pub(super) fn finish(shared: &Shared, state: &State) {
+    shared.deliveries().remove(&state.id);
+    if let Origin::Group(consumer) = &state.origin {
+        consumer.release_hold(&state.entry_id, state.id);
+    }
+    lock(&state.permit).take();
+}
+
+/// Warnings about settles that failed: at most one every 30 s, per process.
+static SETTLE_FAILURES: LazyLock<Throttle> = LazyLock::new(Throttle::default);
+
+/// Reports a settle that could not reach Redis and sends it again in the background, with
+/// backoff, until it lands or the pubsub closes. The entry stays held (and kept claimed)
+/// meanwhile, so no sibling reclaims an event whose handler has finished with it.
+pub(super) fn retry_later(
+    shared: &Arc<Shared>,
+    state: &Arc<State>,
+    outcome: Settle,
+    err: &Error,
+) -> Settled {
+    state.phase.store(RETRYING, Ordering::Release);
+    shared.throttled(
+        &SETTLE_FAILURES,
+        "could not settle an event; retrying in the background (it stays claimed meanwhile)",
+        Some(err),
+        &[
+            ("topic", state.topic().into()),
+            ("entryId", state.entry_id.clone().into()),
+            ("settle", format!("{outcome:?}").to_lowercase().into()),
+        ],
+    );
+    let (shared, state) = (Arc::clone(shared), Arc::clone(state));
+    let runtime = shared.runtime.clone();
+    runtime.spawn(async move {
+        let mut delay = RETRY_MIN;
+        loop {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(RETRY_MAX);
+            if shared.closed.load(Ordering::Acquire) {
+                shared.notice(
+                    Level::Debug,
+                    "closed before a settle could land; the entry stays pending for a sibling",
+                    &[
+                        ("topic", state.topic().into()),
+                        ("entryId", state.entry_id.clone().into()),
+                    ],
+                );
+                return;
+            }
+            match run(&shared, &state, outcome).await {
+                Ok(_) => {
+                    state.phase.store(DONE, Ordering::Release);
+                    finish(&shared, &state);
+                    shared.notice(
+                        Level::Debug,
+                        "a settle that had failed landed",
+                        &[
+                            ("topic", state.topic().into()),
+                            ("entryId", state.entry_id.clone().into()),
+                        ],
+                    );
+                    return;
+                }
+                Err(err) => shared.throttled(
+                    &SETTLE_FAILURES,
+                    "could not settle an event; retrying in the background (it stays claimed \
+                     meanwhile)",
+                    Some(&err),
+                    &[
+                        ("topic", state.topic().into()),
+                        ("entryId", state.entry_id.clone().into()),
+                    ],
+                ),
+            }
+        }
+    });
+    Settled::Retrying
+}
+
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Sends one settle to Redis.
+async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Settled> {
+    let result = match (&state.origin, outcome) {
+        (Origin::Fanout { .. }, Settle::Ack | Settle::Release) => Ok(Settled::Acked),
+        (Origin::Group(consumer), Settle::Ack) => {
+            let mut cmd = redis::cmd("XACK");
+            cmd.arg(&consumer.key)
+                .arg(&consumer.group)
+                .arg(&state.entry_id);
+            shared
+                .writer
+                .run_again_if_broken(|mut c| {
+                    let cmd = &cmd;
+                    async move { cmd.query_async::<Value>(&mut c).await }
+                })
+                .await
+                .map(|_| Settled::Acked)
+        }
+        (_, Settle::Release) => settle_owned(shared, state, &state.json).await.map(|owned| {
+            if owned {
+                Settled::Released
+            } else {
+                Settled::NotOwned
+            }
+        }),
+        (_, Settle::Nack | Settle::Expire) => nack(shared, state, "nacked").await,
+        (_, Settle::Drop) => drop_at_cap(shared, state, "reclaimed").await,
+    };
+    // NOGROUP: the stream or group was deleted (clearTopic, TTL expiry), and with it every
+    // pending entry. Nothing is left to settle or to redeliver.
+    match result {
+        Err(Error::Server(err)) if err.code() == Some("NOGROUP") => Ok(match outcome {
+            Settle::Ack => Settled::Acked,
+            _ => Settled::NotOwned,
+        }),
+        other => other,
+    }
+}
+
+async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
+    if shared
+        .tuning
+        .max_attempts
+        .is_some_and(|max| state.attempt >= max)
+    {
+        return drop_at_cap(shared, state, reason).await;
+    }
+    let next = state.attempt.saturating_add(1);
+    let payload = event::with_attempt(&state.json, next)?;
+    match &state.origin {
+        Origin::Group(_) => Ok(if settle_owned(shared, state, &payload).await? {
+            Settled::Redelivered { attempt: next }
+        } else {
+            Settled::NotOwned
+        }),
+        Origin::Fanout { key, .. } => {
+            publish::append_one(shared, key, payload).await?;
+            Ok(Settled::Redelivered { attempt: next })
+        }
+    }
+}
+
+/// Acks the entry without appending it again (if still ours) and warns: the event used up
+/// its delivery attempts. `reason` says how the last one ended (`nacked`, `reclaimed`).
+async fn drop_at_cap(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
+    if state.is_group() && !settle_owned(shared, state, "").await? {
+        return Ok(Settled::NotOwned);
+    }
+    shared.notice(
+        Level::Warn,
+        "dropping event after max delivery attempts",
+        &[
+            ("topic", state.topic().into()),
+            ("eventId", event_field(state, "id")),
+            ("eventType", event_field(state, "type")),
+            ("attempt", state.attempt.into()),
+            ("max", shared.tuning.max_attempts.into()),
+            ("reason", reason.into()),
+        ],
+    );
+    Ok(Settled::Dropped)
+}
+
+/// One field of the event, for a notice.
+fn event_field(state: &State, name: &str) -> Json {
+    event::object(&state.json)
+        .and_then(|mut event| event.remove(name))
+        .unwrap_or(Json::Null)
+}
+
+/// Runs `settle.lua`: appends `payload` (unless empty) and acks, if the entry is still this
+/// consumer's. Answers whether it was.
+async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Result<bool> {
+    let Origin::Group(consumer) = &state.origin else {
+        return Ok(true);
+    };
+    let mut invocation = scripts::SETTLE.script().prepare_invoke();
+    invocation
+        .key(&consumer.key)
+        .arg(&consumer.group)
+        .arg(&consumer.name)
+        .arg(&state.entry_id)
+        .arg(payload)
+        .arg(shared.tuning.ttl_ms)
+        .arg(EVENT_FIELD);
+    // Safe to run twice: a second run finds the entry settled (no longer ours) and changes
+    // nothing, so a connection that breaks under it costs nothing.
+    let owned: i64 = shared
+        .writer
+        .run_again_if_broken(|mut c| {
+            let invocation = &invocation;
+            async move { invocation.invoke_async(&mut c).await }
+        })
+        .await?;
+    if owned == 1 && !payload.is_empty() {
+        shared.appended(state.key(), 1);
+    }
+    Ok(owned == 1)
+}
