@@ -1,9 +1,9 @@
 #![deny(clippy::all)]
 //! mastra-lease: distributed leases for Mastra's Signals runtime.
 //!
-//! Three layers, one direction: JavaScript calls a class in [`glue`] (argument checks and
-//! conversion), which calls the pure-Rust [`core`] (lease stores), which talks to Redis or
-//! an in-memory table. The TypeScript shell lives outside `src/`.
+//! Three layers, one direction: the TypeScript shell (`src/shell/`) calls a class in `glue`
+//! (argument checks and conversion), which calls the pure-Rust `core` (lease stores, the
+//! event transport), which talks to Redis or an in-memory table. DEVELOPING.md has the map.
 
 /// Calls allocate on Node's thread and free on the runtime's (and back); glibc's allocator pays
 /// for that crossing in lock traffic and consolidation, mimalloc does not (docs/benchmarks.md

@@ -68,7 +68,7 @@ impl Throttle {
     /// The level this occurrence gets, and how many occurrences the warning stands for
     /// (itself and those since the last warning).
     pub fn level(&self) -> (Level, u64) {
-        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = crate::core::lock(&self.0);
         let now = Instant::now();
         state.since += 1;
         let warn = state

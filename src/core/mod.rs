@@ -14,3 +14,14 @@ pub use error::{Argument, Error, ErrorClass, InputErrorKind, Result, Subject};
 pub use lease::memory::MemoryStore;
 pub use lease::redis::{RedisOptions, RedisStore};
 pub use lease::{Answer, Call, LeaseStore, Limits};
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks a mutex, poisoned or not. Every mutex in this crate guards state its holders only
+/// insert into, remove from or replace whole, so a panic under the lock cannot leave it
+/// half-written and the state is still safe to use.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

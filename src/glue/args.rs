@@ -8,7 +8,7 @@ use crate::core::streams::StartFrom;
 use crate::core::{Argument, Call, Error, InputErrorKind, Limits, Result};
 
 /// `acquireLease(key, owner, ttlMs)`.
-pub fn acquire(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+pub fn acquire_lease(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
     Ok(Call::Acquire {
         key: self::key(env, key)?,
         owner: self::owner(env, owner, "owner")?,
@@ -17,14 +17,14 @@ pub fn acquire(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call
 }
 
 /// `getLeaseOwner(key)`.
-pub fn owner_of(env: Env, key: Value) -> Result<Call> {
+pub fn get_lease_owner(env: Env, key: Value) -> Result<Call> {
     Ok(Call::Owner {
         key: self::key(env, key)?,
     })
 }
 
 /// `releaseLease(key, owner)`.
-pub fn release(env: Env, key: Value, owner: Value) -> Result<Call> {
+pub fn release_lease(env: Env, key: Value, owner: Value) -> Result<Call> {
     Ok(Call::Release {
         key: self::key(env, key)?,
         owner: self::owner(env, owner, "owner")?,
@@ -32,7 +32,7 @@ pub fn release(env: Env, key: Value, owner: Value) -> Result<Call> {
 }
 
 /// `renewLease(key, owner, ttlMs)`.
-pub fn renew(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+pub fn renew_lease(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
     Ok(Call::Renew {
         key: self::key(env, key)?,
         owner: self::owner(env, owner, "owner")?,
@@ -41,7 +41,7 @@ pub fn renew(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> 
 }
 
 /// `transferLease(key, fromOwner, toOwner, ttlMs)`.
-pub fn transfer(env: Env, key: Value, from: Value, to: Value, ttl_ms: Value) -> Result<Call> {
+pub fn transfer_lease(env: Env, key: Value, from: Value, to: Value, ttl_ms: Value) -> Result<Call> {
     Ok(Call::Transfer {
         key: self::key(env, key)?,
         from: owner(env, from, "fromOwner")?,

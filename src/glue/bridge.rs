@@ -18,8 +18,8 @@ use crate::core::{Call, Error, LeaseStore};
 const MAX_PIPELINE: usize = 64;
 
 /// How many calls of a turn of `n` go in one pipeline: small turns travel whole; larger
-/// ones in at least two pipelines, so Redis works on one while the other's callers run.
-/// (Measured on 2 cores: 64 in flight went from 95k to 130k calls/s, 256 from 120k to 185k.)
+/// ones in at least two pipelines, so Redis works on one while the other's callers run
+/// (docs/benchmarks.md has what that is worth).
 fn pipeline_size(n: usize) -> usize {
     if n <= 16 {
         n

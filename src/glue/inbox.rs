@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use std::future::Future;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -20,6 +20,7 @@ use super::reply::{guarded, to_js, Outcome};
 use super::runtime;
 use super::tsfn::Tsfn;
 use super::turn::Outbox;
+use crate::core::lock;
 
 type Work = BoxFuture<'static, Outcome>;
 
@@ -161,11 +162,6 @@ impl Inbox {
             self.tsfn.unref(env);
         }
     }
-}
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only pushes and swaps happen under these locks; poisoning cannot leave them torn.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs on the JavaScript thread for each wake-up. `data` is the `Arc<Inbox>` that

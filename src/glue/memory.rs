@@ -11,6 +11,7 @@ use napi_derive::napi;
 
 use super::args;
 use super::js;
+use super::lease_methods::lease_methods;
 use super::options;
 use super::reply::{catching, resolved, settled, Reply};
 use super::tsfn::Tsfn;
@@ -56,89 +57,6 @@ impl MemoryLeaseProvider {
         }
     }
 
-    /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds
-    /// it. Resolves `{ acquired: true, owner }`, or `{ acquired: false, owner: holder }`.
-    #[napi(
-        catch_unwind,
-        ts_args_type = "key: string, owner: string, ttlMs: number",
-        ts_return_type = "Promise<LeaseGrant>"
-    )]
-    pub fn acquire_lease<'env>(
-        &self,
-        env: &'env Env,
-        key: Unknown<'env>,
-        owner: Unknown<'env>,
-        ttl_ms: Unknown<'env>,
-    ) -> Unknown<'env> {
-        let call = args::acquire(env.raw(), key.raw(), owner.raw(), ttl_ms.raw());
-        self.submit(env, call)
-    }
-
-    /// The owner holding a live lease on `key`, or `undefined`.
-    #[napi(
-        catch_unwind,
-        ts_args_type = "key: string",
-        ts_return_type = "Promise<string | undefined>"
-    )]
-    pub fn get_lease_owner<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
-        let call = args::owner_of(env.raw(), key.raw());
-        self.submit(env, call)
-    }
-
-    /// Releases the lease if `owner` holds it; otherwise does nothing.
-    #[napi(
-        catch_unwind,
-        ts_args_type = "key: string, owner: string",
-        ts_return_type = "Promise<void>"
-    )]
-    pub fn release_lease<'env>(
-        &self,
-        env: &'env Env,
-        key: Unknown<'env>,
-        owner: Unknown<'env>,
-    ) -> Unknown<'env> {
-        let call = args::release(env.raw(), key.raw(), owner.raw());
-        self.submit(env, call)
-    }
-
-    /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when
-    /// it was lost. Never brings an expired lease back.
-    #[napi(
-        catch_unwind,
-        ts_args_type = "key: string, owner: string, ttlMs: number",
-        ts_return_type = "Promise<boolean>"
-    )]
-    pub fn renew_lease<'env>(
-        &self,
-        env: &'env Env,
-        key: Unknown<'env>,
-        owner: Unknown<'env>,
-        ttl_ms: Unknown<'env>,
-    ) -> Unknown<'env> {
-        let call = args::renew(env.raw(), key.raw(), owner.raw(), ttl_ms.raw());
-        self.submit(env, call)
-    }
-
-    /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically and
-    /// without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
-    #[napi(
-        catch_unwind,
-        ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
-        ts_return_type = "Promise<boolean>"
-    )]
-    pub fn transfer_lease<'env>(
-        &self,
-        env: &'env Env,
-        key: Unknown<'env>,
-        from_owner: Unknown<'env>,
-        to_owner: Unknown<'env>,
-        ttl_ms: Unknown<'env>,
-    ) -> Unknown<'env> {
-        let e = env.raw();
-        let call = args::transfer(e, key.raw(), from_owner.raw(), to_owner.raw(), ttl_ms.raw());
-        self.submit(env, call)
-    }
-
     /// Drops every lease and stops taking calls; later calls reject with
     /// `ERR_LEASE_CLOSED`. Idempotent.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
@@ -166,6 +84,8 @@ impl MemoryLeaseProvider {
         unknown(env, settled(env.raw(), outcome))
     }
 }
+
+lease_methods!(MemoryLeaseProvider);
 
 /// Sweeps expired leases out of `store` until it is dropped. After a sweep that removed many,
 /// the memory they held goes back to the system: the leases were made on Node's thread and

@@ -5,6 +5,7 @@ mod args;
 mod bridge;
 mod inbox;
 mod js;
+mod lease_methods;
 mod log;
 pub mod memory;
 pub mod options;

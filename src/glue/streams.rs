@@ -14,7 +14,7 @@ use napi_derive::napi;
 use tokio::sync::oneshot;
 
 use super::args;
-use super::inbox::{lock, Inbox};
+use super::inbox::Inbox;
 use super::js::{self, Value};
 use super::log::JsLog;
 use super::options;
@@ -23,7 +23,8 @@ use super::reply::{guarded, resolved, settled, Reply};
 use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
-use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
+use crate::core::lock;
+use crate::core::streams::{self, Delivery, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
 /// Most deliveries handed to JavaScript in one call.
@@ -32,14 +33,15 @@ const DELIVERY_BATCH: usize = 256;
 /// Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`.
 #[napi]
 pub struct RedisStreamsTransport {
-    shared: Option<Arc<Shared>>,
+    open: Option<Arc<Open>>,
     store: Arc<RedisStore>,
     /// Topic and group names obey the lease key limit.
     limits: Limits,
     max_delivery_attempts: Option<u64>,
 }
 
-struct Shared {
+/// The transport while it is open; `close()` drops it.
+struct Open {
     pubsub: StreamsPubSub,
     inbox: Arc<Inbox>,
     /// Running subscriptions: the signal that stops each one's forwarding task.
@@ -105,7 +107,7 @@ impl RedisStreamsTransport {
         match built {
             Ok((pubsub, store, limits)) => Ok(Self {
                 max_delivery_attempts: pubsub.max_delivery_attempts(),
-                shared: Some(Arc::new(Shared {
+                open: Some(Arc::new(Open {
                     pubsub,
                     inbox: Inbox::new(raw)?,
                     subscriptions: Mutex::new(HashMap::new()),
@@ -151,7 +153,7 @@ impl RedisStreamsTransport {
         json: Unknown<'env>,
     ) -> Unknown<'env> {
         let raw = env.raw();
-        let Some(shared) = &self.shared else {
+        let Some(open) = &self.open else {
             return unknown(env, closed(raw));
         };
         let checked =
@@ -170,19 +172,17 @@ impl RedisStreamsTransport {
             Ok(checked) => checked,
             Err(err) => return unknown(env, settled(raw, Err(err))),
         };
-        let (deferred, promise) = shared.inbox.promise(raw);
+        let (deferred, promise) = open.inbox.promise(raw);
         // Unavailable only while a flush or close is waiting: a publish made after it need
         // not be waited for.
-        let guard = shared.publishes.clone().try_read_owned().ok();
+        let guard = open.publishes.clone().try_read_owned().ok();
         let pending = Pending {
             deferred,
             topic,
             json,
             guard,
         };
-        shared
-            .outbox
-            .push(raw, pending, shared, Shared::send_publishes);
+        open.outbox.push(raw, pending, open, Open::send_publishes);
         unknown(env, promise)
     }
 
@@ -202,7 +202,7 @@ impl RedisStreamsTransport {
         on_events: Unknown<'env>,
     ) -> Unknown<'env> {
         let raw = env.raw();
-        let Some(shared) = &self.shared else {
+        let Some(open) = &self.open else {
             return unknown(env, closed(raw));
         };
         let checked = (|| {
@@ -228,16 +228,16 @@ impl RedisStreamsTransport {
         };
         // A live subscription keeps the process alive, as a listening socket would.
         sink.refer(raw);
-        let shared = Arc::clone(shared);
-        let inbox = shared.inbox.clone();
+        let open = Arc::clone(open);
+        let inbox = open.inbox.clone();
         unknown(
             env,
             inbox.spawn(raw, async move {
-                let mut subscription = shared.pubsub.subscribe(&topic, options).await?;
-                let id = shared.next_subscription.fetch_add(1, Ordering::Relaxed);
+                let mut subscription = open.pubsub.subscribe(&topic, options).await?;
+                let id = open.next_subscription.fetch_add(1, Ordering::Relaxed);
                 let (stop, mut stopped) = oneshot::channel();
                 let (finished, done) = oneshot::channel();
-                lock(&shared.subscriptions).insert(id, Running { stop, done });
+                lock(&open.subscriptions).insert(id, Running { stop, done });
                 runtime()?.spawn(async move {
                     let mut batch = Vec::with_capacity(DELIVERY_BATCH);
                     loop {
@@ -270,13 +270,12 @@ impl RedisStreamsTransport {
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn ack<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
         let raw = env.raw();
-        let Some((shared, delivery)) = self.held(delivery) else {
+        let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        let (deferred, promise) = shared.inbox.promise(raw);
-        shared
-            .acks
-            .push(raw, (deferred, delivery), shared, Shared::send_acks);
+        let (deferred, promise) = open.inbox.promise(raw);
+        open.acks
+            .push(raw, (deferred, delivery), open, Open::send_acks);
         unknown(env, promise)
     }
 
@@ -285,12 +284,12 @@ impl RedisStreamsTransport {
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn nack<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
         let raw = env.raw();
-        let Some((shared, delivery)) = self.held(delivery) else {
+        let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
         unknown(
             env,
-            shared.inbox.defer(raw, async move {
+            open.inbox.defer(raw, async move {
                 // A panic is a bug, and reported as one on stderr; the nack still resolves.
                 let _ = guarded(async {
                     delivery.nack().await;
@@ -300,6 +299,31 @@ impl RedisStreamsTransport {
                 Ok(Reply::Undefined)
             }),
         )
+    }
+
+    /// The `deliveryAttempt` a publish stamps for the one an event carries: the same rule
+    /// as for an event read from a stream.
+    #[napi(catch_unwind, ts_args_type = "attempt: unknown")]
+    pub fn delivery_attempt_of(&self, env: Env, attempt: Unknown) -> f64 {
+        let raw = env.raw();
+        let number = (js::type_of(raw, attempt.raw()) == ValueType::napi_number)
+            .then(|| args::safe_integer(js::number(raw, attempt.raw())))
+            .flatten()
+            .map(serde_json::Value::from);
+        streams::delivery_attempt(number.as_ref()) as f64
+    }
+
+    /// Warns, as for an event from a stream, that a `localOnly` event nacked at
+    /// `maxDeliveryAttempts` was dropped (through the logger, if any).
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string, eventId: string, eventType: string, attempt: number"
+    )]
+    pub fn warn_dropped_local(&self, topic: String, id: String, kind: String, attempt: f64) {
+        if let Some(open) = &self.open {
+            let pubsub = &open.pubsub;
+            pubsub.warn_dropped_local(&topic, id.into(), kind.into(), attempt as u64);
+        }
     }
 
     /// A fan-out subscription's callback has returned (or resolved) without settling the
@@ -316,9 +340,9 @@ impl RedisStreamsTransport {
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn unsubscribe<'env>(&self, env: &'env Env, subscription: u32) -> Unknown<'env> {
         let running = self
-            .shared
+            .open
             .as_ref()
-            .and_then(|shared| lock(&shared.subscriptions).remove(&subscription));
+            .and_then(|open| lock(&open.subscriptions).remove(&subscription));
         let Some(Running { stop, done }) = running else {
             return unknown(env, resolved(env.raw()));
         };
@@ -332,9 +356,9 @@ impl RedisStreamsTransport {
     /// Resolves once every publish made so far has settled.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn flush<'env>(&self, env: &'env Env) -> Unknown<'env> {
-        self.run(env, |shared| async move {
-            drop(shared.publishes.write().await);
-            shared.pubsub.flush().await;
+        self.run(env, |open| async move {
+            drop(open.publishes.write().await);
+            open.pubsub.flush().await;
             Ok(Reply::Undefined)
         })
     }
@@ -350,8 +374,8 @@ impl RedisStreamsTransport {
             Ok(topic) => topic,
             Err(err) => return unknown(env, settled(env.raw(), Err(err))),
         };
-        self.run(env, move |shared| async move {
-            shared.pubsub.clear_topic(&topic).await;
+        self.run(env, move |open| async move {
+            open.pubsub.clear_topic(&topic).await;
             Ok(Reply::Undefined)
         })
     }
@@ -361,19 +385,19 @@ impl RedisStreamsTransport {
     /// bounded by the block and command timeouts.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
-        let Some(shared) = self.shared.take() else {
+        let Some(open) = self.open.take() else {
             return unknown(env, resolved(env.raw()));
         };
-        for (_, running) in lock(&shared.subscriptions).drain() {
+        for (_, running) in lock(&open.subscriptions).drain() {
             let _ = running.stop.send(());
         }
-        let inbox = shared.inbox.clone();
+        let inbox = open.inbox.clone();
         unknown(
             env,
             inbox.spawn(env.raw(), async move {
                 // Publishes are bounded by the command timeout, so this wait is too.
-                drop(shared.publishes.write().await);
-                shared.pubsub.close().await;
+                drop(open.publishes.write().await);
+                open.pubsub.close().await;
                 Ok(Reply::Undefined)
             }),
         )
@@ -381,23 +405,23 @@ impl RedisStreamsTransport {
 
     /// The held delivery with this id, with the transport's state; `None` once closed, or
     /// for an id that is not a held delivery's.
-    fn held(&self, delivery: f64) -> Option<(&Arc<Shared>, Delivery)> {
-        let shared = self.shared.as_ref()?;
+    fn held(&self, delivery: f64) -> Option<(&Arc<Open>, Delivery)> {
+        let open = self.open.as_ref()?;
         let id = args::safe_integer(delivery)?;
-        Some((shared, shared.pubsub.delivery(id)?))
+        Some((open, open.pubsub.delivery(id)?))
     }
 
     /// Runs `work` on the runtime; a closed transport rejects at once.
     fn run<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
     where
-        F: FnOnce(Arc<Shared>) -> Fut,
+        F: FnOnce(Arc<Open>) -> Fut,
         Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
     {
-        let Some(shared) = &self.shared else {
+        let Some(open) = &self.open else {
             return unknown(env, closed(env.raw()));
         };
-        let inbox = shared.inbox.clone();
-        unknown(env, inbox.spawn(env.raw(), work(shared.clone())))
+        let inbox = open.inbox.clone();
+        unknown(env, inbox.spawn(env.raw(), work(open.clone())))
     }
 }
 
@@ -406,26 +430,26 @@ fn closed(env: js::Env) -> Value {
     settled(env, Err(Error::Closed(Subject::StreamsPubSub)))
 }
 
-impl Shared {
+impl Open {
     /// Sends the turn's publishes as one ordered batch.
     fn send_publishes(self: &Arc<Self>) {
         let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |p| p.deferred) else {
             return;
         };
-        let shared = self.clone();
+        let open = self.clone();
         runtime.spawn(async move {
             let (waiting, events): (Vec<_>, Vec<_>) = batch
                 .into_iter()
                 .map(|p| ((p.deferred, p.guard), (p.topic, p.json)))
                 .unzip();
-            let answers = shared.pubsub.publish_stamped_batch(events).await;
+            let answers = open.pubsub.publish_stamped_batch(events).await;
             // Each pending publish's guard drops here, after the write: a flush waiting on
             // it sees the publish done.
             let outcomes = waiting
                 .into_iter()
                 .zip(answers)
                 .map(|((deferred, _guard), answer)| (deferred, answer.map(|_| Reply::Undefined)));
-            shared.inbox.complete(outcomes.collect());
+            open.inbox.complete(outcomes.collect());
         });
     }
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use napi::sys;
 
-use super::inbox::lock;
 use super::js::{self, Env, Value};
+use crate::core::lock;
 
 type Job = Box<dyn FnOnce()>;
 

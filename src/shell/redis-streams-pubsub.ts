@@ -44,7 +44,6 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly localRetries = new Map<ReturnType<typeof setTimeout>, { ran: Promise<void>; done: () => void }>()
   /** `maxDeliveryAttempts` as validated by the transport (Infinity when unlimited). */
   private readonly maxAttempts: number
-  private readonly logger: StreamsLogger | undefined
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
     // Every option, the logger included, is checked natively: a bad or unknown one throws.
@@ -53,7 +52,6 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     super(leases)
     this.transport = transport
     this.ownLeases = leases
-    this.logger = options?.logger
     this.maxAttempts = transport.maxDeliveryAttempts
   }
 
@@ -77,14 +75,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       }
       // Stamped here, where the object is at hand: the native side writes the text as it is.
       const id = randomUUID()
-      const deliveryAttempt = attemptOf(event.deliveryAttempt)
+      const deliveryAttempt = event.deliveryAttempt === undefined ? 1 : this.transport.deliveryAttemptOf(event.deliveryAttempt)
       if (options?.localOnly) {
         const stamped: Event = { ...event, id, createdAt: new Date(), deliveryAttempt }
         for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
         return Promise.resolve()
       }
       // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
-      // object holding a Date leaves V8's fast path and costs about four times as much.
+      // object holding a Date leaves V8's fast path and costs several times as much.
       return this.transport.publish(topic, JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
     } catch (err) {
       return Promise.reject(err)
@@ -202,19 +200,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       settled = true
       const attempt = event.deliveryAttempt ?? 1
       if (attempt >= this.maxAttempts) {
-        try {
-          this.logger?.warn('mastra-lease streams: dropping event after max delivery attempts', {
-            topic,
-            eventId: event.id,
-            eventType: event.type,
-            attempt,
-            max: this.maxAttempts,
-            reason: 'nacked',
-            localOnly: true,
-          })
-        } catch {
-          // A logger that throws must not break delivery.
-        }
+        this.transport.warnDroppedLocal(topic, event.id, String(event.type), attempt)
         return
       }
       let done = () => {}
@@ -295,11 +281,6 @@ function dateOf(text: string): Date {
     lastReadMs = new Date(text).getTime()
   }
   return new Date(lastReadMs)
-}
-
-/** A caller's `deliveryAttempt` when it is a positive integer, else 1 (as a fresh event). */
-function attemptOf(attempt: unknown): number {
-  return typeof attempt === 'number' && Number.isSafeInteger(attempt) && attempt >= 1 ? attempt : 1
 }
 
 /** The same coded error the native argument checks give. */

@@ -106,11 +106,7 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
-        // A panic while holding the lock cannot leave the table half-written (every update
-        // is a single insert or remove), so a poisoned lock is still safe to use.
-        self.table
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::core::lock(&self.table)
     }
 }
 

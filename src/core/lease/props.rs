@@ -1,4 +1,4 @@
-//! Property tests of the lease core (issue 5, row 17).
+//! Property tests of the lease core.
 //!
 //! - `MemoryStore` against a reference model: random sequences of acquire, renew, release,
 //!   transfer, owner, sweeps and clock steps on a few keys that are prefixes of one another,

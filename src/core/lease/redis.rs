@@ -115,7 +115,7 @@ impl RedisStore {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
                         answers[i] = Some(
-                            decode(&calls[i], reply).map_err(|e| self.connection.sort_reply(e)),
+                            decode(&calls[i], reply).map_err(|e| self.connection.classify_reply(e)),
                         );
                     }
                     break;

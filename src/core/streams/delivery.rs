@@ -199,7 +199,7 @@ impl Delivery {
                     Ok(_) => Ok(Settled::Acked),
                     // The stream or group is gone, and with it every pending entry.
                     Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
-                    Err(err) => Err(shared.writer.sort(err)),
+                    Err(err) => Err(shared.writer.classify(err)),
                 },
                 Err(err) => Err(err.clone()),
             };

@@ -239,6 +239,15 @@ struct Head {
     delivery_attempt: Option<Json>,
 }
 
+/// An event's `deliveryAttempt`: the whole number of at least 1 it carries, else 1 (a
+/// fresh event).
+pub fn delivery_attempt(value: Option<&Json>) -> u64 {
+    value
+        .and_then(Json::as_u64)
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
 /// Reads an entry's `event` field. `None` when the entry is malformed: no `event` field,
 /// not UTF-8, not JSON, or JSON that is not an object (an event is always an object). Every
 /// delivery goes through here, so only `id` and `deliveryAttempt` are decoded; the text is
@@ -259,10 +268,7 @@ pub(crate) fn parse(bytes: Vec<u8>) -> Option<Parsed> {
     };
     Some(Parsed {
         id: id.and_then(|id| id.as_str().map(str::to_owned)),
-        attempt: attempt
-            .and_then(|a| a.as_u64())
-            .filter(|&n| n >= 1)
-            .unwrap_or(1),
+        attempt: delivery_attempt(attempt.as_ref()),
         json,
     })
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use crate::core::connection::Link;
 use tokio::task::JoinHandle;
 
 use super::delivery::{self, Origin};
@@ -24,8 +24,9 @@ use super::event::{self, Entry, EntryId};
 use super::reader::{self, Backoff};
 use super::settle::Settle;
 use super::subscription::Member;
-use super::{lock, Shared};
+use super::Shared;
 use crate::core::error::Error;
+use crate::core::lock;
 use crate::core::log::{Level, Throttle};
 
 /// The fan-out subscriptions of one pubsub and their reader.
@@ -237,7 +238,7 @@ async fn read_loop(shared: Arc<Shared>) {
     let fanout = &shared.fanout;
     let tuning = shared.tuning.clone();
     let throttle = Throttle::default();
-    let mut connection: Option<MultiplexedConnection> = None;
+    let mut connection: Option<Link> = None;
     let mut backoff = Backoff::default();
     let report = |message: &str, err: &Error| shared.throttled(&throttle, message, Some(err), &[]);
     loop {

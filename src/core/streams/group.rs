@@ -16,9 +16,10 @@ use super::delivery::Delivery;
 use super::event;
 use super::reader;
 use super::subscription::Member;
-use super::{lock, Shared};
+use super::Shared;
 use crate::core::connection::parse;
 use crate::core::error::Result;
+use crate::core::lock;
 
 /// This process's consumer of one group on one topic.
 pub(crate) struct Consumer {
@@ -284,6 +285,6 @@ pub(super) async fn create_group(shared: &Shared, key: &str, group: &str, at: &s
     match parse::<Value>(reply) {
         Ok(_) => Ok(()),
         Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
-        Err(err) => Err(shared.writer.sort(err)),
+        Err(err) => Err(shared.writer.classify(err)),
     }
 }

@@ -49,9 +49,11 @@ use serde_json::Value as Json;
 
 use crate::core::connection::{Connection, ConnectionOptions};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
+use crate::core::lock;
 use crate::core::log::{Level, Logger, Notice, Throttle};
 
 pub use delivery::Delivery;
+pub use event::delivery_attempt;
 pub use subscription::Subscription;
 
 /// How to reach Redis, where topics live, and how delivery behaves. The defaults are those
@@ -238,6 +240,20 @@ impl StreamsPubSub {
         self.shared.tuning.max_attempts
     }
 
+    /// Warns, as for an event from a stream, that an event this process delivered to
+    /// itself (published `localOnly`, so never in Redis) was dropped at the attempt cap.
+    pub fn warn_dropped_local(&self, topic: &str, id: Json, kind: Json, attempt: u64) {
+        let event = settle::Dropped {
+            topic,
+            id,
+            kind,
+            attempt,
+            reason: "nacked",
+            local_only: true,
+        };
+        settle::warn_dropped(&self.shared, event);
+    }
+
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group
     /// exists, or the fan-out position is resolved), so an event published afterwards is
     /// delivered. Fails on a transport error rather than subscribing deaf.
@@ -411,6 +427,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The stream a topic lives in: `<keyPrefix>:<topic>`.
     pub fn stream_key(&self, topic: &str) -> String {
         format!("{}:{}", self.prefix, topic)
     }
@@ -483,14 +500,6 @@ pub(crate) async fn last_entry(
         .run(|mut c| async move { cmd.query_async::<redis::Value>(&mut c).await })
         .await?;
     Ok(event::range_reply(reply).pop())
-}
-
-/// Locks a mutex whose holders only insert, remove or replace under it: a panic cannot
-/// leave it half-written, so a poisoned lock is still safe to use.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

@@ -95,7 +95,8 @@ pub(super) async fn append_batch(
             Ok(mut values) => {
                 for ((i, _, _), at) in sent.iter().zip(at) {
                     let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                    answers[*i] = Some(appended_id(value).map_err(|err| shared.writer.sort(err)));
+                    answers[*i] =
+                        Some(appended_id(value).map_err(|err| shared.writer.classify(err)));
                 }
             }
             Err(err @ Error::Connection(_)) => {

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
+use crate::core::connection::Link;
 use redis::Value;
 
 use super::delivery::{self, Origin};
@@ -49,7 +49,7 @@ enum Source {
 pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, generation: u64) {
     let tuning = shared.tuning.clone();
     let throttle = Throttle::default();
-    let mut connection: Option<MultiplexedConnection> = None;
+    let mut connection: Option<Link> = None;
     let mut backoff = Backoff::default();
     // The first pass runs at once: a new consumer picks up what a crashed one left.
     let mut reclaim_at = Instant::now();
@@ -406,7 +406,7 @@ async fn greatest_at_or_below(
 /// read. Entries a read after it returned stay pending for this consumer until a reclaim
 /// hands them out.
 pub(super) async fn read_all(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Link,
     pipe: &redis::Pipeline,
     reads: usize,
 ) -> redis::RedisResult<Vec<(String, Vec<Entry>)>> {

@@ -12,8 +12,9 @@ use serde_json::Value as Json;
 
 use super::delivery::{Origin, Settled, State, DONE, RETRYING};
 use super::event::{self, EVENT_FIELD};
-use super::{lock, publish, Shared};
+use super::{publish, Shared};
 use crate::core::error::{Error, Result};
+use crate::core::lock;
 use crate::core::log::{Level, Throttle};
 use crate::core::scripts;
 
@@ -232,19 +233,49 @@ async fn drop_at_cap(shared: &Arc<Shared>, state: &State, reason: &str) -> Resul
     if state.is_group() && !settle_owned(shared, state, "").await? {
         return Ok(Settled::NotOwned);
     }
+    let event = Dropped {
+        topic: state.topic(),
+        id: event_field(state, "id"),
+        kind: event_field(state, "type"),
+        attempt: state.attempt,
+        reason,
+        local_only: false,
+    };
+    warn_dropped(shared, event);
+    Ok(Settled::Dropped)
+}
+
+/// An event dropped at `maxDeliveryAttempts`, as its warning describes it.
+pub(crate) struct Dropped<'a> {
+    pub topic: &'a str,
+    /// The event's `id` and `type`, as published (`null` when missing).
+    pub id: Json,
+    pub kind: Json,
+    pub attempt: u64,
+    /// How the last attempt ended: `nacked` or `reclaimed`.
+    pub reason: &'a str,
+    /// Published with `localOnly`, so it never reached Redis.
+    pub local_only: bool,
+}
+
+/// The one warning for an event dropped at the attempt cap, wherever it was dropped.
+pub(super) fn warn_dropped(shared: &Shared, event: Dropped<'_>) {
+    let mut fields = vec![
+        ("topic", event.topic.into()),
+        ("eventId", event.id),
+        ("eventType", event.kind),
+        ("attempt", event.attempt.into()),
+        ("max", shared.tuning.max_attempts.into()),
+        ("reason", event.reason.into()),
+    ];
+    if event.local_only {
+        fields.push(("localOnly", true.into()));
+    }
     shared.notice(
         Level::Warn,
         "dropping event after max delivery attempts",
-        &[
-            ("topic", state.topic().into()),
-            ("eventId", event_field(state, "id")),
-            ("eventType", event_field(state, "type")),
-            ("attempt", state.attempt.into()),
-            ("max", shared.tuning.max_attempts.into()),
-            ("reason", reason.into()),
-        ],
+        &fields,
     );
-    Ok(Settled::Dropped)
 }
 
 /// One field of the event, for a notice.

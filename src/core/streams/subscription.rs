@@ -152,11 +152,11 @@ pub(crate) struct Member {
 
 impl Member {
     pub fn position(&self) -> EntryId {
-        *super::lock(&self.position)
+        *crate::core::lock(&self.position)
     }
 
     pub fn set_position(&self, id: EntryId) {
-        *super::lock(&self.position) = id;
+        *crate::core::lock(&self.position) = id;
     }
 
     /// How many more deliveries its `maxInFlight` lets it hold (`usize::MAX` unlimited).

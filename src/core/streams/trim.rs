@@ -13,7 +13,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use super::{lock, Shared};
+use super::Shared;
+use crate::core::lock;
 use crate::core::log::{Level, Throttle};
 use crate::core::scripts;
 

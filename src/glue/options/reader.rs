@@ -1,317 +1,22 @@
-//! Constructor options, read by hand: a wrong type or value becomes a coded
-//! `TypeError`/`RangeError`, an option this class does not know is an error naming it (a
-//! typo must not quietly connect somewhere else), and an option whose getter throws
-//! surfaces with what it threw as `cause`. The `#[napi(object)]` structs only give
-//! `index.d.ts` its documented interfaces.
+//! Reading an options object: each option read is noted, and what is left is refused by
+//! name, with the option meant when it looks like a typo.
 
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::time::Duration;
 
 use napi::sys::ValueType;
-use napi_derive::napi;
 
-use super::args::{safe_integer, type_name};
-use super::js::{self, Env, Value};
-use crate::core::connection::{ConnectionOptions, TlsOptions as CoreTls};
+use super::{OptionError, Read, MAX_COUNT, MAX_TEXT_BYTES, MAX_TIMEOUT_MS};
+use crate::core::connection::{ConnectionOptions, TlsOptions};
 use crate::core::lease::TTL_CEILING_MS;
-use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
-use crate::core::{Error, InputErrorKind, Limits, RedisOptions};
-
-/// Options of `new MemoryLeaseProvider(options?)`.
-#[napi(object, object_from_js = false, object_to_js = false)]
-pub struct MemoryLeaseProviderOptions {
-    /// Longest key accepted, in UTF-8 bytes. Default 4096.
-    pub max_key_bytes: Option<u32>,
-    /// Longest owner accepted, in UTF-8 bytes. Default 1024.
-    pub max_owner_bytes: Option<u32>,
-    /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
-    pub max_ttl_ms: Option<f64>,
-}
-
-/// TLS material for a `rediss://` URL (option `tls`), each a PEM string or `Buffer`. Without
-/// it, the server certificate is verified against the platform's roots and the file named
-/// by `SSL_CERT_FILE`. Checked at construction: unparsable PEM, a `cert` without its `key`
-/// (or the reverse), a key that is not the certificate's, or `tls` with a URL that is not
-/// `rediss://` throw `ERR_LEASE_INVALID_OPTION`; no message repeats the material.
-///
-/// The server certificate is always verified against the URL's host: reach the server by
-/// the name on its certificate (a DNS or hosts entry), not by its IP address, unless the
-/// certificate names the IP. (`servername`, to verify against another name, is not
-/// supported and is refused.)
-#[napi(object, object_from_js = false, object_to_js = false)]
-pub struct TlsOptions {
-    /// The CA certificates (PEM, one or more) trusted to sign the server's certificate, in
-    /// place of the platform's roots.
-    #[napi(ts_type = "string | Buffer")]
-    pub ca: Option<Vec<u8>>,
-    /// The client certificate (PEM, the chain leaf first) for servers with
-    /// `tls-auth-clients yes`. Give `key` with it.
-    #[napi(ts_type = "string | Buffer")]
-    pub cert: Option<Vec<u8>>,
-    /// The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1, unencrypted).
-    #[napi(ts_type = "string | Buffer")]
-    pub key: Option<Vec<u8>>,
-}
-
-/// The fields of node-redis client options (Mastra's own backend's `redisOptions`) that
-/// mean something here, with the same meaning, so a configuration written for Mastra's
-/// backend works unchanged. Any other field is refused by name.
-#[napi(object, object_from_js = false, object_to_js = false)]
-pub struct RedisClientOptions {
-    /// As `url`; give one of the two (the same URL in both is accepted).
-    pub url: Option<String>,
-    /// The ACL user, in place of one in the URL.
-    pub username: Option<String>,
-    /// The password, in place of one in the URL.
-    pub password: Option<String>,
-    /// The database number, in place of one in the URL.
-    pub database: Option<u32>,
-    /// The connection name, as `connectionName`.
-    pub name: Option<String>,
-    /// `{ tls: true }` for TLS with a `redis://` URL (as `rediss://`).
-    #[napi(ts_type = "{ tls?: boolean }")]
-    pub socket: Option<Value>,
-}
-
-/// Options of `new RedisLeaseProvider(options?)`.
-#[napi(object, object_from_js = false, object_to_js = false)]
-pub struct RedisLeaseProviderOptions {
-    /// `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
-    /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
-    pub url: Option<String>,
-    /// node-redis client options, as Mastra's backend takes them: `url`, `username`,
-    /// `password`, `database`, `name`, `socket.tls`. Any other field throws.
-    #[napi(ts_type = "RedisClientOptions")]
-    pub redis_options: Option<RedisClientOptions>,
-    /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
-    /// roots).
-    #[napi(ts_type = "TlsOptions")]
-    pub tls: Option<TlsOptions>,
-    /// The name every connection gets (`CLIENT SETNAME`), to find them in `CLIENT LIST`.
-    /// Default `mastra-lease`.
-    pub connection_name: Option<String>,
-    /// Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's own
-    /// Redis backend, so both can share a fleet's leases.
-    pub key_prefix: Option<String>,
-    /// Bound on one attempt to open the connection, in milliseconds. Default 2000.
-    pub connect_timeout_ms: Option<f64>,
-    /// Bound on every call, connecting included, in milliseconds: a call settles within it
-    /// whatever Redis does. Default 2000 (well under Mastra's 5 s renewal interval).
-    pub command_timeout_ms: Option<f64>,
-    /// Longest key accepted, in UTF-8 bytes. Default 4096.
-    pub max_key_bytes: Option<u32>,
-    /// Longest owner accepted, in UTF-8 bytes. Default 1024.
-    pub max_owner_bytes: Option<u32>,
-    /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
-    pub max_ttl_ms: Option<f64>,
-    /// Gets the warning when the server's eviction policy could evict leases (any policy
-    /// but `noeviction` with `maxmemory` set), once per policy, and debug notes when it has
-    /// `debug`. Default: none, and the warning goes to `process.emitWarning` with code
-    /// `MASTRA_LEASE_EVICTION_POLICY`.
-    #[napi(
-        ts_type = "{ warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }"
-    )]
-    pub logger: Option<Value>,
-}
-
-/// Options of `new RedisStreamsPubSub(options?)`. The connection options and lease limits
-/// are those of `RedisLeaseProviderOptions`.
-#[napi(object, object_from_js = false, object_to_js = false)]
-pub struct RedisStreamsOptions {
-    /// As for `RedisLeaseProviderOptions`. Default `redis://127.0.0.1:6379`.
-    pub url: Option<String>,
-    /// As for `RedisLeaseProviderOptions`: node-redis client options, as Mastra's backend
-    /// takes them.
-    #[napi(ts_type = "RedisClientOptions")]
-    pub redis_options: Option<RedisClientOptions>,
-    /// CA, client certificate and key for a `rediss://` URL, for every connection. Default:
-    /// none (the platform's roots).
-    #[napi(ts_type = "TlsOptions")]
-    pub tls: Option<TlsOptions>,
-    /// The name every connection gets (`CLIENT SETNAME`). Default `mastra-lease`.
-    pub connection_name: Option<String>,
-    /// A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`. Default
-    /// `mastra:topic`, Mastra's own layout.
-    pub key_prefix: Option<String>,
-    /// Bound on one attempt to open a connection, in milliseconds. Default 2000.
-    pub connect_timeout_ms: Option<f64>,
-    /// Bound on every non-blocking command (publish, ack, lease calls), connecting
-    /// included, in milliseconds. Default 2000.
-    pub command_timeout_ms: Option<f64>,
-    /// How long one blocking read waits for new entries, in milliseconds. Default 1000.
-    pub block_ms: Option<f64>,
-    /// Most entries one read returns. Default 10.
-    pub batch_count: Option<u32>,
-    /// Streams are trimmed to about this many entries, never cutting one a consumer group
-    /// has not settled; 0 disables trimming. Default 10000.
-    pub max_stream_length: Option<f64>,
-    /// Past this many entries trimming cuts unsettled entries after all, each one lost
-    /// counted in a warning; 0 never does. Default 10 × `maxStreamLength`.
-    pub hard_max_stream_length: Option<f64>,
-    /// A stream idle this long expires; 0 (the default) never.
-    pub stream_idle_ttl_ms: Option<f64>,
-    /// A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
-    /// this, then dropped with a warning; 0 or `Infinity` redeliver forever. Default 5.
-    pub max_delivery_attempts: Option<f64>,
-    /// Most events a consumer holds unsettled (this process's consumer of a group on a
-    /// topic, or one fan-out subscription); at the limit it reads no more, and the rest of a
-    /// backlog stays for the group's other consumers. 0 or `Infinity` set no limit. Default
-    /// 1000.
-    pub max_in_flight: Option<f64>,
-    /// An event held unsettled this long (its callback neither acked nor nacked it) is
-    /// nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. 0 (the default)
-    /// holds it until it is settled or the process ends.
-    pub in_flight_timeout_ms: Option<f64>,
-    /// How often a consumer group looks for entries a dead consumer never settled
-    /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
-    pub reclaim_interval_ms: Option<f64>,
-    /// How long a dead consumer's entry sits unclaimed before it is reclaimed, in
-    /// milliseconds. Default 60000. A live process keeps the entries it holds claimed,
-    /// however long their handlers run.
-    pub reclaim_idle_ms: Option<f64>,
-    /// Longest lease key (and topic or group name) accepted, in UTF-8 bytes. Default 4096.
-    pub max_key_bytes: Option<u32>,
-    /// Longest lease owner accepted, in UTF-8 bytes. Default 1024.
-    pub max_owner_bytes: Option<u32>,
-    /// Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day).
-    pub max_ttl_ms: Option<f64>,
-    /// Gets dropped-event warnings, connection trouble (at most once per 30 s), events held
-    /// unusually long, the eviction-policy warning, and debug notes when it has `debug`.
-    /// Without it, the eviction-policy warning goes to `process.emitWarning`.
-    #[napi(
-        ts_type = "{ warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }"
-    )]
-    pub logger: Option<Value>,
-}
-
-/// Why options were refused: the coded error, and what a getter threw, if that was it.
-pub struct OptionError {
-    pub error: Error,
-    pub cause: Option<Value>,
-}
-
-impl From<Error> for OptionError {
-    fn from(error: Error) -> Self {
-        Self { error, cause: None }
-    }
-}
-
-impl OptionError {
-    /// Throws it (constructors cannot answer with a promise).
-    pub fn throw(self, env: Env) {
-        js::throw(env, &self.error, self.cause);
-    }
-}
-
-type Read<T> = Result<T, OptionError>;
-
-/// `new MemoryLeaseProvider(options)`: its limits.
-pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
-    let options = Options::new(env, value, "MemoryLeaseProvider")?;
-    let limits = options.limits()?;
-    options.finish()?;
-    Ok(limits)
-}
-
-/// `new RedisLeaseProvider(options)`: the store's options, and the logger object.
-pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
-    let options = Options::new(env, value, "RedisLeaseProvider")?;
-    let read = RedisOptions {
-        connection: options.connection()?,
-        key_prefix: options.string("keyPrefix")?.unwrap_or_else(default_prefix),
-        limits: options.limits()?,
-    };
-    let logger = options.logger()?;
-    options.finish()?;
-    Ok((read, logger))
-}
-
-/// `new RedisStreamsPubSub(options)`: the transport's options (without the logger), the
-/// lease limits, and the logger object.
-pub fn redis_streams(
-    env: Env,
-    value: Option<Value>,
-) -> Read<(StreamsOptions, Limits, Option<Value>)> {
-    let options = Options::new(env, value, "RedisStreamsPubSub")?;
-    let d = StreamsOptions::default();
-    let ms = |value: Option<u64>| value.map(Duration::from_millis);
-    let max_len = options
-        .whole("maxStreamLength", 0, MAX_COUNT)?
-        .unwrap_or(d.max_len);
-    let read = StreamsOptions {
-        connection: options.connection()?,
-        key_prefix: options.string("keyPrefix")?.unwrap_or(d.key_prefix),
-        block: ms(options.whole("blockMs", 1, MAX_TIMEOUT_MS)?).unwrap_or(d.block),
-        batch_count: options
-            .whole("batchCount", 1, 10_000)?
-            .map_or(d.batch_count, |n| n as usize),
-        max_len,
-        hard_max_len: options
-            .whole("hardMaxStreamLength", 0, MAX_COUNT)?
-            .unwrap_or(max_len.saturating_mul(HARD_MAX_LEN_FACTOR)),
-        idle_ttl: ms(options
-            .whole("streamIdleTtlMs", 0, TTL_CEILING_MS)?
-            .filter(|&n| n > 0)),
-        max_delivery_attempts: options
-            .count_or_unlimited("maxDeliveryAttempts")?
-            .unwrap_or(d.max_delivery_attempts),
-        max_in_flight: options
-            .count_or_unlimited("maxInFlight")?
-            .map_or(d.max_in_flight, |n| n.map(|n| n as usize)),
-        in_flight_timeout: ms(options
-            .whole("inFlightTimeoutMs", 0, TTL_CEILING_MS)?
-            .filter(|&n| n > 0)),
-        reclaim_interval: match options.whole("reclaimIntervalMs", 0, TTL_CEILING_MS)? {
-            Some(0) => None,
-            Some(n) => Some(Duration::from_millis(n)),
-            None => d.reclaim_interval,
-        },
-        reclaim_idle: ms(options.whole("reclaimIdleMs", 1, TTL_CEILING_MS)?)
-            .unwrap_or(d.reclaim_idle),
-        logger: None,
-    };
-    let limits = options.limits()?;
-    let logger = options.logger()?;
-    options.finish()?;
-    Ok((read, limits, logger))
-}
-
-fn default_prefix() -> String {
-    RedisOptions::default().key_prefix
-}
-
-/// The largest count option accepted (stream lengths, attempts).
-const MAX_COUNT: u64 = 1 << 40;
-/// The longest timeout option accepted: ten minutes.
-const MAX_TIMEOUT_MS: u64 = 600_000;
-/// The largest byte cap accepted for keys and owners.
-const MAX_TEXT_BYTES: u64 = 1 << 26;
-
-/// What node-redis client options (`redisOptions`) hold that has no meaning here, and what
-/// to use instead.
-fn redis_options_instead(field: &str) -> &'static str {
-    match field {
-        "socket" => "socket takes only tls here",
-        "RESP" => "RESP 2 is used",
-        "pingInterval"
-        | "disableOfflineQueue"
-        | "readonly"
-        | "legacyMode"
-        | "isolationPoolOptions"
-        | "scripts"
-        | "functions"
-        | "modules"
-        | "commandOptions"
-        | "clientInfoTag"
-        | "disableClientInfo" => "it does not apply to this client",
-        _ => "redisOptions takes url, username, password, database, name and socket.tls",
-    }
-}
+use crate::core::{Error, InputErrorKind, Limits};
+use crate::glue::args::{safe_integer, type_name};
+use crate::glue::js::{self, Env, Value};
 
 /// Options being read: each option read is noted, and [`Options::finish`] refuses the
 /// rest.
-struct Options {
+pub(super) struct Options {
     env: Env,
     object: Option<Value>,
     class: &'static str,
@@ -319,7 +24,7 @@ struct Options {
 }
 
 impl Options {
-    fn new(env: Env, value: Option<Value>, class: &'static str) -> Read<Self> {
+    pub(super) fn new(env: Env, value: Option<Value>, class: &'static str) -> Read<Self> {
         let object = match value.map(|v| (v, js::type_of(env, v))) {
             None => None,
             Some((_, ValueType::napi_undefined | ValueType::napi_null)) => None,
@@ -341,7 +46,7 @@ impl Options {
     }
 
     /// Refuses every option of the object that was not read, naming it.
-    fn finish(self) -> Read<()> {
+    pub(super) fn finish(self) -> Read<()> {
         let Some(object) = self.object else {
             return Ok(());
         };
@@ -414,7 +119,7 @@ impl Options {
 
     /// The connection options: `url`, `redisOptions`, `tls`, `connectionName` and the two
     /// timeouts.
-    fn connection(&self) -> Read<ConnectionOptions> {
+    pub(super) fn connection(&self) -> Read<ConnectionOptions> {
         let d = ConnectionOptions::default();
         let url = self.string("url")?;
         let client = self.redis_options()?;
@@ -455,7 +160,7 @@ impl Options {
             _ => {}
         }
         if client.tls == Some(true) && tls.is_none() {
-            tls = Some(CoreTls::default());
+            tls = Some(TlsOptions::default());
         }
         Ok(ConnectionOptions {
             url,
@@ -580,7 +285,7 @@ impl Options {
     }
 
     /// The lease limits: `maxKeyBytes`, `maxOwnerBytes`, `maxTtlMs`.
-    fn limits(&self) -> Read<Limits> {
+    pub(super) fn limits(&self) -> Read<Limits> {
         let d = Limits::default();
         Ok(Limits {
             max_key_bytes: self
@@ -597,7 +302,7 @@ impl Options {
 
     /// `logger`: an object with a `warn` method, and optionally `debug`. Valid during this
     /// call only.
-    fn logger(&self) -> Read<Option<Value>> {
+    pub(super) fn logger(&self) -> Read<Option<Value>> {
         let Some((value, kind)) = self.get("logger")? else {
             return Ok(None);
         };
@@ -628,7 +333,7 @@ impl Options {
     /// `Buffer`). `null` means none. Any other property is refused, so a misspelt option
     /// (or one this library does not have, like `servername` or `rejectUnauthorized`)
     /// cannot silently change what is verified.
-    fn tls(&self) -> Read<Option<CoreTls>> {
+    fn tls(&self) -> Read<Option<TlsOptions>> {
         let Some((value, kind)) = self.get("tls")? else {
             return Ok(None);
         };
@@ -689,14 +394,14 @@ impl Options {
                 .into()
             })
         };
-        Ok(Some(CoreTls {
+        Ok(Some(TlsOptions {
             ca: pem("ca")?,
             cert: pem("cert")?,
             key: pem("key")?,
         }))
     }
 
-    fn string(&self, name: &'static str) -> Read<Option<String>> {
+    pub(super) fn string(&self, name: &'static str) -> Read<Option<String>> {
         match self.get(name)? {
             Some((value, kind)) => self.text(value, kind, name).map(Some),
             None => Ok(None),
@@ -722,7 +427,7 @@ impl Options {
     }
 
     /// A whole number from `min` to `max`.
-    fn whole(&self, name: &'static str, min: u64, max: u64) -> Read<Option<u64>> {
+    pub(super) fn whole(&self, name: &'static str, min: u64, max: u64) -> Read<Option<u64>> {
         match self.get(name)? {
             Some((value, kind)) => self.number_in(value, kind, name, min, max).map(Some),
             None => Ok(None),
@@ -756,7 +461,7 @@ impl Options {
     }
 
     /// A count where 0 and `Infinity` both mean unlimited (`Some(None)`).
-    fn count_or_unlimited(&self, name: &'static str) -> Read<Option<Option<u64>>> {
+    pub(super) fn count_or_unlimited(&self, name: &'static str) -> Read<Option<Option<u64>>> {
         let Some((value, kind)) = self.get(name)? else {
             return Ok(None);
         };
@@ -777,6 +482,27 @@ struct ClientFields {
     database: Option<u32>,
     name: Option<String>,
     tls: Option<bool>,
+}
+
+/// What node-redis client options (`redisOptions`) hold that has no meaning here, and what
+/// to use instead.
+fn redis_options_instead(field: &str) -> &'static str {
+    match field {
+        "socket" => "socket takes only tls here",
+        "RESP" => "RESP 2 is used",
+        "pingInterval"
+        | "disableOfflineQueue"
+        | "readonly"
+        | "legacyMode"
+        | "isolationPoolOptions"
+        | "scripts"
+        | "functions"
+        | "modules"
+        | "commandOptions"
+        | "clientInfoTag"
+        | "disableClientInfo" => "it does not apply to this client",
+        _ => "redisOptions takes url, username, password, database, name and socket.tls",
+    }
 }
 
 /// The option among `known` closest to a misspelt `name`, when it is close enough to be

@@ -1,0 +1,353 @@
+//! The Redis connection the lease store and the streams transport send their non-blocking
+//! commands through (opened lazily, the first calls sharing one attempt; reconnected by
+//! redis-rs' `ConnectionManager`; every call bounded by the command timeout), and the
+//! dedicated connections blocking reads need.
+//!
+//! - `mod.rs`: [`Connection`], the shared slot, timeouts, classifying errors.
+//! - `link.rs`: the deployment reached ([`Target`]) and a connection to it ([`Link`]), the
+//!   one place that knows what kind of deployment it is.
+//! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
+//! - `tls.rs`: TLS material for `rediss://`.
+
+mod link;
+mod setup;
+mod tls;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::aio::ConnectionManagerConfig;
+use redis::{AsyncConnectionConfig, FromRedisValue, RedisResult, Value};
+
+use crate::core::error::{Error, Result, Subject};
+use crate::core::lock;
+use crate::core::log::Logger;
+
+pub use link::Link;
+use link::Target;
+use setup::Setup;
+pub use setup::EVICTION_WARNING_CODE;
+pub use tls::TlsOptions;
+
+/// How to reach one Redis, and the bounds on reaching it.
+#[derive(Clone)]
+pub struct ConnectionOptions {
+    /// `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
+    /// `redis+unix:///path/to.sock`. Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// The ACL user, in place of one in the URL.
+    pub username: Option<String>,
+    /// The password, in place of one in the URL.
+    pub password: Option<String>,
+    /// The database number, in place of one in the URL.
+    pub database: Option<i64>,
+    /// CA, client certificate and key for a `rediss://` URL. Default none.
+    pub tls: TlsOptions,
+    /// Given to every connection with `CLIENT SETNAME`, so operators find them in
+    /// `CLIENT LIST`. Default `mastra-lease`.
+    pub name: Option<String>,
+    /// Bound on one attempt to open a connection. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Bound on every call, connecting included. Default 2 s.
+    pub command_timeout: Duration,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            username: None,
+            password: None,
+            database: None,
+            tls: TlsOptions::default(),
+            name: Some(DEFAULT_NAME.to_owned()),
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL and the password are secrets: say only what is set.
+        f.debug_struct("ConnectionOptions")
+            .field("username", &self.username.is_some())
+            .field("password", &self.password.is_some())
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("name", &self.name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection name every connection gets unless the options name another.
+pub const DEFAULT_NAME: &str = "mastra-lease";
+
+/// A lazily opened, shared connection to one Redis.
+///
+/// ## Behavior
+/// - Nothing connects until the first call; the calls made meanwhile share one attempt.
+/// - Every call, connecting included, is bounded by the command timeout: it answers, or it
+///   fails with [`Error::Timeout`].
+/// - An I/O error breaks the connection; redis-rs' `ConnectionManager` opens a new one for the
+///   next call. A call that broke with it fails with [`Error::Connection`], unless it went
+///   through [`Connection::run_again_if_broken`].
+/// - A call that timed out gives up its connection (see [`Connection::run`]).
+/// - Each new connection is named (`CLIENT SETNAME`) and, with a logger, has its eviction
+///   policy read, in a task of its own after a call on it succeeded.
+/// - After [`Connection::close`] every call fails with [`Error::Closed`].
+pub struct Connection {
+    target: Target,
+    config: ConnectionManagerConfig,
+    /// For the dedicated connections blocking reads need.
+    dedicated: AsyncConnectionConfig,
+    /// Made on first use, numbered. Replaced when Redis refused the connection itself (a
+    /// wrong password, which the manager keeps and would answer every later call with), and
+    /// when a call on it timed out (see [`Connection::run`]).
+    slot: Mutex<Option<(u64, Link)>>,
+    /// The number the next connection made gets.
+    made: AtomicU64,
+    timeout: Duration,
+    connect_timeout: Duration,
+    name: Option<String>,
+    /// What a call after `close` says is closed.
+    subject: Subject,
+    closed: AtomicBool,
+    /// Names a fresh connection and checks the server's eviction policy on it.
+    setup: Arc<Setup>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The target holds the URL, which may carry a password: never print it.
+        f.debug_struct("Connection")
+            .field("timeout", &self.timeout)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Checks the URL, the credentials and the TLS material; does not connect. `subject` is
+    /// what a call after [`Connection::close`] says was closed.
+    pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
+        let target = Target::new(options)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        // A blocking read answers after its BLOCK, which the caller bounds: no response
+        // timeout of redis-rs' own on these.
+        let dedicated = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(None);
+        Ok(Self {
+            target,
+            config,
+            dedicated,
+            slot: Mutex::new(None),
+            made: AtomicU64::new(0),
+            timeout: options.command_timeout,
+            connect_timeout: options.connect_timeout,
+            name: options.name.clone(),
+            subject,
+            closed: AtomicBool::new(false),
+            setup: Arc::new(Setup::default()),
+        })
+    }
+
+    /// The bound on every call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
+    /// read (no extra command). The first logger set stays.
+    pub fn set_logger(&self, logger: Arc<dyn Logger>) {
+        let _ = self.setup.logger.set(logger);
+    }
+
+    /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not
+    /// hold up the shared one), named like every other, bounded by the connect and command
+    /// timeouts. Answers it with its `CLIENT ID`, when the server tells it (an ACL may not):
+    /// another connection can interrupt a blocking read with `CLIENT UNBLOCK <id>`.
+    pub async fn dedicated(&self) -> Result<(Link, Option<i64>)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        let bound = self.connect_timeout.saturating_add(self.timeout);
+        let attempt = async {
+            let mut connection = self.target.open(&self.dedicated).await?;
+            let mut pipe = redis::pipe();
+            if let Some(name) = &self.name {
+                pipe.cmd("CLIENT").arg("SETNAME").arg(name);
+            }
+            pipe.cmd("CLIENT").arg("ID");
+            let replies = connection
+                .send_packed_commands(&pipe, 0, pipe.len())
+                .await?;
+            // Both are conveniences: an ACL that refuses them costs a name and a prompt
+            // wake-up, not the connection.
+            let id = replies
+                .into_iter()
+                .last()
+                .and_then(|reply| parse::<i64>(reply).ok());
+            Ok::<_, redis::RedisError>((connection, id))
+        };
+        match tokio::time::timeout(bound, attempt).await {
+            Ok(Ok(opened)) => Ok(opened),
+            Ok(Err(err)) => Err(Error::from_redis(err, bound)),
+            Err(_) => Err(Error::Timeout(bound)),
+        }
+    }
+
+    /// Runs commands on the connection, the whole call (connecting included) bounded by the
+    /// command timeout. Must run inside a Tokio runtime.
+    pub async fn run<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(Link) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.run_within(self.timeout, work).await
+    }
+
+    /// Like [`Connection::run`], for work that may run twice (an XACK; a script that checks
+    /// before it writes): when the connection breaks under it, leaving unknown whether it
+    /// ran, it runs once more on a fresh connection within the same timeout. A server
+    /// restart or an idle connection closed by a server, NAT or proxy then costs the
+    /// caller nothing.
+    pub async fn run_again_if_broken<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: Fn(Link) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match self.run_within(self.timeout, &work).await {
+            Err(Error::Connection(_)) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                self.run_within(left, work).await
+            }
+            other => other,
+        }
+    }
+
+    /// Like [`Connection::run`], bounded by `budget` (what is left of a call's timeout).
+    pub async fn run_within<T, F, Fut>(&self, budget: Duration, work: F) -> Result<T>
+    where
+        F: FnOnce(Link) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (number, connection) = self.get()?;
+        match tokio::time::timeout(budget, work(connection)).await {
+            Ok(Ok(value)) => {
+                self.set_up_fresh();
+                Ok(value)
+            }
+            Ok(Err(err)) => {
+                let err = self.classify(err);
+                if matches!(err, Error::Timeout(_)) {
+                    self.forget(number);
+                }
+                Err(err)
+            }
+            Err(_) => {
+                self.forget(number);
+                Err(Error::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// Closes the connection; every later call fails with [`Error::Closed`]. Calls in
+    /// flight keep the connection until they settle.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.slot().take();
+    }
+
+    /// Drops connection `number` after a call on it timed out, unless a newer one replaced
+    /// it already. The manager reconnects after I/O errors only, and a connection that went
+    /// silent (a forgotten NAT flow, a vanished host, a reply lost by a middlebox) raises
+    /// none: without this every later call would time out on it, for as long as the kernel
+    /// keeps the socket (minutes). Calls still waiting on it keep it until they settle; the
+    /// price is one reconnect when the server was merely slow.
+    fn forget(&self, number: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(current, _)| *current == number) {
+            *slot = None;
+            self.setup.renew();
+        }
+    }
+
+    /// Classifies a redis-rs error as the variant a caller can act on, and forgets a
+    /// connection Redis refused to authenticate so the next call tries again.
+    pub fn classify(&self, err: redis::RedisError) -> Error {
+        if err.is_unrecoverable_error() || err.is_io_error() {
+            // The manager replaces the connection after these: the next one is set up.
+            self.setup.renew();
+        }
+        let err = Error::from_redis(err, self.timeout);
+        if matches!(err, Error::Auth(_)) {
+            self.slot().take();
+            self.setup.renew();
+        }
+        err
+    }
+
+    /// Classifies the error in one reply of a pipeline. The connection answered, so it is kept,
+    /// even for NOPERM: a key outside the user's ACL must not cost a reconnect per call.
+    pub fn classify_reply(&self, err: redis::RedisError) -> Error {
+        Error::from_redis(err, self.timeout)
+    }
+
+    /// After a call succeeded on a connection not yet set up: names it and reads the
+    /// eviction policy (`setup.rs`).
+    fn set_up_fresh(&self) {
+        if !self.setup.claim(self.name.is_some()) {
+            return;
+        }
+        if let Ok((_, link)) = self.get() {
+            self.setup.spawn(link, self.name.as_deref(), self.timeout);
+        }
+    }
+
+    fn get(&self) -> Result<(u64, Link)> {
+        let mut slot = self.slot();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        if let Some(current) = slot.as_ref() {
+            return Ok(current.clone());
+        }
+        let connection = self
+            .target
+            .shared(&self.config)
+            .map_err(|err| Error::from_redis(err, self.timeout))?;
+        let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);
+        *slot = Some(current.clone());
+        Ok(current)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<(u64, Link)>> {
+        lock(&self.slot)
+    }
+}
+
+/// Parses a reply, turning an error reply into the error.
+pub fn parse<T: FromRedisValue>(reply: Value) -> RedisResult<T> {
+    redis::from_redis_value::<RedisResult<T>>(reply)?
+}
+
+/// Removes the URL (and so any password in it) from a message.
+fn redact(message: &str, url: &str) -> String {
+    if url.is_empty() {
+        message.to_owned()
+    } else {
+        message.replace(url, "<url>")
+    }
+}

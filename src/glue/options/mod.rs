@@ -1,0 +1,124 @@
+//! Constructor options, read by hand (`reader.rs`): a wrong type or value becomes a coded
+//! `TypeError`/`RangeError`, an option this class does not know is an error naming it (a
+//! typo must not quietly connect somewhere else), and an option whose getter throws
+//! surfaces with what it threw as `cause`. The `#[napi(object)]` structs in `types.rs` only
+//! give `index.d.ts` its documented interfaces.
+
+mod reader;
+mod types;
+
+use std::time::Duration;
+
+use super::js::{self, Env, Value};
+use crate::core::lease::TTL_CEILING_MS;
+use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
+use crate::core::{Error, Limits, RedisOptions};
+use reader::Options;
+
+pub use types::{
+    MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions, RedisStreamsOptions,
+    TlsOptions,
+};
+
+/// Why options were refused: the coded error, and what a getter threw, if that was it.
+pub struct OptionError {
+    pub error: Error,
+    pub cause: Option<Value>,
+}
+
+impl From<Error> for OptionError {
+    fn from(error: Error) -> Self {
+        Self { error, cause: None }
+    }
+}
+
+impl OptionError {
+    /// Throws it (constructors cannot answer with a promise).
+    pub fn throw(self, env: Env) {
+        js::throw(env, &self.error, self.cause);
+    }
+}
+
+type Read<T> = Result<T, OptionError>;
+
+/// `new MemoryLeaseProvider(options)`: its limits.
+pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
+    let options = Options::new(env, value, "MemoryLeaseProvider")?;
+    let limits = options.limits()?;
+    options.finish()?;
+    Ok(limits)
+}
+
+/// `new RedisLeaseProvider(options)`: the store's options, and the logger object.
+pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
+    let options = Options::new(env, value, "RedisLeaseProvider")?;
+    let read = RedisOptions {
+        connection: options.connection()?,
+        key_prefix: options.string("keyPrefix")?.unwrap_or_else(default_prefix),
+        limits: options.limits()?,
+    };
+    let logger = options.logger()?;
+    options.finish()?;
+    Ok((read, logger))
+}
+
+/// `new RedisStreamsPubSub(options)`: the transport's options (without the logger), the
+/// lease limits, and the logger object.
+pub fn redis_streams(
+    env: Env,
+    value: Option<Value>,
+) -> Read<(StreamsOptions, Limits, Option<Value>)> {
+    let options = Options::new(env, value, "RedisStreamsPubSub")?;
+    let d = StreamsOptions::default();
+    let ms = |value: Option<u64>| value.map(Duration::from_millis);
+    let max_len = options
+        .whole("maxStreamLength", 0, MAX_COUNT)?
+        .unwrap_or(d.max_len);
+    let read = StreamsOptions {
+        connection: options.connection()?,
+        key_prefix: options.string("keyPrefix")?.unwrap_or(d.key_prefix),
+        block: ms(options.whole("blockMs", 1, MAX_TIMEOUT_MS)?).unwrap_or(d.block),
+        batch_count: options
+            .whole("batchCount", 1, 10_000)?
+            .map_or(d.batch_count, |n| n as usize),
+        max_len,
+        hard_max_len: options
+            .whole("hardMaxStreamLength", 0, MAX_COUNT)?
+            .unwrap_or(max_len.saturating_mul(HARD_MAX_LEN_FACTOR)),
+        idle_ttl: ms(options
+            .whole("streamIdleTtlMs", 0, TTL_CEILING_MS)?
+            .filter(|&n| n > 0)),
+        max_delivery_attempts: options
+            .count_or_unlimited("maxDeliveryAttempts")?
+            .unwrap_or(d.max_delivery_attempts),
+        max_in_flight: options
+            .count_or_unlimited("maxInFlight")?
+            .map_or(d.max_in_flight, |n| n.map(|n| n as usize)),
+        in_flight_timeout: ms(options
+            .whole("inFlightTimeoutMs", 0, TTL_CEILING_MS)?
+            .filter(|&n| n > 0)),
+        reclaim_interval: match options.whole("reclaimIntervalMs", 0, TTL_CEILING_MS)? {
+            Some(0) => None,
+            Some(n) => Some(Duration::from_millis(n)),
+            None => d.reclaim_interval,
+        },
+        reclaim_idle: ms(options.whole("reclaimIdleMs", 1, TTL_CEILING_MS)?)
+            .unwrap_or(d.reclaim_idle),
+        logger: None,
+    };
+    let limits = options.limits()?;
+    let logger = options.logger()?;
+    options.finish()?;
+    Ok((read, limits, logger))
+}
+
+fn default_prefix() -> String {
+    RedisOptions::default().key_prefix
+}
+
+/// The largest count option accepted (stream lengths, attempts).
+const MAX_COUNT: u64 = 1 << 40;
+/// The longest timeout option accepted: ten minutes.
+const MAX_TIMEOUT_MS: u64 = 600_000;
+/// The largest byte cap accepted for keys and owners.
+const MAX_TEXT_BYTES: u64 = 1 << 26;
