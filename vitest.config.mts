@@ -1,8 +1,16 @@
 import { defineConfig } from 'vitest/config'
 import type { Reporter, TestModule } from 'vitest/node'
 
-/** Ends the run with one plain line, `vitest: N passed, N failed, N skipped`, for CI logs. */
+/**
+ * Ends the run with the figures tests reported (`annotate`: what a fault or soak test
+ * checked and measured), then one plain line, `vitest: N passed, N failed, N skipped`, for
+ * CI logs.
+ */
+const figures: string[] = []
 const summary: Reporter = {
+  onTestCaseAnnotate(testCase, annotation) {
+    figures.push(`  ${testCase.module.relativeModuleId} > ${testCase.fullName}\n    ${annotation.message}`)
+  },
   onTestRunEnd(testModules: ReadonlyArray<TestModule>) {
     const count = { passed: 0, failed: 0, skipped: 0 }
     for (const module of testModules) {
@@ -11,6 +19,7 @@ const summary: Reporter = {
         if (state === 'passed' || state === 'failed' || state === 'skipped') count[state]++
       }
     }
+    if (figures.length > 0) console.log(`\nfigures:\n${figures.sort().join('\n')}`)
     console.log(`\nvitest: ${count.passed} passed, ${count.failed} failed, ${count.skipped} skipped`)
   },
 }

@@ -1,7 +1,6 @@
 // The lease providers between a fault proxy (helpers/fault-proxy.ts) and a real redis-server:
 // replies lost after the command ran, connections reset mid-command, delay, blackhole, and the
-// server itself pausing writes (CLIENT PAUSE) or sleeping (DEBUG SLEEP). Rows 4, 5, 6 (with a
-// proxy) and 7 of the fault matrix in issue 5.
+// server itself pausing writes (CLIENT PAUSE) or sleeping (DEBUG SLEEP).
 //
 // What must hold under every fault: a call settles within commandTimeoutMs plus a margin, a
 // transport failure rejects with a coded error and never resolves `false` or
@@ -9,16 +8,16 @@
 // another call, and afterwards no two owners believe they hold a key at once.
 //
 // Every test starts its own redis-server (and proxy), so the file skips under REDIS_URL: the
-// proxy cannot carry an external server's credentials, and row 7 pauses the server.
+// proxy cannot carry an external server's credentials, and some tests pause the server.
 import './helpers/mastra-node.js' // first: the streams pubsub loads Mastra, which needs Node >= 22.13
 
 import { randomUUID } from 'node:crypto'
 
-import { afterAll, afterEach, describe, expect, it } from 'vitest'
+import { afterEach, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
-import { startFaultProxy, type FaultProxy, type FaultProxyStats } from './helpers/fault-proxy.js'
+import { startFaultProxy, type FaultProxy } from './helpers/fault-proxy.js'
 import { errorCode, settleWithin, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { EXTERNAL_REDIS, RespClient, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
@@ -33,25 +32,8 @@ type Lease = Pick<RedisLeaseProvider, 'acquireLease' | 'getLeaseOwner' | 'releas
 
 const cleanups: Array<() => Promise<unknown>> = []
 afterEach(async () => {
-  // Providers first, then proxies, then servers (the reverse of creation).
+  // Providers first, then proxies, then servers: the reverse of creation.
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => undefined)
-})
-
-/** Figures for the report, printed once at the end. */
-const figures = {
-  operationsChecked: 0,
-  faults: { droppedReplies: 0, resets: 0, delayedChunks: 0, heldChunks: 0, clientPauses: 0, debugSleeps: 0 },
-  commandsThroughProxies: 0,
-}
-const addProxyFigures = (s: FaultProxyStats) => {
-  figures.faults.droppedReplies += s.faults.droppedReplies
-  figures.faults.resets += s.faults.resets
-  figures.faults.delayedChunks += s.faults.delayedChunks
-  figures.faults.heldChunks += s.faults.heldChunks
-  figures.commandsThroughProxies += s.commandsUp
-}
-afterAll(() => {
-  if (figures.operationsChecked) console.log(`fault proxy file: ${JSON.stringify(figures)}`)
 })
 
 async function server(options?: RedisServerOptions): Promise<RedisServer> {
@@ -62,10 +44,7 @@ async function server(options?: RedisServerOptions): Promise<RedisServer> {
 
 async function proxyTo(s: RedisServer): Promise<FaultProxy> {
   const proxy = await startFaultProxy({ host: s.host, port: s.port })
-  cleanups.push(async () => {
-    addProxyFigures(proxy.stats())
-    await proxy.close()
-  })
+  cleanups.push(() => proxy.close())
   return proxy
 }
 
@@ -92,7 +71,6 @@ async function warmScripts(p: Lease) {
 
 /** `promise` rejects with one of `codes` within `bound` ms: never a value, never hanging. */
 async function expectCodedRejection(label: string, promise: Promise<unknown>, codes: string[], bound = BOUND) {
-  figures.operationsChecked++
   const r = await settleWithin(promise, bound + 3_000)
   expect(r.status, `${label} resolved ${r.status === 'fulfilled' ? JSON.stringify(r.value) : ''}`).toBe('rejected')
   if (r.status === 'rejected') expect(codes, `${label}: ${String(r.reason)}`).toContain(errorCode(r.reason))
@@ -106,7 +84,6 @@ async function retrying<T>(call: () => Promise<T>): Promise<{ value: T; retries:
   for (let retries = 0; ; retries++) {
     try {
       const value = await call()
-      figures.operationsChecked++
       return { value, retries }
     } catch (err) {
       if (!TRANSPORT.includes(String(errorCode(err))) || performance.now() > until) throw err
@@ -182,7 +159,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     expect(faults.resets, 'each lossy connection was reset when the fault ended').toBeGreaterThanOrEqual(4)
   })
 
-  it('a connection reset mid-command: the calls in flight go again on a new connection and answer the truth, and no reply is ever matched to another call', async () => {
+  it('a connection reset mid-command: the calls in flight go again on a new connection and answer the truth, and no reply is ever matched to another call', async ({ annotate }) => {
     const redis = await server()
     const proxy = await proxyTo(redis)
     const prefix = newPrefix()
@@ -267,7 +244,6 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
       const outcomes = await Promise.all(calls.map(({ call }) => settleWithin(call, BOUND + 3_000)))
       outcomes.forEach((r, j) => {
         const { what, expected } = calls[j]!
-        figures.operationsChecked++
         if (r.status === 'fulfilled') {
           resolved++
           if (JSON.stringify(r.value) !== JSON.stringify(expected)) wrong.push(`round ${round}: ${what} answered ${JSON.stringify(r.value)}, expected ${JSON.stringify(expected)}`)
@@ -281,7 +257,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const commands1 = await redis.commandCalls()
     // Every lease call runs exactly one GET (the scripts' own included): calls Redis ran.
     const executed = (commands1.get ?? 0) - (commands0.get ?? 0)
-    console.log(
+    await annotate(
       `resets: ${rounds} rounds of 72 calls, ${stats.faults.resets} connections reset, ` +
         `${resolved} answers checked, ${rejected} coded rejections, ${wrong.length} wrong answers, ` +
         `${executed - issued} commands sent again after a reset`,
@@ -327,7 +303,6 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     expect((await retrying(() => p.acquireLease('fast', 'B', LONG))).value).toEqual({ acquired: true, owner: 'B' })
     expect(performance.now() - start, 'the round trip really was delayed').toBeGreaterThanOrEqual(70)
     const owners = await Promise.all([p.getLeaseOwner('d0'), p.getLeaseOwner('d1'), p.getLeaseOwner('fast'), p.getLeaseOwner('nobody-here')])
-    figures.operationsChecked += owners.length
     expect(owners).toEqual(['owner-0', 'owner-1', 'B', undefined])
     // The transfer that timed out may have run late, or never reached Redis (its connection
     // was dropped when it timed out); either way the provider reports what Redis holds.
@@ -418,7 +393,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
 // ConnectionManager would keep it for ever; the provider drops a connection a call timed out
 // on, and the next calls open a new one.
 describe.skipIf(EXTERNAL_REDIS)('a connection that times out is replaced', () => {
-  it('a connection that goes silent for good (a forgotten NAT flow) is replaced, and calls succeed again', async () => {
+  it('a connection that goes silent for good (a forgotten NAT flow) is replaced, and calls succeed again', async ({ annotate }) => {
     const redis = await server()
     const proxy = await proxyTo(redis)
     const p = leases(proxy.url, newPrefix())
@@ -433,12 +408,12 @@ describe.skipIf(EXTERNAL_REDIS)('a connection that times out is replaced', () =>
       answered = r.status === 'fulfilled'
       outcomes.push(r.status === 'fulfilled' ? String(r.value) : String(errorCode(r.reason)))
     }
-    console.log(`silent connection: ${outcomes.length} calls, ${outcomes.join(' ')}; ${proxy.stats().connections} connections opened`)
+    await annotate(`silent connection: ${outcomes.length} calls, ${outcomes.join(' ')}; ${proxy.stats().connections} connections opened`)
     expect(answered, 'a call succeeded on a new connection').toBe(true)
     expect(outcomes.slice(0, -1), 'only the call on the silent connection timed out').toEqual(['ERR_LEASE_TIMEOUT'])
   })
 
-  it('a stream that silently lost a reply is never read out of step: each call gets its own answer or an error', async () => {
+  it('a stream that silently lost a reply is never read out of step: each call gets its own answer or an error', async ({ annotate }) => {
     // TCP itself never loses bytes inside a live connection; a buggy middlebox can. The call
     // whose reply is lost times out and takes its connection with it, so no later call can
     // read the reply meant for another.
@@ -458,13 +433,13 @@ describe.skipIf(EXTERNAL_REDIS)('a connection that times out is replaced', () =>
       await sleep(2)
     }
     const got = await Promise.all(answers)
-    console.log(`out of step: ${got.join(', ')}`)
+    await annotate(`out of step: ${got.join(', ')}`)
     for (let i = 1; i < 8; i++) expect([`k${i}: owner-${i}`, `k${i}: ERR_LEASE_TIMEOUT`, `k${i}: ERR_LEASE_CONNECTION`]).toContain(got[i - 1])
   })
 })
 
-describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps (row 7)', () => {
-  it('CLIENT PAUSE WRITE and DEBUG SLEEP make calls time out in time, and afterwards no two owners’ windows overlap', async () => {
+describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps', () => {
+  it('CLIENT PAUSE WRITE and DEBUG SLEEP make calls time out in time, and afterwards no two owners’ windows overlap', async ({ annotate }) => {
     const redis = await server({ args: ['--enable-debug-command', 'yes'] })
     const prefix = newPrefix()
     const ops: LeaseOperation[] = []
@@ -482,7 +457,6 @@ describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps (row 7)',
 
     // CLIENT PAUSE WRITE: scripts wait (and run once the pause ends), plain reads go on.
     expect(await redis.cli('CLIENT', 'PAUSE', 1_000, 'WRITE')).toBe('OK')
-    figures.faults.clientPauses++
     const paused = await Promise.all([
       expectCodedRejection('renew during CLIENT PAUSE', A.renewLease('k0', 'A', 1_500), ['ERR_LEASE_TIMEOUT']),
       expectCodedRejection('acquire of a held key during CLIENT PAUSE', B.acquireLease('k0', 'B', 1_500), ['ERR_LEASE_TIMEOUT']),
@@ -498,7 +472,6 @@ describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps (row 7)',
     expect(await sleeper.command('PING')).toBe('PONG') // connected before the sleep is sent
     await sleep(700) // past the pause
     const slept = sleeper.command('DEBUG', 'SLEEP', '0.8')
-    figures.faults.debugSleeps++
     await sleep(50)
     await Promise.all([
       expectCodedRejection('acquire during DEBUG SLEEP', C.acquireLease('k1', 'C', 1_000), ['ERR_LEASE_TIMEOUT']),
@@ -542,9 +515,8 @@ describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps (row 7)',
     )
 
     const report = checkLeaseHistory(ops)
-    figures.operationsChecked += report.operations
     const errors = ops.filter((o) => o.outcome === 'error')
-    console.log(
+    await annotate(
       `pause/sleep: ${report.operations} operations checked (${report.grants} grants, ${report.errors} timed out), ` +
         `${report.overlaps.length} overlaps`,
     )

@@ -13,6 +13,7 @@ import { RedisLeaseProvider } from '../index.js'
 import {
   checkCounter,
   checkLeaseHistory,
+  describeOverlaps,
   fileCounter,
   parseHistoryLines,
   recordLeases,
@@ -95,12 +96,6 @@ async function storm(server: RedisServer, config: StormConfig): Promise<StormRes
   return { history, report, keys, counters }
 }
 
-const describeOverlaps = (report: HistoryReport) =>
-  report.overlaps
-    .slice(0, 5)
-    .map((o) => o.description)
-    .join('\n')
-
 describe('the history checker on hand-written histories', () => {
   // Times in ms on a made-up monotonic line.
   const at = (msTime: number) => BigInt(Math.round(msTime * 1e6))
@@ -169,7 +164,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     servers.push(server)
   })
 
-  it('an acquire storm of 16 processes on 4 keys never lets two owners believe they hold a key at once, and loses no update', async () => {
+  it('an acquire storm of 16 processes on 4 keys never lets two owners believe they hold a key at once, and loses no update', async ({ annotate }) => {
     const { history, report, counters } = await storm(server, {
       workers: 16,
       keys: 4,
@@ -182,7 +177,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
       broken: false,
     })
     const uses = history.uses.length
-    console.log(
+    await annotate(
       `storm: ${report.operations} operations checked (${report.acquisitions} acquisitions, ${report.grants} grants, ` +
         `${report.errors} errors), ${report.overlaps.length} overlaps, ${uses} protected increments, ` +
         `counters ${counters.map((c) => `${c.value}/${c.increments}`).join(' ')}`,
@@ -204,7 +199,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     for (const c of counters) expect(c.lost, `lost updates on ${JSON.stringify(c.key)}`).toBe(0)
   })
 
-  it('the checker flags a provider that tells every caller it acquired the lease (negative control)', async () => {
+  it('the checker flags a provider that tells every caller it acquired the lease (negative control)', async ({ annotate }) => {
     const { report, counters } = await storm(server, {
       workers: 2,
       keys: 1,
@@ -217,7 +212,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
       broken: true,
     })
     const lost = counters.reduce((n, c) => n + c.lost, 0)
-    console.log(
+    await annotate(
       `broken provider: ${report.operations} operations checked, ${report.overlaps.length} overlaps, ${lost} lost updates\n` +
         describeOverlaps(report).split('\n')[0],
     )
@@ -230,7 +225,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     expect(lost, 'read-sleep-write increments overwrote each other').toBeGreaterThan(0)
   })
 
-  it('the checker flags a redis-server killed and restarted without persistence while a lease is held (negative control)', async () => {
+  it('the checker flags a redis-server killed and restarted without persistence while a lease is held (negative control)', async ({ annotate }) => {
     const own = await startRedis()
     servers.push(own)
     const key = `faults:${randomUUID().slice(0, 8)}:thread\u0000kill`
@@ -267,7 +262,7 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     }
 
     const report = checkLeaseHistory(ops)
-    console.log(`kill -9 + restart: ${report.operations} operations checked, ${report.overlaps.length} overlaps\n${describeOverlaps(report)}`)
+    await annotate(`kill -9 + restart: ${report.operations} operations checked, ${report.overlaps.length} overlaps\n${describeOverlaps(report)}`)
     expect(report.overlaps).toHaveLength(1)
     const [overlap] = report.overlaps
     expect(overlap?.key).toBe(key)

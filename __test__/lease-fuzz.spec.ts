@@ -1,4 +1,4 @@
-// Issue 5, row 17: bad-input fuzz, property-based (fast-check). For the three lease
+// Bad-input fuzz, property-based (fast-check). For the three lease
 // surfaces (MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub's lease methods),
 // each with the default caps and with lowered ones:
 //
@@ -404,9 +404,10 @@ async function fuzzBadInput(targets: Target[], server?: RedisServer): Promise<Ta
   return tally
 }
 
-function report(label: string, tally: Tally) {
+/** What a bad-input run tried, for the report. */
+function figures(tally: Tally): string {
   const top = [...tally.arguments.entries()].sort((a, b) => b[1] - a[1])
-  console.log(`[fuzz] ${label}: ${tally.calls} bad calls; arguments by kind: ${top.map(([w, n]) => `${w} ${n}`).join(', ')}`)
+  return `${tally.calls} bad calls; arguments by kind: ${top.map(([w, n]) => `${w} ${n}`).join(', ')}`
 }
 
 /** Acquire, read, renew, transfer and release odd but valid keys and owners, byte for byte. */
@@ -468,28 +469,28 @@ async function fuzzValidInput(targets: Target[], server?: RedisServer): Promise<
 // ---------------------------------------------------------------------------
 
 describe('bad input, generated: every invalid argument is a coded rejection that changes nothing', () => {
-  it('MemoryLeaseProvider rejects every generated bad call with the documented class and code, and the held leases stay', async () => {
+  it('MemoryLeaseProvider rejects every generated bad call with the documented class and code, and the held leases stay', async ({ annotate }) => {
     const tally = await fuzzBadInput(memoryTargets())
-    report('MemoryLeaseProvider', tally)
+    await annotate(figures(tally))
     expect(tally.calls).toBe(NUM_RUNS)
   })
 
   it.skipIf(EXTERNAL_REDIS)(
     'RedisLeaseProvider rejects every generated bad call with the documented class and code, and not one command reaches Redis',
-    async () => {
+    async ({ annotate }) => {
       const server = await ownRedis()
       const tally = await fuzzBadInput(redisTargets(server, 'provider'), server)
-      report('RedisLeaseProvider', tally)
+      await annotate(figures(tally))
       expect(tally.calls).toBe(NUM_RUNS)
     },
   )
 
   it.skipIf(EXTERNAL_REDIS)(
     "RedisStreamsPubSub's lease methods reject every generated bad call the same way, and not one command reaches Redis",
-    async () => {
+    async ({ annotate }) => {
       const server = await ownRedis()
       const tally = await fuzzBadInput(redisTargets(server, 'pubsub'), server)
-      report('RedisStreamsPubSub', tally)
+      await annotate(figures(tally))
       expect(tally.calls).toBe(NUM_RUNS)
     },
   )

@@ -1,4 +1,4 @@
-// Issue 5, row 14: a Redis whose eviction policy could evict lease keys is reported. Once
+// A Redis whose eviction policy could evict lease keys is reported. Once
 // per established connection the provider reads `INFO memory`; any policy but `noeviction`
 // with `maxmemory` set gets one warning per provider and policy, through `logger` or, without
 // one, `process.emitWarning`. The check never delays or fails a lease call.

@@ -1,4 +1,4 @@
-// Issue 5, row 18: soak. A million lease calls from one RedisLeaseProvider (256 in flight)
+// Soak: a million lease calls from one RedisLeaseProvider (256 in flight)
 // against a real redis-server whose client connections are killed over and over
 // (`CLIENT KILL TYPE normal` from a side connection). What must hold:
 //
@@ -10,7 +10,7 @@
 // - Redis' key count is back to zero once every lease is released or has expired, and the
 //   leases left to expire were expired by Redis.
 //
-// The in-memory store's side of row 18 (1M expired leases reclaimed) is in
+// The in-memory store's side (1M expired leases reclaimed) is in
 // memory-provider.spec.ts: '1M leases with a 50 ms TTL stop being resident soon after they expire'.
 import { spawn, type ChildProcess } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
@@ -88,7 +88,7 @@ function flapConnections(server: RedisServer, everyMs: number) {
 }
 
 describe.skipIf(EXTERNAL_REDIS)('soak: a million lease calls through connection flaps', () => {
-  it('1M calls with the connection killed every 100 ms: coded rejections only, flat memory and handles, and zero keys left', async () => {
+  it('1M calls with the connection killed every 100 ms: coded rejections only, flat memory and handles, and zero keys left', async ({ annotate }) => {
     const server = await startRedis()
     servers.push(server)
     const keyPrefix = `soak:${randomUUID()}`
@@ -164,7 +164,7 @@ describe.skipIf(EXTERNAL_REDIS)('soak: a million lease calls through connection 
     // Every lease call runs exactly one GET (inside its script, or as getLeaseOwner), so the
     // GETs beyond the calls made are calls a flap cut off and the provider sent again.
     const sentAgain = ((await server.commandCalls()).get ?? 0) - (calls0.get ?? 0) - stats.ops - stats.cleanupOps
-    console.log(
+    await annotate(
       `[soak] ${stats.ops} calls in ${(soakMs / 1000).toFixed(1)} s (${Math.round(stats.ops / (soakMs / 1000))}/s), ` +
         `${stats.fulfilled} answered, ${rejected} rejected ${JSON.stringify(stats.rejected)}, ${stats.violations} violations; ` +
         `${stats.lifecycles} lifecycles, ${stats.completed} completed (${stats.expiringCompleted} left to expire), ${stats.abandoned} cut short by a flap, ` +

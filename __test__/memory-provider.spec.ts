@@ -100,5 +100,5 @@ describe('MemoryLeaseProvider', () => {
     expect(typeof p.size).toBe('number')
   })
 
-  // Wall-clock jumps: lease-matrix.spec.ts (row 13) jumps a child's clock ±1 h under libfaketime.
+  // Wall-clock jumps: lease-clock-jumps.spec.ts jumps a child's clock ±1 h under libfaketime.
 })

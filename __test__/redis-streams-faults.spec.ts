@@ -171,7 +171,7 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
 
   // Killing every normal client would also cut the test runner's own other suites when the
   // server is shared, so this runs on a server of its own only.
-  it.skipIf(EXTERNAL_REDIS)('loses no event: everything published (and everything that reached the stream) is handled, and nothing stays pending', async () => {
+  it.skipIf(EXTERNAL_REDIS)('loses no event: everything published (and everything that reached the stream) is handled, and nothing stays pending', async ({ annotate }) => {
     const prefix = uniquePrefix('kills')
     const tuning = {
       keyPrefix: prefix,
@@ -257,7 +257,7 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
     const duplicates = [...handled.values()].reduce((sum, times) => sum + times - 1, 0)
     expect(kills, 'the connections were really broken, many times').toBeGreaterThanOrEqual(10)
     expect(again, 'the kills hit publishes in flight').toBeGreaterThan(0)
-    console.log(
+    await annotate(
       `streams under connection kills: ${kills} kills, ${resolved.length}/${TOTAL} publishes resolved ` +
         `(${again} sent again after a kill), ${JSON.stringify(Object.fromEntries(rejected))} rejected, ` +
         `${written.length} entries, ${handled.size} events handled, ${duplicates} handled twice or more`,

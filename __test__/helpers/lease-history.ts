@@ -13,7 +13,7 @@
 // The lost-update counter is the same property seen from the data: while a worker believes it
 // holds the lease it reads a shared value, sleeps a few ms, and writes value + 1. If two
 // holders ever overlap, increments get lost and the final value falls short of the count.
-import type { LeaseOperation } from '../fixtures/lease-recorder.mjs'
+import type { LeaseLike, LeaseOperation } from '../fixtures/lease-recorder.mjs'
 
 export type { FileCounter, LeaseLike, LeaseOperation, LeaseOpKind } from '../fixtures/lease-recorder.mjs'
 export { alwaysAcquired, fileCounter, monotonicNow, recordLeases } from '../fixtures/lease-recorder.mjs'
@@ -215,4 +215,23 @@ export function parseHistoryLines(text: string): ParsedHistory {
     }
   }
   return out
+}
+
+/** The first `n` overlaps a report found, one description per line: a failure message. */
+export const describeOverlaps = (report: HistoryReport, n = 5): string =>
+  report.overlaps
+    .slice(0, n)
+    .map((o) => o.description)
+    .join('\n')
+
+/** A provider's lease methods as plain functions, for a test to replace one of them. */
+export function bindLeases(p: LeaseLike): LeaseLike {
+  return {
+    acquireLease: (k, o, t) => p.acquireLease(k, o, t),
+    getLeaseOwner: (k) => p.getLeaseOwner(k),
+    releaseLease: (k, o) => p.releaseLease(k, o),
+    renewLease: (k, o, t) => p.renewLease(k, o, t),
+    transferLease: (k, f, t, ttl) => p.transferLease(k, f, t, ttl),
+    close: () => p.close(),
+  }
 }
