@@ -632,7 +632,7 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // The README's recommended ACL: the lease keys, and the six commands the scripts need.
+    // The recommended ACL (docs/security.md): the lease keys, and the six commands the scripts need.
     const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del']
     const leaseUser = (name: string, password: string, commands = LEASE_COMMANDS, prefix = 'mastra:topic') =>
       ['ACL', 'SETUSER', name, 'reset', 'on', `>${password}`, `~${prefix}:lease:*`, 'resetchannels', '-@all', ...commands.map((c) => `+${c}`)]
