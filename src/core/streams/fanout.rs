@@ -21,9 +21,9 @@ use tokio::task::JoinHandle;
 
 use super::delivery::{self, Origin};
 use super::event::{self, Entry, EntryId};
+use super::member::Member;
 use super::reader::{self, Backoff};
-use super::settle::Settle;
-use super::subscription::Member;
+use super::settle::{self, Settle};
 use super::Shared;
 use crate::core::error::Error;
 use crate::core::lock;
@@ -392,7 +392,7 @@ async fn deliver(shared: &Arc<Shared>, read: &Read, entries: Vec<Entry>) {
             };
             if let Err(unsent) = member.tx.send(delivery).await {
                 // Unsubscribed meanwhile.
-                delivery::settle_unread(&unsent.0, Settle::Release).await;
+                settle::settle_unread(&unsent.0, Settle::Release).await;
             }
         }
     }

@@ -12,10 +12,8 @@ use redis::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::delivery::Delivery;
 use super::event;
-use super::reader;
-use super::subscription::Member;
+use super::member::{Member, Members};
 use super::Shared;
 use crate::core::connection::parse;
 use crate::core::error::Result;
@@ -33,19 +31,11 @@ pub(crate) struct Consumer {
     held: Mutex<HashMap<String, u64>>,
     /// `maxInFlight` places, shared by the consumer's subscriptions.
     pub(super) room: Option<Arc<Semaphore>>,
-    members: Mutex<Members>,
+    /// Its subscriptions, and its reader while it has any.
+    pub(super) members: Mutex<Members>,
     cursor: Mutex<Cursor>,
     /// Numbers the readers started, so one replaced by a newer one stops.
     generations: AtomicU64,
-}
-
-/// The subscriptions a consumer serves, and its reader while it has any.
-#[derive(Default)]
-struct Members {
-    list: Vec<Arc<Member>>,
-    /// Whose turn the next entry is.
-    next: usize,
-    reader: Option<(u64, JoinHandle<()>)>,
 }
 
 /// Where a reader is: the last entry read (where to create the group again after NOGROUP)
@@ -129,18 +119,14 @@ impl Consumer {
         lock(&self.cursor)
     }
 
-    /// Adds a subscription, and starts the reader if none runs.
-    pub fn join(self: &Arc<Self>, shared: &Arc<Shared>, member: Arc<Member>) {
+    /// Adds a subscription; when no reader runs, starts one with `start`, given the
+    /// reader's generation.
+    pub fn join(&self, member: Arc<Member>, start: impl FnOnce(u64) -> JoinHandle<()>) {
         let mut members = self.members();
         members.list.push(member);
         if members.reader.is_none() {
             let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-            let task = shared.runtime.spawn(reader::read_loop(
-                Arc::clone(shared),
-                Arc::clone(self),
-                generation,
-            ));
-            members.reader = Some((generation, task));
+            members.reader = Some((generation, start(generation)));
         }
     }
 
@@ -186,53 +172,6 @@ impl Consumer {
         cursor.position_event = None;
         cursor.anchor = "0";
         cursor.epoch += 1;
-    }
-
-    /// Hands a delivery to the subscriptions in turn; gives it back when none is left.
-    pub(super) async fn hand_out(
-        &self,
-        mut delivery: Delivery,
-    ) -> std::result::Result<(), Delivery> {
-        let turn = {
-            let mut members = self.members();
-            if members.list.is_empty() {
-                return Err(delivery);
-            }
-            let turn = members.next % members.list.len();
-            members.next = members.next.wrapping_add(1);
-            Arc::clone(&members.list[turn])
-        };
-        match turn.tx.send(delivery).await {
-            Ok(()) => return Ok(()),
-            Err(unsent) => delivery = unsent.0,
-        }
-        // That one left meanwhile: any other.
-        let others = self.members().list.clone();
-        for member in others.iter().filter(|m| !Arc::ptr_eq(m, &turn)) {
-            match member.tx.send(delivery).await {
-                Ok(()) => return Ok(()),
-                Err(unsent) => delivery = unsent.0,
-            }
-        }
-        Err(delivery)
-    }
-
-    /// Room in the subscriptions' channels; waits for some when they are all full.
-    pub(super) async fn channel_room(&self) -> usize {
-        let (room, first) = {
-            let members = self.members();
-            let room: usize = members.list.iter().map(|m| m.tx.capacity()).sum();
-            (room, members.list.first().cloned())
-        };
-        if room > 0 {
-            return room;
-        }
-        if let Some(first) = first {
-            if let Ok(permit) = first.tx.reserve().await {
-                drop(permit);
-            }
-        }
-        1
     }
 }
 

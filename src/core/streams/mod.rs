@@ -9,7 +9,9 @@
 //! The files, by concept:
 //! - `publish.rs`: appends, and the second send of appends a broken connection cut off.
 //! - `subscription.rs`: subscribing and unsubscribing; which reader serves a subscription.
-//! - `group.rs`: this process's consumer of a group on a topic, its members and places.
+//! - `group.rs`: this process's consumer of a group on a topic: what it holds, its places,
+//!   where it reads.
+//! - `member.rs`: a subscription as its reader sees it; a consumer's subscriptions in turn.
 //! - `reader.rs`: a consumer's reader (reads, NOGROUP recovery, reconnects), and what the
 //!   fan-out reader shares with it.
 //! - `fanout.rs`: the one reader of every fan-out subscription of this process.
@@ -32,6 +34,7 @@ mod event;
 mod fanout;
 mod group;
 mod keeper;
+mod member;
 mod publish;
 mod reader;
 mod reclaim;

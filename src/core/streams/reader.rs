@@ -9,16 +9,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::connection::Link;
 use redis::Value;
 
 use super::delivery::{self, Origin};
 use super::event::{self, Entry};
 use super::group::{self, Consumer};
+use super::member;
 use super::reclaim;
-use super::settle::Settle;
+use super::settle::{self, Settle};
 use super::Shared;
-use crate::core::connection::parse;
+use crate::core::connection::{parse, Link};
 use crate::core::error::{Error, Result};
 use crate::core::log::{Level, Throttle};
 
@@ -89,7 +89,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
             .room
             .as_ref()
             .map_or(usize::MAX, |places| places.available_permits())
-            .min(consumer.channel_room().await)
+            .min(member::channel_room(&consumer.members).await)
             .max(1);
         let count = free.min(tuning.batch_count);
 
@@ -285,12 +285,12 @@ async fn deliver(
             continue;
         };
         if shared.tuning.max_attempts.is_some_and(|max| attempt > max) {
-            settles.push(async move { delivery::settle_unread(&delivery, Settle::Drop).await });
+            settles.push(async move { settle::settle_unread(&delivery, Settle::Drop).await });
             continue;
         }
-        if let Err(unread) = consumer.hand_out(delivery).await {
+        if let Err(unread) = member::hand_out(&consumer.members, delivery).await {
             // Nobody to hand it to (the last subscription left): back to the group.
-            delivery::settle_unread(&unread, Settle::Release).await;
+            settle::settle_unread(&unread, Settle::Release).await;
         }
     }
     // Concurrent over the multiplexed connection: one round trip for the whole batch.

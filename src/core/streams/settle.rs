@@ -1,4 +1,5 @@
-//! How a delivery settles: ack, nack, redelivery and the attempt cap, a hand-back of what was
+//! How a delivery settles (`Delivery::ack`, `nack`, `returned`, `ack_all`): ack, nack,
+//! redelivery and the attempt cap, a hand-back of what was
 //! never handed out, and settles that could not reach Redis, sent again in the background
 //! until they land. Every way of settling is safe to run twice: an XACK, an
 //! ownership-checked script (`settle.lua`), an append that first looks for itself.
@@ -10,9 +11,11 @@ use std::time::Duration;
 use redis::Value;
 use serde_json::Value as Json;
 
-use super::delivery::{Origin, Settled, State, DONE, RETRYING};
+use super::delivery::{Delivery, Origin, Settled, State, DONE, HELD, RETRYING};
 use super::event::{self, EVENT_FIELD};
+use super::group::Consumer;
 use super::{publish, Shared};
+use crate::core::connection::parse;
 use crate::core::error::{Error, Result};
 use crate::core::lock;
 use crate::core::log::{Level, Throttle};
@@ -313,4 +316,124 @@ async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Res
         shared.appended(state.key(), 1);
     }
     Ok(owned == 1)
+}
+
+/// Settling, as a delivery's holder asks for it.
+impl Delivery {
+    /// Acknowledges: a grouped entry is XACKed, so no consumer of the group gets it again.
+    #[cfg(test)]
+    pub async fn ack(&self) -> Settled {
+        settle(&self.shared, &self.state, Settle::Ack).await
+    }
+
+    /// Rejects: appended again with `deliveryAttempt + 1` (and acked, for a group), or
+    /// dropped with a warning once `maxDeliveryAttempts` is reached. Fan-out subscribers of
+    /// this process that share the read and nack it too cause one redelivery, not several.
+    pub async fn nack(&self) -> Settled {
+        settle(&self.shared, &self.state, Settle::Nack).await
+    }
+
+    /// The subscriber's callback has returned (or resolved) without settling. A group's
+    /// delivery stays held until it is settled; a fan-out delivery, which holds nothing in
+    /// Redis, is done: its place among `maxInFlight` is given back, and a later ack or nack
+    /// changes nothing.
+    pub fn returned(&self) {
+        let state = &self.state;
+        if matches!(state.origin, Origin::Fanout { .. }) && state.advance(HELD, DONE) {
+            finish(&self.shared, state);
+        }
+    }
+
+    /// Acks many deliveries in one round trip: one XACK per consumer, naming all its
+    /// entries, the XACKs pipelined. Answers, in order, what [`Delivery::ack`] would have
+    /// answered for each; a failed XACK is retried in the background for the deliveries it
+    /// named, which answer [`Settled::Retrying`].
+    pub async fn ack_all(deliveries: &[Delivery]) -> Vec<Settled> {
+        let Some(shared) = deliveries.first().map(|d| Arc::clone(&d.shared)) else {
+            return Vec::new();
+        };
+        let mut answers = vec![Settled::Already; deliveries.len()];
+        if shared.closed.load(Ordering::Acquire) {
+            return vec![Settled::Closed; deliveries.len()];
+        }
+        // A group's entries go in its consumer's XACK; the rest (fan-out, which holds
+        // nothing in Redis, or another pubsub's delivery) settle on their own.
+        let mut xacks: Vec<(&Arc<Consumer>, Vec<usize>)> = Vec::new();
+        let mut lone = Vec::new();
+        for (i, delivery) in deliveries.iter().enumerate() {
+            let state = &delivery.state;
+            if !state.begin() {
+                continue;
+            }
+            match &state.origin {
+                Origin::Group(consumer) if Arc::ptr_eq(&delivery.shared, &shared) => {
+                    match xacks.iter_mut().find(|(c, _)| Arc::ptr_eq(c, consumer)) {
+                        Some((_, members)) => members.push(i),
+                        None => xacks.push((consumer, vec![i])),
+                    }
+                }
+                _ => lone.push(i),
+            }
+        }
+        let mut pipe = redis::pipe();
+        for (consumer, members) in &xacks {
+            let cmd = pipe.cmd("XACK").arg(&consumer.key).arg(&consumer.group);
+            for &i in members {
+                cmd.arg(&deliveries[i].state.entry_id);
+            }
+        }
+        let count = xacks.len();
+        let batch = async {
+            if count == 0 {
+                return Ok(Vec::new());
+            }
+            // XACK twice is harmless: a connection that breaks under it costs nothing.
+            shared
+                .writer
+                .run_again_if_broken(|mut c| {
+                    let pipe = &pipe;
+                    async move { c.send_packed_commands(pipe, 0, count).await }
+                })
+                .await
+        };
+        let singles = futures::future::join_all(lone.iter().map(|&i| async move {
+            let delivery = &deliveries[i];
+            (
+                i,
+                conclude(&delivery.shared, &delivery.state, Settle::Ack).await,
+            )
+        }));
+        let (replies, singles) = futures::join!(batch, singles);
+        for (i, answer) in singles {
+            answers[i] = answer;
+        }
+        for (k, (_, members)) in xacks.iter().enumerate() {
+            let result = match &replies {
+                Ok(replies) => match parse::<Value>(replies.get(k).cloned().unwrap_or_default()) {
+                    Ok(_) => Ok(Settled::Acked),
+                    // The stream or group is gone, and with it every pending entry.
+                    Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
+                    Err(err) => Err(shared.writer.classify(err)),
+                },
+                Err(err) => Err(err.clone()),
+            };
+            for &i in members {
+                let state = &deliveries[i].state;
+                answers[i] = match &result {
+                    Ok(settled) => {
+                        state.phase.store(DONE, Ordering::Release);
+                        finish(&shared, state);
+                        *settled
+                    }
+                    Err(err) => retry_later(&shared, state, Settle::Ack, err),
+                };
+            }
+        }
+        answers
+    }
+}
+
+/// Settles a delivery that never reached a subscriber (released, or dropped at the cap).
+pub(super) async fn settle_unread(delivery: &Delivery, how: Settle) -> Settled {
+    settle(&delivery.shared, &delivery.state, how).await
 }

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, Semaphore};
 
-use super::delivery::{self, Delivery};
+use super::delivery::Delivery;
 use super::event::EntryId;
 use super::group::{self, Consumer};
-use super::reader::MIN_BUFFER;
-use super::settle::Settle;
+use super::member::Member;
+use super::reader::{self, MIN_BUFFER};
+use super::settle::{self, Settle};
 use super::{Shared, StartFrom, SubscribeOptions};
 use crate::core::error::{Error, Result, Subject};
 
@@ -134,36 +135,9 @@ impl Live {
         }
         let releases = buffered
             .iter()
-            .map(|delivery| delivery::settle_unread(delivery, Settle::Release));
+            .map(|delivery| settle::settle_unread(delivery, Settle::Release));
         let bound = self.shared.tuning.command_timeout;
         let _ = tokio::time::timeout(bound, futures::future::join_all(releases)).await;
-    }
-}
-
-/// One subscription as its reader sees it: where its deliveries go.
-pub(crate) struct Member {
-    pub id: u64,
-    pub tx: mpsc::Sender<Delivery>,
-    /// Fan-out: the last entry this subscription was given; reads skip entries up to it.
-    pub position: Mutex<EntryId>,
-    /// Fan-out: this subscription's `maxInFlight` places (a group's belong to its consumer).
-    pub room: Option<std::sync::Arc<Semaphore>>,
-}
-
-impl Member {
-    pub fn position(&self) -> EntryId {
-        *crate::core::lock(&self.position)
-    }
-
-    pub fn set_position(&self, id: EntryId) {
-        *crate::core::lock(&self.position) = id;
-    }
-
-    /// How many more deliveries its `maxInFlight` lets it hold (`usize::MAX` unlimited).
-    pub fn free(&self) -> usize {
-        self.room
-            .as_ref()
-            .map_or(usize::MAX, |places| places.available_permits())
     }
 }
 
@@ -200,7 +174,11 @@ pub(super) async fn open(
                 position: Mutex::new(EntryId::ZERO),
                 room: None,
             });
-            consumer.join(&shared, Arc::clone(&member));
+            consumer.join(Arc::clone(&member), |generation| {
+                let reader =
+                    reader::read_loop(Arc::clone(&shared), Arc::clone(&consumer), generation);
+                shared.runtime.spawn(reader)
+            });
             (ServedBy::Group(consumer), member)
         }
         None => {
