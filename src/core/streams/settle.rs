@@ -1,8 +1,8 @@
 //! How a delivery settles (`Delivery::ack`, `nack`, `returned`, `ack_all`): ack, nack,
-//! redelivery and the attempt cap, a hand-back of what was
-//! never handed out, and settles that could not reach Redis, sent again in the background
-//! until they land. Every way of settling is safe to run twice: an XACK, an
-//! ownership-checked script (`settle.lua`), an append that first looks for itself.
+//! redelivery and the attempt cap, a hand-back of what was never handed out, and settles
+//! that could not reach Redis, sent again in the background until they land. Every way of
+//! settling is safe to run twice: an XACK, an ownership-checked script (`settle.lua`), an
+//! append that first looks for itself.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
