@@ -17,16 +17,16 @@ pub(crate) struct Member {
     /// Fan-out: the last entry this subscription was given; reads skip entries up to it.
     pub position: Mutex<EntryId>,
     /// Fan-out: this subscription's `maxInFlight` places (a group's belong to its consumer).
-    pub room: Option<std::sync::Arc<Semaphore>>,
+    pub room: Option<Arc<Semaphore>>,
 }
 
 impl Member {
     pub fn position(&self) -> EntryId {
-        *crate::core::lock(&self.position)
+        *lock(&self.position)
     }
 
     pub fn set_position(&self, id: EntryId) {
-        *crate::core::lock(&self.position) = id;
+        *lock(&self.position) = id;
     }
 
     /// How many more deliveries its `maxInFlight` lets it hold (`usize::MAX` unlimited).
@@ -43,6 +43,7 @@ pub(super) struct Members {
     pub(super) list: Vec<Arc<Member>>,
     /// Whose turn the next entry is.
     pub(super) next: usize,
+    /// The running reader and its generation.
     pub(super) reader: Option<(u64, JoinHandle<()>)>,
 }
 
