@@ -28,8 +28,8 @@ export declare class MemoryLeaseProvider {
   get size(): number
   /**
    * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-   * already holds it. Resolves `{ acquired: true, owner }`, or
-   * `{ acquired: false, owner: holder }`.
+   * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
+   * lease's fencing token), or `{ acquired: false, owner: holder }`.
    */
   acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant>
   /** The owner holding a live lease on `key`, or `undefined`. */
@@ -47,6 +47,11 @@ export declare class MemoryLeaseProvider {
    * held it.
    */
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
+  /**
+   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
+   * After a transfer, the new holder learns its fencing token here.
+   */
+  getLease(key: string): Promise<LeaseState | undefined>
 }
 
 /**
@@ -76,8 +81,8 @@ export declare class RedisLeaseProvider {
   close(): Promise<void>
   /**
    * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-   * already holds it. Resolves `{ acquired: true, owner }`, or
-   * `{ acquired: false, owner: holder }`.
+   * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
+   * lease's fencing token), or `{ acquired: false, owner: holder }`.
    */
   acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant>
   /** The owner holding a live lease on `key`, or `undefined`. */
@@ -95,6 +100,11 @@ export declare class RedisLeaseProvider {
    * held it.
    */
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
+  /**
+   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
+   * After a transfer, the new holder learns its fencing token here.
+   */
+  getLease(key: string): Promise<LeaseState | undefined>
 }
 
 /** Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`. */
@@ -169,6 +179,25 @@ export interface LeaseGrant {
   acquired: boolean
   /** The holder: the caller when `acquired`, otherwise the owner to route work to. */
   owner?: string
+  /**
+   * When `acquired`: the lease's fencing token, a safe integer greater than every token
+   * granted before for the key (a refresh by the holder keeps it). Hand it to the
+   * resource the lease guards, which refuses writes carrying a lower one.
+   */
+  token?: number
+}
+
+/** What `getLease` resolves to for a live lease. */
+export interface LeaseState {
+  /** The holder. */
+  owner: string
+  /**
+   * Its fencing token (absent for a lease another client wrote, until its holder
+   * acquires it through this package).
+   */
+  token?: number
+  /** Milliseconds left before it expires. */
+  ttlMs: number
 }
 
 /** Options of `new MemoryLeaseProvider(options?)`. */

@@ -117,7 +117,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const bystander = 'thread\u0000bystander'
     const stored = (k: string) => redis.cli('GET', `${prefix}:lease:${k}`)
     await warmScripts(p)
-    expect(await p.acquireLease(bystander, 'C', LONG)).toEqual({ acquired: true, owner: 'C' })
+    expect(await p.acquireLease(bystander, 'C', LONG)).toEqual({ acquired: true, owner: 'C', token: expect.any(Number) })
 
     /** Runs `call` with every reply dropped, checks it rejected in time, then heals the proxy. */
     const lose = async (label: string, call: () => Promise<unknown>) => {
@@ -131,7 +131,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     // acquire: the command ran, so the same owner holds the key; retrying acquires again.
     await lose('acquire', () => p.acquireLease(key, 'A', 30_000))
     expect(await stored(key), 'the lost acquire ran').toBe('A')
-    expect((await retrying(() => p.acquireLease(key, 'A', 30_000))).value).toEqual({ acquired: true, owner: 'A' })
+    expect((await retrying(() => p.acquireLease(key, 'A', 30_000))).value).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
 
     // renew: the command ran (the TTL went up to 120 s); retrying renews again.
     await lose('renew', () => p.renewLease(key, 'A', 120_000))
@@ -143,7 +143,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     await lose('transfer', () => p.transferLease(key, 'A', 'B', 30_000))
     expect(await stored(key), 'the lost transfer ran').toBe('B')
     expect((await retrying(() => p.transferLease(key, 'A', 'B', 30_000))).value).toBe(false)
-    expect((await retrying(() => p.acquireLease(key, 'B', 30_000))).value).toEqual({ acquired: true, owner: 'B' })
+    expect((await retrying(() => p.acquireLease(key, 'B', 30_000))).value).toEqual({ acquired: true, owner: 'B', token: expect.any(Number) })
 
     // release: the command ran; the retry is a harmless no-op and disturbs nobody else.
     await lose('release', () => p.releaseLease(key, 'B'))
@@ -152,7 +152,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     expect(await stored(key)).toBe(null)
     expect(await stored(bystander), 'another owner’s lease is untouched').toBe('C')
     expect(Number(await redis.cli('PTTL', `${prefix}:lease:${bystander}`))).toBeGreaterThan(LONG - 30_000)
-    expect(await p.acquireLease(key, 'D', LONG)).toEqual({ acquired: true, owner: 'D' })
+    expect(await p.acquireLease(key, 'D', LONG)).toEqual({ acquired: true, owner: 'D', token: expect.any(Number) })
 
     const { faults } = proxy.stats()
     expect(faults.droppedReplies).toBeGreaterThanOrEqual(4)
@@ -175,7 +175,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     // Every answer is what the first run made true: a transfer sent again finds the lease
     // already with its new owner and answers true, as the first run would have.
     const inFlight: Array<[string, Promise<unknown>, unknown]> = [
-      ['acquireLease', p.acquireLease('mid-0', held(0), LONG), { acquired: true, owner: held(0) }],
+      ['acquireLease', p.acquireLease('mid-0', held(0), LONG), { acquired: true, owner: held(0), token: expect.any(Number) }],
       ['renewLease', p.renewLease('mid-1', held(1), LONG), true],
       ['transferLease', p.transferLease('mid-2', held(2), 'next', LONG), true],
       ['releaseLease', p.releaseLease('mid-3', held(3)), undefined],
@@ -195,8 +195,10 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     // Not vacuous: all five ran twice, on both sides of the reset.
     const calls1 = await redis.commandCalls()
     const ran = (c: string) => (calls1[c] ?? 0) - (calls0[c] ?? 0)
-    // (commandstats counts the GET inside each script too: every lease call runs one GET.)
-    expect({ scripts: ran('evalsha'), calls: ran('get') }).toEqual({ scripts: 2 * 4, calls: 2 * inFlight.length })
+    // (commandstats counts the GETs inside the scripts too: every lease call reads its lease
+    // key once; the acquire, a refresh, also reads its token, and so does the transfer's
+    // second run, which finds its own id there and answers true again.)
+    expect({ scripts: ran('evalsha'), calls: ran('get') }).toEqual({ scripts: 2 * 4, calls: 2 * inFlight.length + 2 + 1 })
     // The reset came after Redis ran them: the transfer and the release took effect.
     expect(await redis.cli('GET', `${prefix}:lease:mid-2`)).toBe('next')
     expect(await redis.cli('GET', `${prefix}:lease:mid-3`)).toBe(null)
@@ -300,7 +302,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     // timed out are never handed to these.
     proxy.delay(40)
     const start = performance.now()
-    expect((await retrying(() => p.acquireLease('fast', 'B', LONG))).value).toEqual({ acquired: true, owner: 'B' })
+    expect((await retrying(() => p.acquireLease('fast', 'B', LONG))).value).toEqual({ acquired: true, owner: 'B', token: expect.any(Number) })
     expect(performance.now() - start, 'the round trip really was delayed').toBeGreaterThanOrEqual(70)
     const owners = await Promise.all([p.getLeaseOwner('d0'), p.getLeaseOwner('d1'), p.getLeaseOwner('fast'), p.getLeaseOwner('nobody-here')])
     expect(owners).toEqual(['owner-0', 'owner-1', 'B', undefined])
@@ -318,7 +320,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const prefix = newPrefix()
     const warm = leases(proxy.url, prefix)
     await warmScripts(warm)
-    expect(await warm.acquireLease('bh', 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+    expect(await warm.acquireLease('bh', 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
 
     proxy.blackhole()
     // A provider whose first call meets the blackhole: TCP connects, the handshake never ends.
@@ -345,7 +347,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     expect(['A', 'B']).toContain(holder)
     expect(await redis.cli('GET', `${prefix}:lease:bh`)).toBe(holder)
     expect((await retrying(() => cold.acquireLease('bh', 'C', LONG))).value).toEqual({ acquired: false, owner: holder })
-    expect((await retrying(() => cold.acquireLease('bh-after', 'C', LONG))).value).toEqual({ acquired: true, owner: 'C' })
+    expect((await retrying(() => cold.acquireLease('bh-after', 'C', LONG))).value).toEqual({ acquired: true, owner: 'C', token: expect.any(Number) })
     expect(await redis.cli('GET', `${prefix}:lease:bh-after`)).toBe('C')
   })
 
@@ -356,7 +358,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const pubsub = new RedisStreamsPubSub({ url: proxy.url, keyPrefix: prefix, connectTimeoutMs: TIMEOUT, commandTimeoutMs: TIMEOUT })
     cleanups.push(() => pubsub.close())
     await warmScripts(pubsub)
-    expect(await pubsub.acquireLease('s', 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+    expect(await pubsub.acquireLease('s', 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
 
     // Reset with the replies in flight, after Redis ran all five. They go again, in order, and
     // answer what is true after the first run: s moved to B, so A's renew is false and the
@@ -374,14 +376,14 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     await untilDropped(proxy, before, 5)
     expect(proxy.reset()).toBeGreaterThanOrEqual(1)
     proxy.pass()
-    expect(await inFlight).toEqual([{ acquired: true, owner: 'A' }, false, 'B', true, undefined])
+    expect(await inFlight).toEqual([{ acquired: true, owner: 'A', token: expect.any(Number) }, false, 'B', true, undefined])
     // The commands ran before their replies were lost: B holds s, s2 was acquired and released.
     expect(await redis.cli('GET', `${prefix}:lease:s`)).toBe('B')
     expect(await redis.cli('GET', `${prefix}:lease:s2`)).toBe(null)
 
     // Retrying what was lost is safe, and the answers are the truth.
     expect((await retrying(() => pubsub.transferLease('s', 'A', 'B', LONG))).value).toBe(false)
-    expect((await retrying(() => pubsub.acquireLease('s', 'B', LONG))).value).toEqual({ acquired: true, owner: 'B' })
+    expect((await retrying(() => pubsub.acquireLease('s', 'B', LONG))).value).toEqual({ acquired: true, owner: 'B', token: expect.any(Number) })
     expect((await retrying(() => pubsub.getLeaseOwner('s'))).value).toBe('B')
     // Events still flow over the healed connection.
     await pubsub.publish('after-reset', { type: 'ping', data: {}, runId: 'r' })
@@ -397,7 +399,7 @@ describe.skipIf(EXTERNAL_REDIS)('a connection that times out is replaced', () =>
     const redis = await server()
     const proxy = await proxyTo(redis)
     const p = leases(proxy.url, newPrefix())
-    expect(await p.acquireLease('silent', 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+    expect(await p.acquireLease('silent', 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
     // The open connection is blackholed for good; a new connection would work at once.
     proxy.blackhole({ existingOnly: true })
     const outcomes: string[] = []
@@ -452,8 +454,8 @@ describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps', () => {
     const reader = leases(redis.url, prefix)
 
     // Windows begun before the pause.
-    expect(await A.acquireLease('k0', 'A', 1_500)).toEqual({ acquired: true, owner: 'A' })
-    expect(await B.acquireLease('k1', 'B', 1_500)).toEqual({ acquired: true, owner: 'B' })
+    expect(await A.acquireLease('k0', 'A', 1_500)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
+    expect(await B.acquireLease('k1', 'B', 1_500)).toEqual({ acquired: true, owner: 'B', token: expect.any(Number) })
 
     // CLIENT PAUSE WRITE: scripts wait (and run once the pause ends), plain reads go on.
     expect(await redis.cli('CLIENT', 'PAUSE', 1_000, 'WRITE')).toBe('OK')

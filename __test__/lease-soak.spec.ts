@@ -148,30 +148,39 @@ describe.skipIf(EXTERNAL_REDIS)('soak: a million lease calls through connection 
     expect(result, `no result from the soak process (exit ${String(exitCode)})`).toBeDefined()
     const { stats, warm, end, soakMs } = result!
 
-    // Key count back to zero: the released leases are gone, the expiring ones expire.
+    // Back to the token counters alone: the released leases (and their tokens) are gone, the
+    // expiring ones expire, and one counter stays per hash slot used (at most 16,384).
     const expiredKeys = async () => Number((await server.info('stats')).expired_keys)
-    let keys = Number(await server.cli('DBSIZE'))
+    const counter = new RegExp(`^${keyPrefix}:fence:\\{[0-9A-Za-z]+\\}$`)
+    const census = async () => {
+      const all = (await server.cli('KEYS', `${keyPrefix}:*`)) as string[]
+      const counters = all.filter((k) => counter.test(k)).length
+      return { leases: all.length - counters, counters }
+    }
+    let { leases: keys, counters } = await census()
     const keysAtEnd = keys
     const deadline = Date.now() + EXPIRE_TTL_MS + 10_000
     while (keys > 0 && Date.now() < deadline) {
       await sleep(100)
-      keys = Number(await server.cli('DBSIZE'))
+      ;({ leases: keys, counters } = await census())
     }
     const expired = await expiredKeys()
     const elapsed = performance.now() - started
 
     const rejected = Object.values(stats.rejected).reduce((a, b) => a + b, 0)
-    // Every lease call runs exactly one GET (inside its script, or as getLeaseOwner), so the
-    // GETs beyond the calls made are calls a flap cut off and the provider sent again.
+    // Every lease call runs one GET of its lease key (inside its script, or as getLeaseOwner),
+    // and a refresh or a transfer run again also reads its token: the GETs beyond the calls
+    // made come from calls a flap cut off and the provider sent again.
     const sentAgain = ((await server.commandCalls()).get ?? 0) - (calls0.get ?? 0) - stats.ops - stats.cleanupOps
     await annotate(
       `[soak] ${stats.ops} calls in ${(soakMs / 1000).toFixed(1)} s (${Math.round(stats.ops / (soakMs / 1000))}/s), ` +
         `${stats.fulfilled} answered, ${rejected} rejected ${JSON.stringify(stats.rejected)}, ${stats.violations} violations; ` +
         `${stats.lifecycles} lifecycles, ${stats.completed} completed (${stats.expiringCompleted} left to expire), ${stats.abandoned} cut short by a flap, ` +
-        `${stats.cleanupOps} cleanup releases; ${flapped.flaps} flaps killing ${flapped.killed} connections, ${sentAgain} calls sent again; ` +
+        `${stats.cleanupOps} cleanup releases; ${flapped.flaps} flaps killing ${flapped.killed} connections, ${sentAgain} extra GETs from calls sent again; ` +
         `RSS ${(warm.rss / MB).toFixed(1)} → ${(end.rss / MB).toFixed(1)} MB, heap ${(warm.heapUsed / MB).toFixed(1)} → ` +
         `${(end.heapUsed / MB).toFixed(1)} MB, handles [${warm.handles.join(', ')}] → [${end.handles.join(', ')}]; ` +
-        `keys ${keysAtEnd} at the end → ${keys}, ${expired} expired by Redis; ${(elapsed / 1000).toFixed(1)} s in all`,
+        `lease and token keys ${keysAtEnd} at the end → ${keys}, ${counters} token counters, ${expired} expired by Redis; ` +
+        `${(elapsed / 1000).toFixed(1)} s in all`,
     )
 
     expect(stats.violationSamples, 'wrong answers or uncoded rejections').toEqual([])
@@ -200,8 +209,11 @@ describe.skipIf(EXTERNAL_REDIS)('soak: a million lease calls through connection 
     expect(added, `handles: [${warm.handles.join(', ')}] → [${end.handles.join(', ')}]`).toEqual([])
     expect(exitCode, 'the soak process exits by itself after close()').toBe(0)
 
-    // Zero keys left, and Redis itself expired the leases left to expire.
+    // No lease or token key left, the counters bounded, and Redis itself expired the leases
+    // left to expire.
     expect(keys).toBe(0)
+    expect(counters).toBeGreaterThan(0)
+    expect(counters).toBeLessThanOrEqual(16_384)
     expect(stats.expiringCompleted).toBeGreaterThan(1_000)
     expect(expired, 'leases expired by Redis').toBeGreaterThanOrEqual(stats.expiringCompleted)
   }, 90_000)

@@ -137,7 +137,7 @@ describe('mastra-lease inside Mastra', () => {
       const unwrapped = caching.getLeaseProvider()
       expect(unwrapped).toBe(leased)
       const key = threadKey(newThread())
-      expect(await unwrapped!.acquireLease(key, 'run-1', 5_000)).toEqual({ acquired: true, owner: 'run-1' })
+      expect(await unwrapped!.acquireLease(key, 'run-1', 5_000)).toEqual({ acquired: true, owner: 'run-1', token: expect.any(Number) })
       expect(await leases.getLeaseOwner(key)).toBe('run-1')
       // Without withLeases, Mastra's runtime gets undefined here and uses NoopLeaseProvider.
       expect(new CachingPubSub(new UnixSocketPubSub(socketPath()), new InMemoryServerCache()).getLeaseProvider()).toBeUndefined()
@@ -209,7 +209,7 @@ describe('mastra-lease inside Mastra', () => {
           expect(acquires.length).toBeGreaterThan(0)
           for (const call of acquires) {
             expect(call.args).toEqual([key, run.runId, THREAD_LEASE_TTL_MS])
-            expect(call.result).toEqual({ acquired: true, owner: run.runId })
+            expect(call.result).toEqual({ acquired: true, owner: run.runId, token: expect.any(Number) })
           }
           expect(await provider.getLeaseOwner(key)).toBe(run.runId)
           expect(await transport.getLeaseOwner(key)).toBeUndefined()
@@ -404,7 +404,7 @@ describe('mastra-lease inside Mastra', () => {
           expect(first, `process ${report.index} raced for ${JSON.stringify(key)}`).toBeDefined()
           if (report.index === owner.index) {
             expect(first!.args).toEqual([key, owner.runId, THREAD_LEASE_TTL_MS])
-            expect(first!.result).toEqual({ acquired: true, owner: owner.runId })
+            expect(first!.result).toEqual({ acquired: true, owner: owner.runId, token: expect.any(Number) })
           } else {
             expect(first!.result).toEqual({ acquired: false, owner: owner.runId })
             // ...and never held it afterwards.

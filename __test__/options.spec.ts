@@ -78,7 +78,7 @@ describe("redisOptions, as Mastra's Redis Streams backend takes them", () => {
       const redisOptions = { url: server.url, username: 'app', password: 'app-secret', database: 3, name }
       const leases = kept(new RedisLeaseProvider({ redisOptions }))
       const key = uniqueKey('redis-options')
-      expect(await leases.acquireLease(key, 'A', 10_000)).toEqual({ acquired: true, owner: 'A' })
+      expect(await leases.acquireLease(key, 'A', 10_000)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       await server.cli('SELECT', 3) // the helper's own connection now looks at database 3
       expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
       const pubsub = kept(new RedisStreamsPubSub({ redisOptions, keyPrefix: 'opts' }))

@@ -65,7 +65,7 @@ describe('the npm package', () => {
          return m.close()
        })`,
     )
-    expect(out.trim()).toBe('function {"acquired":true,"owner":"me"}')
+    expect(out.trim()).toBe('function {"acquired":true,"owner":"me","token":1}')
   })
 
   it('loads with import, exposing the same classes', () => {

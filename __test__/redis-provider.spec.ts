@@ -192,8 +192,8 @@ describe('RedisLeaseProvider', () => {
       const p = provider({ url: server.url })
       const key = uniqueKey('noscript')
       const steps: Array<() => Promise<unknown>> = [
-        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' }),
-        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' }),
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) }),
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) }),
         async () => expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' }),
         async () => expect(await p.getLeaseOwner(key)).toBe('A'),
         async () => expect(await p.renewLease(key, 'A', LONG)).toBe(true),
@@ -410,8 +410,8 @@ describe('RedisLeaseProvider', () => {
       `
       const out = await runScript(script)
       expect(JSON.parse(out)).toEqual({
-        a: { acquired: true, owner: 'child' },
-        b: { acquired: true, owner: 'child' },
+        a: { acquired: true, owner: 'child', token: expect.any(Number) },
+        b: { acquired: true, owner: 'child', token: expect.any(Number) },
         c: 'child',
         d: expect.stringMatching(/^ERR_LEASE_(CONNECTION|TIMEOUT)$/),
       })
@@ -439,7 +439,7 @@ describe('RedisLeaseProvider', () => {
         server.thaw()
       }
       const other = uniqueKey('after-thaw')
-      expect(await eventually(() => p.acquireLease(other, 'A', LONG), 3_000)).toEqual({ acquired: true, owner: 'A' })
+      expect(await eventually(() => p.acquireLease(other, 'A', LONG), 3_000)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await p.getLeaseOwner(other)).toBe('A')
       expect(await server.cli('GET', `mastra:topic:lease:${other}`)).toBe('A')
     })
@@ -484,7 +484,7 @@ describe('RedisLeaseProvider', () => {
       // A restarted server has no scripts cached: recovery includes reloading them.
       // The dead connection is noticed by the first call, which goes again on a new one.
       const key = uniqueKey('after-restart')
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
       expect(await p.renewLease(key, 'A', LONG)).toBe(true)
       expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
@@ -500,13 +500,13 @@ describe('RedisLeaseProvider', () => {
       const p = provider({ url: server.url })
       const key = uniqueKey('idle-closed')
       const lease = `mastra:topic:lease:${key}`
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       const closeIdle = async () => {
         expect(await server.cli('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')).toBeGreaterThan(0)
         await sleep(50)
       }
       await closeIdle()
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       await closeIdle()
       expect(await p.renewLease(key, 'A', LONG)).toBe(true)
       await closeIdle()
@@ -538,7 +538,7 @@ describe('RedisLeaseProvider', () => {
         expect(await server.cli('GET', `mastra:topic:lease:${handed}`)).toBe('A')
         // PEXPIRE, GET and DEL need no memory: Redis runs them, and every answer is true to the state.
         expect(await p.renewLease(held, 'A', LONG)).toBe(true)
-        expect(await p.acquireLease(held, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+        expect(await p.acquireLease(held, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
         expect(await p.acquireLease(held, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
         expect(await p.renewLease(held, 'B', LONG)).toBe(false)
         expect(await p.transferLease(held, 'B', 'C', LONG)).toBe(false)
@@ -548,7 +548,7 @@ describe('RedisLeaseProvider', () => {
       } finally {
         await server.cli('CONFIG', 'SET', 'maxmemory', '0')
       }
-      expect(await p.acquireLease(fresh, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(fresh, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await p.transferLease(handed, 'A', 'B', LONG)).toBe(true)
     })
   })
@@ -583,7 +583,7 @@ describe('RedisLeaseProvider', () => {
       const server = await authServer()
       const p = provider({ url: `redis://:${PASSWORD}@${hostPort(server)}` })
       const key = uniqueKey('auth-default')
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
     })
 
@@ -591,7 +591,7 @@ describe('RedisLeaseProvider', () => {
       const server = await authServer()
       const p = provider({ url: `redis://alice:${encodeURIComponent('p@ss w:rd/%')}@${hostPort(server)}` })
       const key = uniqueKey('auth-acl')
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
     })
 
@@ -632,16 +632,28 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // The recommended ACL (docs/security.md): the lease keys, and the six commands the scripts need.
-    const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del']
-    const leaseUser = (name: string, password: string, commands = LEASE_COMMANDS, prefix = 'mastra:topic') =>
-      ['ACL', 'SETUSER', name, 'reset', 'on', `>${password}`, `~${prefix}:lease:*`, 'resetchannels', '-@all', ...commands.map((c) => `+${c}`)]
+    // The recommended ACL (docs/security.md): the lease keys and their fencing keys, and the
+    // seven commands the scripts need.
+    const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del', 'incr']
+    const leaseUser = (name: string, password: string, commands = LEASE_COMMANDS, prefix = 'mastra:topic') => [
+      'ACL',
+      'SETUSER',
+      name,
+      'reset',
+      'on',
+      `>${password}`,
+      `~${prefix}:lease:*`,
+      `~${prefix}:fence:*`,
+      'resetchannels',
+      '-@all',
+      ...commands.map((c) => `+${c}`),
+    ]
 
     /** The five methods through their whole life cycle; rejects at the first failure. */
     async function lifeCycle(p: LeaseApi, key: string) {
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
-      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       expect(await p.getLeaseOwner(key)).toBe('A')
       expect(await p.renewLease(key, 'A', LONG)).toBe(true)
       expect(await p.renewLease(key, 'B', LONG)).toBe(false)
@@ -652,7 +664,7 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBeUndefined()
     }
 
-    it('an ACL user confined to the lease keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL can use all five methods; without any one of them it cannot', async () => {
+    it('an ACL user confined to the lease and fencing keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL, INCR can use all five methods; without any one of them it cannot', async () => {
       const server = await ownServer()
       const secret = 'L3ase-only-pa55-Wv8'
       await server.cli(...leaseUser('lease', secret))
@@ -668,7 +680,7 @@ describe('RedisLeaseProvider', () => {
       expect(denied.filter((object) => object !== 'info' && object !== 'client|setname')).toEqual([])
       expectNoSecret(undefined, logger.lines, [secret])
 
-      // Each of the six is needed: a user without it fails somewhere in the life cycle.
+      // Each of the seven is needed: a user without it fails somewhere in the life cycle.
       for (const missing of LEASE_COMMANDS) {
         await server.cli(...leaseUser('lacking', secret, LEASE_COMMANDS.filter((c) => c !== missing)))
         await server.cli('SCRIPT', 'FLUSH')
@@ -677,7 +689,7 @@ describe('RedisLeaseProvider', () => {
         expect(r.status, `without ${missing}`).toBe('rejected')
         if (r.status === 'rejected') {
           // Refused at the top (EVALSHA, SCRIPT LOAD) it is NOPERM; refused inside a script
-          // (where the life cycle first meets GET, SET, PEXPIRE, DEL), a script error.
+          // (where the life cycle first meets GET, SET, PEXPIRE, DEL, INCR), a script error.
           const expected = ['evalsha', 'script|load'].includes(missing) ? 'ERR_LEASE_AUTH' : 'ERR_LEASE_REDIS'
           expect(errorCode(r.reason), `without ${missing}`).toBe(expected)
         }
@@ -690,7 +702,7 @@ describe('RedisLeaseProvider', () => {
       await server.cli(...leaseUser('tenant-a', secret, LEASE_COMMANDS, 'tenant-a'))
       const own = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-a' })
       const key = uniqueKey('tenant')
-      expect(await own.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A' })
+      expect(await own.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
       await server.cli('SET', `tenant-b:lease:${key}`, 'B', 'PX', LONG)
       const logger = recorder()
       const p = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-b', logger })
@@ -757,7 +769,7 @@ describe('RedisLeaseProvider', () => {
       for (const url of [`redis+unix://${socketPath}`, `unix://${socketPath}`]) {
         const p = provider({ url })
         const key = uniqueKey('unix')
-        expect(await p.acquireLease(key, 'A', LONG), url).toEqual({ acquired: true, owner: 'A' })
+        expect(await p.acquireLease(key, 'A', LONG), url).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
         expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
         expect(await p.getLeaseOwner(key)).toBe('A')
       }

@@ -257,7 +257,7 @@ describe('Mastra Signals across three processes on RedisStreamsPubSub', () => {
           expect(first, `process ${report.index} raced for the thread key`).toBeDefined()
           if (report.index === owner.index) {
             expect(first!.args).toEqual([f.key, owner.runId, THREAD_LEASE_TTL_MS])
-            expect(first!.result).toEqual({ acquired: true, owner: owner.runId })
+            expect(first!.result).toEqual({ acquired: true, owner: owner.runId, token: expect.any(Number) })
           } else {
             expect(first!.result).toEqual({ acquired: false, owner: owner.runId })
             expect(leaseCallsOn(report, f.key).filter(won), `process ${report.index} never held the lease`).toEqual([])

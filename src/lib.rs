@@ -28,4 +28,4 @@ pub use glue::options::{
     MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions, RedisStreamsOptions,
     TlsOptions,
 };
-pub use glue::reply::LeaseGrant;
+pub use glue::reply::{LeaseGrant, LeaseState};

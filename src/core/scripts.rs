@@ -35,6 +35,8 @@ pub(crate) static RENEW: Lua = Lua::new(include_str!("lease/renew.lua"));
 pub(crate) static RELEASE: Lua = Lua::new(include_str!("lease/release.lua"));
 /// Hands a lease from one owner to another without ever freeing it.
 pub(crate) static TRANSFER: Lua = Lua::new(include_str!("lease/transfer.lua"));
+/// Reads a live lease whole: owner, fencing token, time left.
+pub(crate) static LEASE: Lua = Lua::new(include_str!("lease/lease.lua"));
 
 /// Appends events again, each exactly once, after a broken connection.
 pub(crate) static APPEND_AGAIN: Lua = Lua::new(include_str!("streams/append_again.lua"));

@@ -23,6 +23,13 @@ pub fn get_lease_owner(env: Env, key: Value) -> Result<Call> {
     })
 }
 
+/// `getLease(key)`.
+pub fn get_lease(env: Env, key: Value) -> Result<Call> {
+    Ok(Call::Lease {
+        key: self::key(env, key)?,
+    })
+}
+
 /// `releaseLease(key, owner)`.
 pub fn release_lease(env: Env, key: Value, owner: Value) -> Result<Call> {
     Ok(Call::Release {

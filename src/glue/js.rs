@@ -274,13 +274,14 @@ pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
 /// Made by a tiny JavaScript function rather than property by property: an object literal
 /// gets V8's ready-made shape, while two `napi_set_named_property` calls walk a map
 /// transition and internalize both names every time (a third of an in-memory call's cost).
-pub fn grant(env: Env, acquired: bool, owner: Value) -> Value {
-    let args = [boolean(env, acquired), owner];
+pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<u64>) -> Value {
+    let token = token.map_or_else(|| undefined(env), |t| number_value(env, t as f64));
+    let args = [boolean(env, acquired), owner, token];
     let mut out = ptr::null_mut();
     if let Some(factory) = grant_factory(env) {
-        // SAFETY: factory is a live function of this environment; args are two values.
+        // SAFETY: factory is a live function of this environment; args are three values.
         let status = unsafe {
-            sys::napi_call_function(env, undefined(env), factory, 2, args.as_ptr(), &mut out)
+            sys::napi_call_function(env, undefined(env), factory, 3, args.as_ptr(), &mut out)
         };
         if status == sys::Status::napi_ok && !out.is_null() {
             return out;
@@ -292,6 +293,28 @@ pub fn grant(env: Env, acquired: bool, owner: Value) -> Value {
         sys::napi_create_object(env, &mut out);
         sys::napi_set_named_property(env, out, c"acquired".as_ptr(), args[0]);
         sys::napi_set_named_property(env, out, c"owner".as_ptr(), owner);
+        sys::napi_set_named_property(env, out, c"token".as_ptr(), token);
+    }
+    out
+}
+
+/// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease.
+pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: u64) -> Value {
+    let fields = [
+        (c"owner", string(env, owner)),
+        (
+            c"token",
+            token.map_or_else(|| undefined(env), |t| number_value(env, t as f64)),
+        ),
+        (c"ttlMs", number_value(env, ttl_ms as f64)),
+    ];
+    let mut out = ptr::null_mut();
+    // SAFETY: plain object creation and property writes on the JavaScript thread.
+    unsafe {
+        sys::napi_create_object(env, &mut out);
+        for (name, value) in fields {
+            sys::napi_set_named_property(env, out, name.as_ptr(), value);
+        }
     }
     out
 }
@@ -310,7 +333,7 @@ fn grant_factory(env: Env) -> Option<Value> {
         _ => {
             let source = string(
                 env,
-                "(function grant(acquired, owner) { return { acquired, owner } })",
+                "(function grant(acquired, owner, token) { return { acquired, owner, token } })",
             );
             let mut function = ptr::null_mut();
             let mut reference = ptr::null_mut();

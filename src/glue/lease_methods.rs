@@ -1,16 +1,18 @@
-//! The five methods of Mastra's `LeaseProvider`, written once for every provider class.
+//! The five methods of Mastra's `LeaseProvider`, and `getLease`, written once for every
+//! provider class.
 //! Each checks its arguments (`args.rs`) and hands the call to its class's `submit`, which
 //! answers a closed provider or bad input at once and runs the rest in the class's store.
 
-/// Adds `acquireLease`, `getLeaseOwner`, `releaseLease`, `renewLease` and `transferLease` to
-/// a `#[napi]` class that has `fn submit(&self, env, call: Result<Call>) -> Unknown`.
+/// Adds `acquireLease`, `getLeaseOwner`, `releaseLease`, `renewLease`, `transferLease` and
+/// `getLease` to a `#[napi]` class that has `fn submit(&self, env, call: Result<Call>) ->
+/// Unknown`.
 macro_rules! lease_methods {
     ($class:ident) => {
         #[napi]
         impl $class {
             /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-            /// already holds it. Resolves `{ acquired: true, owner }`, or
-            /// `{ acquired: false, owner: holder }`.
+            /// already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
+            /// lease's fencing token), or `{ acquired: false, owner: holder }`.
             #[napi(
                 catch_unwind,
                 ts_args_type = "key: string, owner: string, ttlMs: number",
@@ -100,6 +102,17 @@ macro_rules! lease_methods {
                 let call =
                     args::transfer_lease(e, key.raw(), from_owner.raw(), to_owner.raw(), ttl_ms);
                 self.submit(env, call)
+            }
+
+            /// The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
+            /// After a transfer, the new holder learns its fencing token here.
+            #[napi(
+                catch_unwind,
+                ts_args_type = "key: string",
+                ts_return_type = "Promise<LeaseState | undefined>"
+            )]
+            pub fn get_lease<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
+                self.submit(env, args::get_lease(env.raw(), key.raw()))
             }
         }
     };

@@ -22,11 +22,15 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
     match outcome {
         Ok(Reply::Answer(Answer::Grant(grant))) => {
             let owner = js::string_or_undefined(env, grant.owner.as_deref());
-            Ok(js::grant(env, grant.acquired, owner))
+            Ok(js::grant(env, grant.acquired, owner, grant.token))
         }
         Ok(Reply::Answer(Answer::Owner(owner))) => {
             Ok(js::string_or_undefined(env, owner.as_deref()))
         }
+        Ok(Reply::Answer(Answer::Lease(lease))) => Ok(match lease {
+            Some(lease) => js::lease(env, &lease.owner, lease.token, lease.ttl_ms),
+            None => js::undefined(env),
+        }),
         Ok(Reply::Answer(Answer::Released(_)) | Reply::Undefined) => Ok(js::undefined(env)),
         Ok(Reply::Number(n)) => Ok(js::number_value(env, n)),
         Ok(Reply::Answer(Answer::Renewed(done) | Answer::Transferred(done))) => {
@@ -82,4 +86,20 @@ pub struct LeaseGrant {
     pub acquired: bool,
     /// The holder: the caller when `acquired`, otherwise the owner to route work to.
     pub owner: Option<String>,
+    /// When `acquired`: the lease's fencing token, a safe integer greater than every token
+    /// granted before for the key (a refresh by the holder keeps it). Hand it to the
+    /// resource the lease guards, which refuses writes carrying a lower one.
+    pub token: Option<f64>,
+}
+
+/// What `getLease` resolves to for a live lease.
+#[napi_derive::napi(object)]
+pub struct LeaseState {
+    /// The holder.
+    pub owner: String,
+    /// Its fencing token (absent for a lease another client wrote, until its holder
+    /// acquires it through this package).
+    pub token: Option<f64>,
+    /// Milliseconds left before it expires.
+    pub ttl_ms: f64,
 }

@@ -4,6 +4,7 @@
 export { MemoryLeaseProvider, RedisLeaseProvider } from '../../index.js'
 export type {
   LeaseGrant,
+  LeaseState,
   MemoryLeaseProviderOptions,
   RedisLeaseProviderOptions,
   RedisStreamsOptions,

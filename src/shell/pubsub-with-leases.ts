@@ -1,8 +1,13 @@
 import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
+import type { LeaseGrant, LeaseState } from '../../index.js'
+
+/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`. */
+type FencingLeaseProvider = LeaseProvider & { getLease(key: string): Promise<LeaseState | undefined> }
+
 /**
- * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods, and
+ * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods, `getLease`, and
  * `getLeaseProvider()` for wrappers such as Mastra's `CachingPubSub`, all delegated to
  * `leases`. Mastra's structural detection finds them directly, through its `Proxy`, and
  * through wrappers. Fields are TypeScript-private, not `#private`, so the object keeps
@@ -16,8 +21,21 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     this.leases = leases
   }
 
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }> {
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
     return this.leases.acquireLease(key, owner, ttlMs)
+  }
+
+  /**
+   * The live lease on `key` whole, `{ owner, token, ttlMs }`, or `undefined`; rejects with
+   * `ERR_LEASE_UNSUPPORTED` when the lease provider is not one of this package's.
+   */
+  getLease(key: string): Promise<LeaseState | undefined> {
+    const leases = this.leases as Partial<FencingLeaseProvider>
+    if (typeof leases.getLease !== 'function') {
+      const error = new TypeError('getLease: the lease provider has none (it is not a mastra-lease provider)')
+      return Promise.reject(Object.assign(error, { code: 'ERR_LEASE_UNSUPPORTED' }))
+    }
+    return leases.getLease(key)
   }
 
   getLeaseOwner(key: string): Promise<string | undefined> {

@@ -1,18 +1,33 @@
 -- Claim a lease, or refresh it for the owner that already holds it.
 -- KEYS[1]  the lease key (<keyPrefix>:lease:<key>), a string holding the owner
+-- KEYS[2]  the lease's token key (<keyPrefix>:fence:{<tag>}:<key>), same expiry, holding
+--          "<token>" or "<token>:<transfer id>"
+-- KEYS[3]  the slot's token counter (<keyPrefix>:fence:{<tag>}), never expires
 -- ARGV[1]  owner
 -- ARGV[2]  ttl in milliseconds (validated by the caller: 1..maxTtlMs)
--- Returns  {1, owner} when the caller holds the lease afterwards,
---          {0, holder} when another owner holds it.
+-- Returns  {1, owner, token} when the caller holds the lease afterwards,
+--          {0, holder, false} when another owner holds it.
 -- Atomically: the read of the holder and the write that claims or refreshes the key happen
--- as one step, so two owners can never both be told they hold it.
+-- as one step, so two owners can never both be told they hold it. A claim takes the next
+-- token of the counter, so it is greater than every token granted before for the key; a
+-- refresh keeps the lease's token (and gives one to a lease that has none: one written by
+-- another client).
 local holder = redis.call('GET', KEYS[1])
-if not holder then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, ARGV[1]}
+if holder and holder ~= ARGV[1] then
+  return {0, holder, false}
 end
-if holder == ARGV[1] then
+local token
+if holder then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, holder}
+  token = redis.call('GET', KEYS[2])
 end
-return {0, holder}
+if token then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+else
+  if not holder then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  end
+  token = redis.call('INCR', KEYS[3])
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[2])
+end
+return {1, ARGV[1], tonumber(string.match(token, '^%d+'))}

@@ -32,12 +32,16 @@ struct Table {
     /// Every deadline ever set, earliest first. An entry is stale when its lease was renewed,
     /// transferred or released since; stale entries are skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    /// The last fencing token handed out, for any key: every claim takes the next, so each
+    /// is greater than every token granted before for its key.
+    last_token: u64,
 }
 
 #[derive(Debug)]
 struct Lease {
     owner: String,
     expires: Instant,
+    token: u64,
 }
 
 impl MemoryStore {
@@ -85,6 +89,16 @@ impl MemoryStore {
                 Answer::Grant(table.acquire(now, key, owner, *ttl_ms))
             }
             Call::Owner { key } => Answer::Owner(table.live(key, now).map(|l| l.owner.clone())),
+            Call::Lease { key } => {
+                Answer::Lease(
+                    table.live(key, now).map(|l| super::Lease {
+                        owner: l.owner.clone(),
+                        token: Some(l.token),
+                        ttl_ms: u64::try_from(l.expires.duration_since(now).as_millis())
+                            .unwrap_or(u64::MAX),
+                    }),
+                )
+            }
             Call::Release { key, owner } => Answer::Released(table.release(now, key, owner)),
             Call::Renew { key, owner, ttl_ms } => {
                 Answer::Renewed(table.renew(now, key, owner, *ttl_ms))
@@ -112,19 +126,28 @@ impl MemoryStore {
 
 impl Table {
     fn acquire(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> Grant {
-        if let Some(holder) = self.live(key, now) {
-            if holder.owner != owner {
+        let token = match self.live(key, now) {
+            Some(holder) if holder.owner != owner => {
                 return Grant {
                     acquired: false,
                     owner: Some(holder.owner.clone()),
+                    token: None,
                 };
             }
-        }
-        self.put(key, owner, now + ms(ttl_ms));
+            Some(held) => held.token,
+            None => self.next_token(),
+        };
+        self.put(key, owner, now + ms(ttl_ms), token);
         Grant {
             acquired: true,
             owner: Some(owner.to_owned()),
+            token: Some(token),
         }
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.last_token += 1;
+        self.last_token
     }
 
     fn release(&mut self, now: Instant, key: &str, owner: &str) -> bool {
@@ -136,19 +159,29 @@ impl Table {
     }
 
     fn renew(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> bool {
-        let held = self.holds(key, owner, now);
-        if held {
-            self.put(key, owner, now + ms(ttl_ms));
-        }
-        held
+        let Some(token) = self.held_token(key, owner, now) else {
+            return false;
+        };
+        self.put(key, owner, now + ms(ttl_ms), token);
+        true
     }
 
+    /// The new holder gets a new token, so a resource that checks tokens refuses the old
+    /// holder's late writes.
     fn transfer(&mut self, now: Instant, key: &str, from: &str, to: &str, ttl_ms: u64) -> bool {
-        let held = self.holds(key, from, now);
-        if held {
-            self.put(key, to, now + ms(ttl_ms));
+        if self.held_token(key, from, now).is_none() {
+            return false;
         }
-        held
+        let token = self.next_token();
+        self.put(key, to, now + ms(ttl_ms), token);
+        true
+    }
+
+    /// The token of the live lease `owner` holds on `key`.
+    fn held_token(&mut self, key: &str, owner: &str, now: Instant) -> Option<u64> {
+        self.live(key, now)
+            .filter(|lease| lease.owner == owner)
+            .map(|lease| lease.token)
     }
 
     fn live(&mut self, key: &str, now: Instant) -> Option<&Lease> {
@@ -160,7 +193,7 @@ impl Table {
             .is_some_and(|lease| lease.owner == owner)
     }
 
-    fn put(&mut self, key: &str, owner: &str, expires: Instant) {
+    fn put(&mut self, key: &str, owner: &str, expires: Instant, token: u64) {
         let key: Arc<str> = match self.leases.get_key_value(key) {
             Some((existing, _)) => existing.clone(),
             None => Arc::from(key),
@@ -171,6 +204,7 @@ impl Table {
             Lease {
                 owner: owner.to_owned(),
                 expires,
+                token,
             },
         );
         // Renewals and early releases leave stale deadlines behind; when they outnumber the
@@ -273,6 +307,36 @@ mod tests {
             Answer::Grant(grant) => grant,
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_keeps_it() {
+        let s = MemoryStore::default();
+        let t0 = Instant::now();
+        let token = |answer: Answer| granted(answer).token.unwrap();
+        let first = token(s.apply_at(t0, &acquire("k", "a", 100)).unwrap());
+        assert_eq!(
+            token(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()),
+            first
+        );
+        s.apply_at(t0, &renew("k", "a", 100)).unwrap();
+        let moved = Call::Transfer {
+            key: "k".into(),
+            from: "a".into(),
+            to: "b".into(),
+            ttl_ms: 100,
+        };
+        assert_eq!(s.apply_at(t0, &moved).unwrap(), Answer::Transferred(true));
+        let Answer::Lease(Some(lease)) = s
+            .apply_at(at(t0, 40), &Call::Lease { key: "k".into() })
+            .unwrap()
+        else {
+            panic!("no lease")
+        };
+        assert_eq!((lease.owner.as_str(), lease.ttl_ms), ("b", 60));
+        assert!(lease.token.unwrap() > first);
+        let after_expiry = token(s.apply_at(at(t0, 100), &acquire("k", "c", 100)).unwrap());
+        assert!(after_expiry > lease.token.unwrap());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Leases: the five operations Mastra's Signals runtime calls, and the limits every store
 //! enforces on its input before doing any work.
 
+pub mod keys;
 pub mod memory;
 #[cfg(test)]
 mod props;
@@ -17,6 +18,20 @@ pub struct Grant {
     pub acquired: bool,
     /// The holder after the call: the caller when `acquired`, else the other owner.
     pub owner: Option<String>,
+    /// When `acquired`: the lease's fencing token, greater than every token granted before
+    /// for the key (a refresh keeps it). `None` otherwise.
+    pub token: Option<u64>,
+}
+
+/// A live lease, read whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    /// Its fencing token; `None` for a lease written by another client (Mastra's own
+    /// backend) that no call of ours has refreshed.
+    pub token: Option<u64>,
+    /// Milliseconds left before it expires.
+    pub ttl_ms: u64,
 }
 
 /// One lease operation and its arguments. Calls are what stores execute, alone or in
@@ -31,6 +46,8 @@ pub enum Call {
     },
     /// Read the holder of a live lease.
     Owner { key: String },
+    /// Read a live lease whole: holder, fencing token, time left.
+    Lease { key: String },
     /// Delete the lease if `owner` holds it; otherwise do nothing.
     Release { key: String, owner: String },
     /// Extend the TTL if `owner` still holds the lease; never bring an expired one back.
@@ -55,6 +72,8 @@ pub enum Answer {
     Grant(Grant),
     /// From [`Call::Owner`]: the live holder, if any.
     Owner(Option<String>),
+    /// From [`Call::Lease`]: the live lease, if any.
+    Lease(Option<Lease>),
     /// From [`Call::Release`]: whether a lease was deleted.
     Released(bool),
     /// From [`Call::Renew`]: whether the owner still held the lease.
@@ -72,7 +91,7 @@ impl Call {
                 limits.check_owner(owner, "owner")?;
                 limits.check_ttl(*ttl_ms)
             }
-            Call::Owner { key } => limits.check_key(key),
+            Call::Owner { key } | Call::Lease { key } => limits.check_key(key),
             Call::Release { key, owner } => {
                 limits.check_key(key)?;
                 limits.check_owner(owner, "owner")

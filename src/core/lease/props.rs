@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::memory::MemoryStore;
-use super::{Answer, Call, Grant, Limits};
+use super::{Answer, Call, Grant, Lease, Limits};
 use crate::core::error::{Argument, Error, ErrorClass, InputErrorKind};
 
 /// Keys that are prefixes of one another (Mastra's `resource\0thread` shape), plus two
@@ -44,6 +44,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (key(), owner(), ttl())
             .prop_map(|(key, owner, ttl_ms)| Step::Call(Call::Acquire { key, owner, ttl_ms })),
         2 => key().prop_map(|key| Step::Call(Call::Owner { key })),
+        1 => key().prop_map(|key| Step::Call(Call::Lease { key })),
         2 => (key(), owner()).prop_map(|(key, owner)| Step::Call(Call::Release { key, owner })),
         2 => (key(), owner(), ttl())
             .prop_map(|(key, owner, ttl_ms)| Step::Call(Call::Renew { key, owner, ttl_ms })),
@@ -55,18 +56,33 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// The reference: what a lease store means, with nothing else in it.
+/// The reference: what a lease store means, with nothing else in it. Tokens come from one
+/// counter: a claim or a transfer takes the next, a refresh or a renew keeps the lease's.
 #[derive(Default)]
 struct Model {
-    leases: HashMap<String, (String, u64)>,
+    /// key -> (owner, expires, token)
+    leases: HashMap<String, (String, u64, u64)>,
+    last_token: u64,
 }
 
 impl Model {
     fn live(&self, key: &str, now: u64) -> Option<&str> {
+        self.lease(key, now).map(|(owner, _, _)| owner.as_str())
+    }
+
+    fn lease(&self, key: &str, now: u64) -> Option<&(String, u64, u64)> {
         self.leases
             .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(owner, _)| owner.as_str())
+            .filter(|(_, expires, _)| *expires > now)
+    }
+
+    fn token(&self, key: &str, now: u64) -> Option<u64> {
+        self.lease(key, now).map(|(_, _, token)| *token)
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.last_token += 1;
+        self.last_token
     }
 
     fn holds(&self, key: &str, owner: &str, now: u64) -> bool {
@@ -74,12 +90,12 @@ impl Model {
     }
 
     fn live_count(&self, now: u64) -> usize {
-        self.leases.values().filter(|(_, e)| *e > now).count()
+        self.leases.values().filter(|(_, e, _)| *e > now).count()
     }
 
-    fn put(&mut self, key: &str, owner: &str, expires: u64) {
+    fn put(&mut self, key: &str, owner: &str, expires: u64, token: u64) {
         self.leases
-            .insert(key.to_owned(), (owner.to_owned(), expires));
+            .insert(key.to_owned(), (owner.to_owned(), expires, token));
     }
 
     fn apply(&mut self, call: &Call, now: u64) -> Answer {
@@ -88,16 +104,29 @@ impl Model {
                 Some(holder) if holder != owner => Answer::Grant(Grant {
                     acquired: false,
                     owner: Some(holder.to_owned()),
+                    token: None,
                 }),
-                _ => {
-                    self.put(key, owner, now + ttl_ms);
+                held => {
+                    let token = match held {
+                        Some(_) => self.token(key, now).unwrap_or_default(),
+                        None => self.next_token(),
+                    };
+                    self.put(key, owner, now + ttl_ms, token);
                     Answer::Grant(Grant {
                         acquired: true,
                         owner: Some(owner.clone()),
+                        token: Some(token),
                     })
                 }
             },
             Call::Owner { key } => Answer::Owner(self.live(key, now).map(str::to_owned)),
+            Call::Lease { key } => {
+                Answer::Lease(self.lease(key, now).map(|(owner, expires, token)| Lease {
+                    owner: owner.clone(),
+                    token: Some(*token),
+                    ttl_ms: expires - now,
+                }))
+            }
             Call::Release { key, owner } => {
                 let held = self.holds(key, owner, now);
                 if held {
@@ -108,7 +137,8 @@ impl Model {
             Call::Renew { key, owner, ttl_ms } => {
                 let held = self.holds(key, owner, now);
                 if held {
-                    self.put(key, owner, now + ttl_ms);
+                    let token = self.token(key, now).unwrap_or_default();
+                    self.put(key, owner, now + ttl_ms, token);
                 }
                 Answer::Renewed(held)
             }
@@ -120,7 +150,8 @@ impl Model {
             } => {
                 let held = self.holds(key, from, now);
                 if held {
-                    self.put(key, to, now + ttl_ms);
+                    let token = self.next_token();
+                    self.put(key, to, now + ttl_ms, token);
                 }
                 Answer::Transferred(held)
             }
@@ -187,7 +218,7 @@ fn expected_rejection(call: &Call, l: &Limits) -> Option<Argument> {
             owner: o,
             ttl_ms,
         } => key(k).or_else(|| owner(o)).or_else(|| ttl(*ttl_ms)),
-        Call::Owner { key: k } => key(k),
+        Call::Owner { key: k } | Call::Lease { key: k } => key(k),
         Call::Release { key: k, owner: o } => key(k).or_else(|| owner(o)),
         Call::Transfer {
             key: k,

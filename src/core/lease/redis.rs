@@ -1,9 +1,10 @@
 //! Leases in Redis: one Lua script per operation, one round trip per call.
 //!
 //! A lease is a plain string `<keyPrefix>:lease:<key>` holding the owner, with a PX expiry,
-//! the layout Mastra's own Redis backend uses, so a fleet can move over process by process.
-//! Redis decides expiry. Scripts are sent by SHA (EVALSHA) and loaded again transparently
-//! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+//! the layout Mastra's own Redis backend uses, so a fleet can move over process by process;
+//! its fencing token lives beside it, in the same hash slot (`keys.rs`). Redis decides
+//! expiry. Scripts are sent by SHA (EVALSHA) and loaded again transparently when Redis
+//! answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use redis::{Pipeline, Value};
 
-use super::{Answer, Call, Grant, LeaseStore, Limits};
+use super::keys::Layout;
+use super::{Answer, Call, Grant, Lease, LeaseStore, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::scripts::{self, Lua};
@@ -43,7 +45,7 @@ impl Default for RedisOptions {
 #[derive(Debug)]
 pub struct RedisStore {
     connection: Arc<Connection>,
-    key_prefix: Vec<u8>,
+    layout: Layout,
     limits: Limits,
 }
 
@@ -67,11 +69,9 @@ impl RedisStore {
                 "keyPrefix must not be empty",
             ));
         }
-        let mut key_prefix = key_prefix.into_bytes();
-        key_prefix.extend_from_slice(b":lease:");
         Ok(Self {
             connection,
-            key_prefix,
+            layout: Layout::new(&key_prefix),
             limits,
         })
     }
@@ -79,14 +79,6 @@ impl RedisStore {
     /// The connection the calls go through.
     pub fn connection(&self) -> &Connection {
         &self.connection
-    }
-
-    /// The Redis key a lease key lives at: `<keyPrefix>:lease:<key>`.
-    pub fn redis_key(&self, key: &str) -> Vec<u8> {
-        let mut full = Vec::with_capacity(self.key_prefix.len() + key.len());
-        full.extend_from_slice(&self.key_prefix);
-        full.extend_from_slice(key.as_bytes());
-        full
     }
 
     /// Executes a batch of calls in one round trip: every call with good arguments becomes
@@ -97,8 +89,8 @@ impl RedisStore {
     /// by the server or a proxy) leaves unknown whether the calls ran. They are sent once
     /// more, in order, on a fresh connection and within the same timeout, where a second run
     /// answers as the first would have: acquire and renew by the same owner refresh again, a
-    /// release or a read is harmless, and a transfer sent again also succeeds when it finds
-    /// the lease already with `toOwner` (see `transfer.lua`).
+    /// release or a read is harmless, and a transfer carries an id of its own, so the same
+    /// transfer run twice answers `true` twice (see `transfer.lua`).
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
         let deadline = Instant::now() + self.connection.timeout();
         let mut answers: Vec<Option<Result<Answer>>> = calls
@@ -106,16 +98,18 @@ impl RedisStore {
             .map(|call| call.check(&self.limits).err().map(Err))
             .collect();
         let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
-        for again in [false, true] {
+        let calls: Vec<Sent> = calls.into_iter().map(Sent::new).collect();
+        for _send in 0..2 {
             if sent.is_empty() {
                 break;
             }
             let budget = deadline.saturating_duration_since(Instant::now());
-            match self.round_trip(&calls, &sent, budget, again).await {
+            match self.round_trip(&calls, &sent, budget).await {
                 Ok(replies) => {
                     for (&i, reply) in sent.iter().zip(replies) {
                         answers[i] = Some(
-                            decode(&calls[i], reply).map_err(|e| self.connection.classify_reply(e)),
+                            decode(&calls[i].call, reply)
+                                .map_err(|e| self.connection.classify_reply(e)),
                         );
                     }
                     break;
@@ -143,16 +137,15 @@ impl RedisStore {
     /// did not run are sent again in a second round trip, invisibly to callers.
     async fn round_trip(
         &self,
-        calls: &[Call],
+        calls: &[Sent],
         sent: &[usize],
         budget: Duration,
-        again: bool,
     ) -> Result<Vec<Value>> {
         self.connection
             .run_within(budget, |mut connection| async move {
                 let mut pipe = redis::pipe();
                 for &i in sent {
-                    self.encode(&calls[i], &mut pipe, again);
+                    self.encode(&calls[i], &mut pipe);
                 }
                 let mut replies = connection
                     .send_packed_commands(&pipe, 0, sent.len())
@@ -164,12 +157,12 @@ impl RedisStore {
                     return Ok(replies);
                 };
                 let missing: Vec<usize> = (first..replies.len())
-                    .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]]).is_none())
+                    .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]].call).is_none())
                     .collect();
                 let mut retry = redis::pipe();
                 let mut loaded: Vec<&'static str> = Vec::new();
                 for &j in &missing {
-                    if let Some(lua) = lua(&calls[sent[j]]) {
+                    if let Some(lua) = lua(&calls[sent[j]].call) {
                         if !loaded.contains(&lua.source) {
                             retry.cmd("SCRIPT").arg("LOAD").arg(lua.source);
                             loaded.push(lua.source);
@@ -177,7 +170,7 @@ impl RedisStore {
                     }
                 }
                 for &j in &missing {
-                    self.encode(&calls[sent[j]], &mut retry, again);
+                    self.encode(&calls[sent[j]], &mut retry);
                 }
                 let mut again = connection
                     .send_packed_commands(&retry, 0, loaded.len() + missing.len())
@@ -198,20 +191,26 @@ impl RedisStore {
             .await
     }
 
-    /// Appends the one command that performs `call`; `again` marks a second send after a
-    /// connection broke (it changes what a transfer may answer).
-    fn encode(&self, call: &Call, pipe: &mut Pipeline, again: bool) {
+    /// Appends the one command that performs a call.
+    fn encode(&self, sent: &Sent, pipe: &mut Pipeline) {
+        let call = &sent.call;
         match call {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
                 // whose PX expiry has passed.
-                pipe.cmd("GET").arg(self.redis_key(key));
+                pipe.cmd("GET").arg(self.layout.lease(key));
             }
-            Call::Acquire { key, owner, ttl_ms } | Call::Renew { key, owner, ttl_ms } => {
-                self.evalsha(pipe, call, key).arg(owner).arg(*ttl_ms);
+            Call::Lease { key } => {
+                self.evalsha(pipe, call, key, 2);
+            }
+            Call::Acquire { key, owner, ttl_ms } => {
+                self.evalsha(pipe, call, key, 3).arg(owner).arg(*ttl_ms);
+            }
+            Call::Renew { key, owner, ttl_ms } => {
+                self.evalsha(pipe, call, key, 2).arg(owner).arg(*ttl_ms);
             }
             Call::Release { key, owner } => {
-                self.evalsha(pipe, call, key).arg(owner);
+                self.evalsha(pipe, call, key, 2).arg(owner);
             }
             Call::Transfer {
                 key,
@@ -219,17 +218,28 @@ impl RedisStore {
                 to,
                 ttl_ms,
             } => {
-                self.evalsha(pipe, call, key).arg(from).arg(to).arg(*ttl_ms);
-                if again {
-                    pipe.arg("1");
-                }
+                let cmd = self.evalsha(pipe, call, key, 3).arg(from).arg(to);
+                cmd.arg(*ttl_ms).arg(&sent.id);
             }
         }
     }
 
-    fn evalsha<'p>(&self, pipe: &'p mut Pipeline, call: &Call, key: &str) -> &'p mut Pipeline {
+    /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its token,
+    /// the slot's token counter), the order every lease script takes them in.
+    fn evalsha<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        call: &Call,
+        key: &str,
+        n: usize,
+    ) -> &'p mut Pipeline {
         let sha = lua(call).map_or("", |lua| lua.script().get_hash());
-        pipe.cmd("EVALSHA").arg(sha).arg(1).arg(self.redis_key(key))
+        let keys = self.layout.keys(key);
+        let cmd = pipe.cmd("EVALSHA").arg(sha).arg(n);
+        for key in [keys.lease, keys.token, keys.counter].into_iter().take(n) {
+            cmd.arg(key);
+        }
+        cmd
     }
 }
 
@@ -239,13 +249,30 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// The script behind a call (`None` for reads, which are a plain GET).
+/// A call on its way, with the id a transfer carries on every send of it.
+struct Sent {
+    call: Call,
+    id: String,
+}
+
+impl Sent {
+    fn new(call: Call) -> Self {
+        let id = match call {
+            Call::Transfer { .. } => crate::core::unique_id(),
+            _ => String::new(),
+        };
+        Self { call, id }
+    }
+}
+
+/// The script behind a call (`None` for a plain GET).
 fn lua(call: &Call) -> Option<&'static Lua> {
     match call {
         Call::Acquire { .. } => Some(&scripts::ACQUIRE),
         Call::Renew { .. } => Some(&scripts::RENEW),
         Call::Release { .. } => Some(&scripts::RELEASE),
         Call::Transfer { .. } => Some(&scripts::TRANSFER),
+        Call::Lease { .. } => Some(&scripts::LEASE),
         Call::Owner { .. } => None,
     }
 }
@@ -255,13 +282,23 @@ fn lua(call: &Call) -> Option<&'static Lua> {
 fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
     Ok(match call {
         Call::Acquire { .. } => {
-            let (acquired, holder): (i64, Vec<u8>) = parse(reply)?;
+            let (acquired, holder, token): (i64, Vec<u8>, Option<u64>) = parse(reply)?;
             Answer::Grant(Grant {
                 acquired: acquired == 1,
                 owner: Some(text(holder)),
+                token: token.filter(|_| acquired == 1),
             })
         }
         Call::Owner { .. } => Answer::Owner(parse::<Option<Vec<u8>>>(reply)?.map(text)),
+        Call::Lease { .. } => {
+            let lease: Option<(Vec<u8>, i64, Option<u64>)> = parse(reply)?;
+            Answer::Lease(lease.map(|(owner, pttl, token)| Lease {
+                owner: text(owner),
+                token,
+                // -1 (no expiry) cannot come from our writes; a foreign one reads as 0 left.
+                ttl_ms: u64::try_from(pttl).unwrap_or(0),
+            }))
+        }
         Call::Release { .. } => Answer::Released(parse::<i64>(reply)? == 1),
         Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
         Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),

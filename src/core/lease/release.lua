@@ -1,10 +1,13 @@
 -- Release a lease, only on behalf of its holder.
 -- KEYS[1]  the lease key
+-- KEYS[2]  the lease's token key
 -- ARGV[1]  owner
 -- Returns  1 when the lease was deleted, 0 when the owner did not hold it (a no-op).
 -- Atomically: the ownership check and the delete are one step, so a lease another owner
--- acquired or renewed in between is never deleted.
+-- acquired or renewed in between is never deleted. The slot's counter stays: the next
+-- claim's token is still greater.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
 end
 return 0

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use super::{RedisOptions, RedisStore};
 use crate::core::connection::ConnectionOptions;
-use crate::core::lease::Grant;
+use crate::core::lease::keys::Layout;
+use crate::core::lease::{Grant, Lease};
 use crate::core::test_redis::Server;
 use crate::core::{Answer, Call, LeaseStore};
 
@@ -29,11 +30,35 @@ fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
     }
 }
 
-fn grant(acquired: bool, owner: &str) -> Answer {
+fn grant(acquired: bool, owner: &str, token: Option<u64>) -> Answer {
     Answer::Grant(Grant {
         acquired,
         owner: Some(owner.into()),
+        token,
     })
+}
+
+/// The token an acquire answered; panics on anything but a grant.
+fn token_of(answer: Answer) -> u64 {
+    match answer {
+        Answer::Grant(Grant {
+            acquired: true,
+            token: Some(token),
+            ..
+        }) => token,
+        other => panic!("not a grant with a token: {other:?}"),
+    }
+}
+
+fn lease(key: &str) -> Call {
+    Call::Lease { key: key.into() }
+}
+
+/// A lease key's companion keys under the tests' prefix, as text for redis-cli.
+fn companions(key: &str) -> (String, String) {
+    let keys = Layout::new("t").keys(key);
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (text(keys.token), text(keys.counter))
 }
 
 #[tokio::test]
@@ -49,8 +74,8 @@ async fn a_batch_answers_each_call_in_order_and_bad_calls_never_reach_redis() {
             acquire("k\0x", "b", 0),
         ])
         .await;
-    assert_eq!(answers[0].as_ref().unwrap(), &grant(true, "a"));
-    assert_eq!(answers[1].as_ref().unwrap(), &grant(false, "a"));
+    assert_eq!(answers[0].as_ref().unwrap(), &grant(true, "a", Some(1)));
+    assert_eq!(answers[1].as_ref().unwrap(), &grant(false, "a", None));
     assert_eq!(
         answers[2].as_ref().unwrap_err().code(),
         "ERR_LEASE_INVALID_OWNER"
@@ -66,8 +91,8 @@ async fn a_batch_answers_each_call_in_order_and_bad_calls_never_reach_redis() {
     assert_eq!(server.cli(&["GET", "t:lease:k"]), "a");
     assert_eq!(
         server.cli(&["DBSIZE"]),
-        "1",
-        "only the good acquire wrote a key"
+        "3",
+        "only the good acquire wrote keys: the lease, its token, the slot's counter"
     );
 }
 
@@ -77,7 +102,7 @@ async fn script_flush_is_invisible_to_callers() {
     let store = store(&server, Duration::from_secs(2));
     assert_eq!(
         store.execute_one(acquire("k", "a", 10_000)).await.unwrap(),
-        grant(true, "a")
+        grant(true, "a", Some(1))
     );
     server.cli(&["SCRIPT", "FLUSH"]);
     let renew = Call::Renew {
@@ -87,7 +112,10 @@ async fn script_flush_is_invisible_to_callers() {
     };
     let answers = store.execute(vec![renew, acquire("j", "b", 500)]).await;
     assert_eq!(answers[0].as_ref().unwrap(), &Answer::Renewed(true));
-    assert_eq!(answers[1].as_ref().unwrap(), &grant(true, "b"));
+    assert!(matches!(
+        answers[1].as_ref().unwrap(),
+        Answer::Grant(Grant { acquired: true, owner: Some(o), token: Some(_) }) if o == "b"
+    ));
 }
 
 #[tokio::test]
@@ -134,35 +162,123 @@ async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
 }
 
 #[tokio::test]
-async fn a_transfer_sent_again_answers_true_only_when_the_lease_is_already_with_its_new_owner() {
+async fn the_same_transfer_run_twice_answers_true_twice_and_another_finding_the_new_owner_false() {
     let server = Server::start("lease-transfer-again");
-    let store = store(&server, Duration::from_secs(2));
     let script = crate::core::scripts::TRANSFER.source;
-    let run = |holder: &str, again: bool| {
-        server.cli(&["SET", "t:lease:k", holder, "PX", "60000"]);
-        let mut args = vec!["EVAL", script, "1", "t:lease:k", "a", "b", "5000"];
-        if again {
-            args.push("1");
-        }
+    let (token, counter) = companions("k");
+    let run = |id: &str| {
+        let keys = ["t:lease:k", token.as_str(), counter.as_str()];
+        let args = [
+            "EVAL", script, "3", keys[0], keys[1], keys[2], "a", "b", "5000", id,
+        ];
         (server.cli(&args), server.cli(&["GET", "t:lease:k"]))
     };
-    // A first send: only fromOwner may hand the lease over.
-    assert_eq!(run("a", false), ("1".into(), "b".into()));
-    assert_eq!(run("b", false), ("0".into(), "b".into()));
-    assert_eq!(run("c", false), ("0".into(), "c".into()));
-    // A second send also succeeds when the first went through; a third owner still wins.
-    assert_eq!(run("a", true), ("1".into(), "b".into()));
-    assert_eq!(run("b", true), ("1".into(), "b".into()));
-    assert_eq!(run("c", true), ("0".into(), "c".into()));
-    // Through the store, a first send never takes that shortcut.
-    server.cli(&["SET", "t:lease:k", "b", "PX", "60000"]);
-    let answers = store
-        .execute(vec![Call::Transfer {
-            key: "k".into(),
-            from: "a".into(),
-            to: "b".into(),
-            ttl_ms: 5000,
-        }])
-        .await;
-    assert_eq!(answers[0].as_ref().unwrap(), &Answer::Transferred(false));
+    server.cli(&["SET", "t:lease:k", "a", "PX", "60000"]);
+    // Only fromOwner may hand the lease over.
+    assert_eq!(run("t1"), ("1".into(), "b".into()));
+    // The same transfer again (its reply lost, or re-sent by a cluster client): still 1.
+    assert_eq!(run("t1"), ("1".into(), "b".into()));
+    // Another transfer from a, finding b already holding the lease: a no longer held it.
+    assert_eq!(run("t2"), ("0".into(), "b".into()));
+    // A third owner holding the lease is never taken over.
+    server.cli(&["SET", "t:lease:k", "c", "PX", "60000"]);
+    assert_eq!(run("t1"), ("0".into(), "c".into()));
+}
+
+#[tokio::test]
+async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_keeps_it() {
+    let server = Server::start("lease-tokens");
+    let store = store(&server, Duration::from_secs(2));
+    let run = |call: Call| store.execute_one(call);
+    let first = token_of(run(acquire("k", "a", 60_000)).await.unwrap());
+    // A refresh by the holder and a renew keep the lease's token.
+    assert_eq!(
+        token_of(run(acquire("k", "a", 60_000)).await.unwrap()),
+        first
+    );
+    let renew = Call::Renew {
+        key: "k".into(),
+        owner: "a".into(),
+        ttl_ms: 60_000,
+    };
+    assert_eq!(run(renew).await.unwrap(), Answer::Renewed(true));
+    let read = run(lease("k")).await.unwrap();
+    assert!(
+        matches!(&read, Answer::Lease(Some(Lease { owner, token: Some(t), ttl_ms }))
+        if owner == "a" && *t == first && *ttl_ms > 59_000 && *ttl_ms <= 60_000),
+        "{read:?}"
+    );
+    // A transfer hands the new holder a greater token.
+    let transfer = Call::Transfer {
+        key: "k".into(),
+        from: "a".into(),
+        to: "b".into(),
+        ttl_ms: 60_000,
+    };
+    assert_eq!(run(transfer).await.unwrap(), Answer::Transferred(true));
+    let Answer::Lease(Some(moved)) = run(lease("k")).await.unwrap() else {
+        panic!("no lease")
+    };
+    assert!(moved.token.unwrap() > first);
+    // After a release, and after an expiry, the next claim's token is greater still.
+    let release = Call::Release {
+        key: "k".into(),
+        owner: "b".into(),
+    };
+    assert_eq!(run(release).await.unwrap(), Answer::Released(true));
+    assert_eq!(run(lease("k")).await.unwrap(), Answer::Lease(None));
+    let after_release = token_of(run(acquire("k", "c", 50)).await.unwrap());
+    assert!(after_release > moved.token.unwrap());
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let after_expiry = token_of(run(acquire("k", "d", 60_000)).await.unwrap());
+    assert!(after_expiry > after_release);
+    // A key in another slot counts on its own counter, so tokens are per key, not global.
+    let (_, counter) = companions("k");
+    assert_eq!(server.cli(&["GET", &counter]), after_expiry.to_string());
+}
+
+#[tokio::test]
+async fn a_lease_another_client_wrote_gets_a_token_when_its_holder_acquires_it_again() {
+    let server = Server::start("lease-foreign");
+    let store = store(&server, Duration::from_secs(2));
+    // Mastra's own backend writes the lease key alone.
+    server.cli(&["SET", "t:lease:k", "a", "PX", "60000"]);
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(
+        matches!(&read, Answer::Lease(Some(Lease { token: None, .. }))),
+        "{read:?}"
+    );
+    let token = token_of(store.execute_one(acquire("k", "a", 60_000)).await.unwrap());
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(&read, Answer::Lease(Some(Lease { token: Some(t), .. })) if *t == token));
+}
+
+#[tokio::test]
+async fn leases_that_came_and_went_leave_only_one_counter_per_slot_behind() {
+    let server = Server::start("lease-keyspace");
+    let store = store(&server, Duration::from_secs(5));
+    let calls: Vec<Call> = (0..3_000)
+        .map(|n| acquire(&format!("k{n}"), "a", 100))
+        .collect();
+    for answer in store.execute(calls).await {
+        token_of(answer.unwrap());
+    }
+    let slots: std::collections::HashSet<u16> = (0..3_000)
+        .map(|n| crate::core::lease::keys::slot(format!("t:lease:k{n}").as_bytes()))
+        .collect();
+    // Expired keys linger until Redis' expiry cycle samples them: within seconds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left: usize = server.cli(&["DBSIZE"]).parse().unwrap();
+        if left == slots.len() || Instant::now() > deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        left,
+        slots.len(),
+        "one counter per slot used, no lease or token key"
+    );
+    assert!(left <= usize::from(crate::core::lease::keys::SLOTS));
 }

@@ -1,0 +1,165 @@
+// Fencing tokens: every grant of a lease carries a token greater than every token granted
+// before for its key (across expiry, release and re-acquire, transfer, and a Redis restart
+// with persistence), and a refresh by the holder keeps it. `getLease` reads the lease whole.
+// End to end: a resource that refuses writes carrying a lower token than the last it saw
+// loses no write and takes no stale one when a holder frozen past its TTL resumes and writes.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import { randomUUID } from 'node:crypto'
+
+import { beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisStreamsPubSub } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, type LeaseState } from '../index.js'
+import { sleep } from './helpers/lease.js'
+import { closing, LeaseChild, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+
+leaseSuite()
+
+let server: RedisServer
+beforeAll(async () => {
+  server = stopLater(await startRedis())
+})
+
+type Fenced = {
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<Grant & { token?: number }>
+  releaseLease(key: string, owner: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
+  transferLease(key: string, from: string, to: string, ttlMs: number): Promise<boolean>
+  getLease(key: string): Promise<LeaseState | undefined>
+  close(): Promise<void>
+}
+
+const providers: Array<[string, (prefix: string) => Fenced]> = [
+  ['MemoryLeaseProvider', () => closing(new MemoryLeaseProvider())],
+  ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ url: server.url, keyPrefix }))],
+  ["RedisStreamsPubSub's leases", (keyPrefix) => closing(new RedisStreamsPubSub({ url: server.url, keyPrefix }))],
+]
+
+const uniqueKey = () => `fence-${randomUUID().slice(0, 8)}\u0000thread`
+
+/** A resource guarded by fencing tokens: it refuses a write whose token is below the last it took. */
+class FencedResource {
+  last = 0
+  readonly accepted: Array<{ token: number; value: string }> = []
+  readonly refused: Array<{ token: number; value: string }> = []
+  write(token: number, value: string): boolean {
+    if (token < this.last) {
+      this.refused.push({ token, value })
+      return false
+    }
+    this.last = token
+    this.accepted.push({ token, value })
+    return true
+  }
+}
+
+describe.each(providers)('%s', (_name, make) => {
+  it('every claim and every transfer takes a greater token; a refresh and a renew keep it', async () => {
+    const p = make(`fence:${RUN}:${randomUUID().slice(0, 8)}`)
+    const key = uniqueKey()
+    const first = await p.acquireLease(key, 'A', 60_000)
+    expect(first).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
+    expect(Number.isSafeInteger(first.token)).toBe(true)
+    expect((await p.acquireLease(key, 'A', 60_000)).token).toBe(first.token)
+    expect(await p.renewLease(key, 'A', 60_000)).toBe(true)
+    expect(await p.acquireLease(key, 'B', 60_000)).toEqual({ acquired: false, owner: 'A' })
+    const held = await p.getLease(key)
+    expect(held).toEqual({ owner: 'A', token: first.token, ttlMs: expect.any(Number) })
+    expect(held!.ttlMs).toBeGreaterThan(59_000)
+    expect(held!.ttlMs).toBeLessThanOrEqual(60_000)
+
+    expect(await p.transferLease(key, 'A', 'B', 60_000)).toBe(true)
+    const moved = (await p.getLease(key))!
+    expect(moved.owner).toBe('B')
+    expect(moved.token).toBeGreaterThan(first.token!)
+
+    await p.releaseLease(key, 'B')
+    expect(await p.getLease(key)).toBeUndefined()
+    const afterRelease = await p.acquireLease(key, 'C', 60)
+    expect(afterRelease.token).toBeGreaterThan(moved.token!)
+    await sleep(120)
+    expect(await p.getLease(key)).toBeUndefined()
+    const afterExpiry = await p.acquireLease(key, 'D', 60_000)
+    expect(afterExpiry.token).toBeGreaterThan(afterRelease.token!)
+  })
+
+  it('a resource that checks tokens takes every write of the current holder and none of a holder that lost the lease', async () => {
+    const p = make(`fence:${RUN}:${randomUUID().slice(0, 8)}`)
+    const key = uniqueKey()
+    const resource = new FencedResource()
+    const a = await p.acquireLease(key, 'A', 60_000)
+    expect(resource.write(a.token!, 'A-1')).toBe(true)
+    expect(await p.transferLease(key, 'A', 'B', 60_000)).toBe(true)
+    const b = (await p.getLease(key))!
+    expect(resource.write(b.token!, 'B-1')).toBe(true)
+    // A, unaware it gave the lease away, writes late with its own token.
+    expect(resource.write(a.token!, 'A-late')).toBe(false)
+    expect(resource.accepted.map((w) => w.value)).toEqual(['A-1', 'B-1'])
+  })
+})
+
+describe('tokens against Redis itself', () => {
+  it('a lease another client wrote (Mastra’s own backend) reads with no token until its holder acquires it', async () => {
+    const prefix = `fence-foreign:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const key = uniqueKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'mastra-run', 'PX', 60_000)
+    expect(await p.getLease(key)).toEqual({ owner: 'mastra-run', token: undefined, ttlMs: expect.any(Number) })
+    const grant = await p.acquireLease(key, 'mastra-run', 60_000)
+    expect(grant.token).toEqual(expect.any(Number))
+    expect((await p.getLease(key))!.token).toBe(grant.token)
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('tokens keep growing across a kill -9 and restart with appendonly yes and appendfsync always', async () => {
+    const durable = stopLater(await startRedis({ args: ['--appendonly', 'yes', '--appendfsync', 'always'] }))
+    const prefix = `fence-durable:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: durable.url, keyPrefix: prefix }))
+    const key = uniqueKey()
+    const before = await p.acquireLease(key, 'A', 60_000)
+    await p.releaseLease(key, 'A')
+    await durable.restart()
+    let after: Grant & { token?: number } | undefined
+    for (let i = 0; i < 50 && after === undefined; i++) {
+      after = await p.acquireLease(key, 'B', 60_000).catch(() => undefined)
+      if (after === undefined) await sleep(100)
+    }
+    expect(after).toEqual({ acquired: true, owner: 'B', token: expect.any(Number) })
+    expect(after!.token).toBeGreaterThan(before.token!)
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('a holder frozen past its TTL, with a resource that checks tokens', () => {
+  it('loses no write of a current holder and takes no write of the holder that resumed', async ({ annotate }) => {
+    const TTL = 500
+    const prefix = `fence-frozen:${RUN}`
+    const key = uniqueKey()
+    const resource = new FencedResource()
+    const child = await LeaseChild.start({ store: 'redis', url: server.url, keyPrefix: prefix })
+    const peer = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    try {
+      const held = await child.call<Grant & { token: number }>('acquireLease', key, 'client', TTL)
+      expect(held.acquired).toBe(true)
+      // The holder writes with its token while it holds the lease.
+      expect(resource.write(held.token, 'client-1')).toBe(true)
+      child.signal('SIGSTOP')
+      await sleep(TTL + 300)
+      // The lease expired under the frozen holder; the peer takes it and writes.
+      const taken = await peer.acquireLease(key, 'peer', 60_000)
+      expect(taken).toEqual({ acquired: true, owner: 'peer', token: expect.any(Number) })
+      expect(resource.write(taken.token!, 'peer-1')).toBe(true)
+      child.signal('SIGCONT')
+      // The resumed holder writes at once with the token it still believes in: refused.
+      expect(resource.write(held.token, 'client-late')).toBe(false)
+      // Its next renew tells it the lease is gone; the peer's writes keep landing.
+      expect(await child.call<boolean>('renewLease', key, 'client', TTL)).toBe(false)
+      expect(resource.write(taken.token!, 'peer-2')).toBe(true)
+      expect(resource.accepted.map((w) => w.value)).toEqual(['client-1', 'peer-1', 'peer-2'])
+      expect(resource.refused.map((w) => w.value)).toEqual(['client-late'])
+      await annotate(`tokens: client ${held.token}, peer ${taken.token}; ${resource.accepted.length} writes taken, ${resource.refused.length} stale refused`)
+    } finally {
+      await child.stop()
+    }
+  })
+})
