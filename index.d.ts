@@ -173,6 +173,19 @@ export declare class RedisStreamsTransport {
   close(): Promise<void>
 }
 
+/** `cluster`: a Redis Cluster, found through any of its nodes. */
+export interface ClusterOptions {
+  /**
+   * Seed node URLs, `redis://[user:pass@]host:port` or `rediss://`; every node takes the
+   * same credentials.
+   */
+  nodes: Array<string>
+  /** The ACL user of the nodes, in place of one in the URLs. */
+  username?: string
+  /** The nodes' password, in place of one in the URLs. */
+  password?: string
+}
+
 /** What `acquireLease` resolves to. */
 export interface LeaseGrant {
   /** `true` when the caller holds the lease after the call. */
@@ -243,6 +256,31 @@ export interface RedisLeaseProviderOptions {
    */
   redisOptions?: RedisClientOptions
   /**
+   * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
+   * URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
+   * each topic's stream are spread over the masters by hash slot. Not with `url`.
+   */
+  cluster?: ClusterOptions
+  /**
+   * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
+   * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
+   * URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
+   * by, and the master's credentials. A failover is followed without a restart. Not with
+   * `url`.
+   */
+  sentinel?: SentinelOptions
+  /**
+   * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
+   * transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
+   * round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+   */
+  minReplicas?: number
+  /**
+   * How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
+   * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
+   */
+  replicaTimeoutMs?: number
+  /**
    * CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
    * roots).
    */
@@ -291,6 +329,31 @@ export interface RedisStreamsOptions {
    * takes them.
    */
   redisOptions?: RedisClientOptions
+  /**
+   * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
+   * URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
+   * each topic's stream are spread over the masters by hash slot. Not with `url`.
+   */
+  cluster?: ClusterOptions
+  /**
+   * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
+   * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
+   * URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
+   * by, and the master's credentials. A failover is followed without a restart. Not with
+   * `url`.
+   */
+  sentinel?: SentinelOptions
+  /**
+   * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
+   * transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
+   * round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+   */
+  minReplicas?: number
+  /**
+   * How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
+   * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
+   */
+  replicaTimeoutMs?: number
   /**
    * CA, client certificate and key for a `rediss://` URL, for every connection. Default:
    * none (the platform's roots).
@@ -367,6 +430,23 @@ export interface RedisStreamsOptions {
    * Without it, the eviction-policy warning goes to `process.emitWarning`.
    */
   logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+}
+
+/** `sentinel`: the master that Redis Sentinel monitors under `masterName`. */
+export interface SentinelOptions {
+  /**
+   * The sentinels' URLs, `redis://[user:pass@]host:port` (the sentinels' own credentials)
+   * or `rediss://` (TLS to the sentinels and the master, with `tls`).
+   */
+  nodes: Array<string>
+  /** The name the sentinels monitor the master by. */
+  masterName: string
+  /** The master's ACL user. */
+  username?: string
+  /** The master's password. */
+  password?: string
+  /** The master's database number. Default 0. */
+  database?: number
 }
 
 /**

@@ -25,7 +25,7 @@ mod core;
 mod glue;
 
 pub use glue::options::{
-    MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions, RedisStreamsOptions,
-    TlsOptions,
+    ClusterOptions, MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions,
+    RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 pub use glue::reply::{LeaseGrant, LeaseState};

@@ -49,6 +49,14 @@ pub enum Error {
     /// Redis refused the credentials or the ACL user may not run the command.
     #[error("Redis refused access: {0}")]
     Auth(#[source] redis::RedisError),
+    /// A write that grants or moves a lease ran on the master, but fewer replicas than
+    /// `minReplicas` confirmed it within `replicaTimeoutMs` (`WAIT`): a failover could
+    /// forget it, so it is not reported as granted.
+    #[error(
+        "{confirmed} of the {wanted} replicas asked for confirmed the write in time; a failover \
+         could forget it"
+    )]
+    Replication { wanted: u32, confirmed: u32 },
     /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
     #[error("Redis returned an error: {0}")]
     Server(#[source] redis::RedisError),
@@ -124,6 +132,7 @@ impl Error {
             Self::Timeout(_) => "ERR_LEASE_TIMEOUT",
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",
+            Self::Replication { .. } => "ERR_LEASE_REPLICATION",
             Self::Server(_) => "ERR_LEASE_REDIS",
             Self::Internal(_) => "ERR_LEASE_INTERNAL",
         }

@@ -186,6 +186,31 @@ pub fn uint8_bytes(env: Env, value: Value) -> Option<Vec<u8>> {
     Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
 }
 
+/// The items of an array, or `None` when `value` is not one; `Err` with what reading an
+/// item threw (a getter, a Proxy's trap).
+pub fn array_items(env: Env, value: Value) -> Result<Option<Vec<Value>>, Value> {
+    let mut is_array = false;
+    // SAFETY: a type check on a live value.
+    unsafe { sys::napi_is_array(env, value, &mut is_array) };
+    if !is_array {
+        return Ok(None);
+    }
+    let mut len = 0u32;
+    // SAFETY: value is an array.
+    unsafe { sys::napi_get_array_length(env, value, &mut len) };
+    let mut items = Vec::with_capacity(len as usize);
+    for i in 0..len {
+        let mut item = ptr::null_mut();
+        // SAFETY: i is below the array's length; a getter may throw.
+        let status = unsafe { sys::napi_get_element(env, value, i, &mut item) };
+        if status != sys::Status::napi_ok {
+            return Err(take_exception(env));
+        }
+        items.push(item);
+    }
+    Ok(Some(items))
+}
+
 /// The names of an object's enumerable string-keyed properties (as `for...in` lists them),
 /// or what listing them threw (a Proxy's trap).
 pub fn property_names(env: Env, object: Value) -> Result<Vec<String>, Value> {

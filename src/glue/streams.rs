@@ -87,7 +87,12 @@ impl RedisStreamsTransport {
     pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
         let raw = env.raw();
         let built = options::redis_streams(raw, options.map(|o| o.raw())).and_then(
-            |(mut options, limits, logger)| {
+            |options::Streams {
+                 transport: mut options,
+                 limits,
+                 replication,
+                 logger,
+             }| {
                 let key_prefix = options.key_prefix.clone();
                 let log = JsLog::logger_or_process(raw, logger)?.map(Arc::new);
                 // Warnings and notes go to the logger; without one, only the eviction-policy
@@ -100,7 +105,9 @@ impl RedisStreamsTransport {
                 if let Some(log) = log {
                     pubsub.connection().set_logger(log);
                 }
-                let store = RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
+                let mut store =
+                    RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
+                store.set_replication(replication);
                 Ok((pubsub, store, limits))
             },
         );

@@ -2,50 +2,189 @@
 //! there, behind one interface. [`Target`] knows how to open a connection to the deployment
 //! the options name; [`Link`] is one such connection, and callers send every command through
 //! it (`query_async`, `invoke_async`, [`Link::send_packed_commands`]) without asking which
-//! kind it is. A kind of deployment is a variant of each.
+//! kind it is. A kind of deployment is a variant of each:
+//!
+//! - one server, by URL: the shared link is redis-rs' `ConnectionManager`, which reconnects
+//!   by itself;
+//! - a Redis Cluster, by seed nodes: the shared link is redis-rs' cluster connection, which
+//!   routes each command to the node of its key, follows MOVED and ASK, and refreshes the
+//!   slot map; a blocking read gets a plain connection to the master of its key's slot;
+//! - a master behind Sentinel: the sentinels name the master (redis-rs checks its ROLE), and
+//!   a link to it answers READONLY (a demoted master) as an error, so the connection gives
+//!   it up and asks the sentinels again.
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
-use super::{redact, tls, ConnectionOptions};
+use super::{parse, redact, tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
 
 /// The deployment to reach.
 pub(super) enum Target {
     /// One server, by URL.
     Single(Client),
+    /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads).
+    Cluster {
+        client: Box<ClusterClient>,
+        nodes: NodeClients,
+    },
+    /// The master the sentinels name.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// How to open a plain connection to one node of a cluster, found by address: the seed's
+/// scheme, credentials and TLS material, another host and port.
+pub(super) struct NodeClients {
+    template: ConnectionInfo,
+    tls: super::TlsOptions,
 }
 
 impl Target {
-    /// Checks the URL, the credentials and the TLS material; connects nowhere.
+    /// Checks the URLs, the credentials and the TLS material; connects nowhere.
     pub(super) fn new(options: &ConnectionOptions) -> Result<Self> {
-        Ok(Self::Single(single(options)?))
+        // Before any client: a `rediss://` URL needs it even without TLS options.
+        tls::install_provider();
+        match &options.deployment {
+            Deployment::Single => Ok(Self::Single(single(options)?)),
+            Deployment::Cluster { nodes } => cluster(options, nodes),
+            Deployment::Sentinel { nodes, master_name } => sentinel(options, nodes, master_name)
+                .map(|c| Self::Sentinel(tokio::sync::Mutex::new(c))),
+        }
     }
 
-    /// The shared connection: opened on its first command, reopened by redis-rs after an
-    /// I/O error.
-    pub(super) fn shared(&self, config: &ConnectionManagerConfig) -> RedisResult<Link> {
+    /// Whether a key's slot decides where a command goes (a pipeline must then hold one
+    /// slot's keys only).
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster { .. })
+    }
+
+    /// Whether a link is given up when its node stops being the master (READONLY) or goes
+    /// away: behind Sentinel, where the next link finds the new master.
+    pub(super) fn follows_failover(&self) -> bool {
+        matches!(self, Self::Sentinel(_))
+    }
+
+    /// The shared connection: for one server, opened on its first command and reopened by
+    /// redis-rs after an I/O error; for a cluster, connected to the seeds now; behind
+    /// Sentinel, to the master the sentinels name now.
+    pub(super) async fn shared(
+        &self,
+        manager: &ConnectionManagerConfig,
+        direct: &AsyncConnectionConfig,
+    ) -> RedisResult<Link> {
         match self {
             Self::Single(client) => {
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
                     .map(Link::Managed)
+            }
+            Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
+            Self::Sentinel(sentinels) => {
+                let master = sentinels.lock().await.async_get_client().await?;
+                let link = master
+                    .get_multiplexed_async_connection_with_config(direct)
+                    .await?;
+                Ok(Link::Master(link))
             }
         }
     }
 
-    /// A connection of its own, opened now, for a caller that blocks on it.
-    pub(super) async fn open(&self, config: &AsyncConnectionConfig) -> RedisResult<Link> {
+    /// A connection of its own, opened now, for a caller that blocks on it. On a cluster it
+    /// goes to the master of `key`'s slot, as the shared link reports it (`CLUSTER SHARDS`
+    /// would do as well; `CLUSTER SLOTS` is answered by every version).
+    pub(super) async fn open(
+        &self,
+        config: &AsyncConnectionConfig,
+        shared: Option<&Link>,
+        key: Option<&[u8]>,
+    ) -> RedisResult<Link> {
         match self {
             Self::Single(client) => client
                 .get_multiplexed_async_connection_with_config(config)
                 .await
                 .map(Link::Direct),
+            Self::Cluster { nodes, .. } => {
+                let (Some(Link::Cluster(cluster)), Some(key)) = (shared, key) else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "a blocking read on a cluster needs the cluster link and a key",
+                    )));
+                };
+                let (host, port) = master_of(cluster.clone(), key).await?;
+                nodes
+                    .client(&host, port)?
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map(Link::Direct)
+            }
+            Self::Sentinel(sentinels) => {
+                let master = sentinels.lock().await.async_get_client().await?;
+                let link = master
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?;
+                Ok(Link::Master(link))
+            }
         }
     }
+}
+
+impl NodeClients {
+    fn client(&self, host: &str, port: u16) -> RedisResult<Client> {
+        let addr = match self.template.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let info = self.template.clone().set_addr(addr);
+        if self.tls.is_empty() {
+            Client::open(info)
+        } else {
+            Client::build_with_tls(info, self.tls.certificates())
+        }
+    }
+}
+
+/// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
+async fn master_of(mut cluster: ClusterConnection, key: &[u8]) -> RedisResult<(String, u16)> {
+    let slot = crate::core::lease::keys::slot(key);
+    let reply = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async::<Value>(&mut cluster)
+        .await?;
+    let ranges: Vec<Vec<Value>> = parse(reply)?;
+    for range in ranges {
+        let mut fields = range.into_iter();
+        let (Some(start), Some(end), Some(master)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (start, end): (u16, u16) = (parse(start)?, parse(end)?);
+        if (start..=end).contains(&slot) {
+            let node: Vec<Value> = parse(master)?;
+            let mut node = node.into_iter();
+            if let (Some(host), Some(port)) = (node.next(), node.next()) {
+                return Ok((parse::<String>(host)?, parse::<u16>(port)?));
+            }
+        }
+    }
+    Err(redis::RedisError::from((
+        redis::ErrorKind::Server(ServerErrorKind::ClusterDown),
+        "no node serves the slot",
+    )))
 }
 
 /// One connection, of whichever kind the target opens.
@@ -53,8 +192,13 @@ impl Target {
 pub enum Link {
     /// The shared connection to a single server.
     Managed(ConnectionManager),
-    /// A connection of its own to a single server.
+    /// A connection of its own to one server or one cluster node.
     Direct(MultiplexedConnection),
+    /// The shared connection to a cluster.
+    Cluster(ClusterConnection),
+    /// A connection to the master the sentinels named: a READONLY reply (the node was
+    /// demoted) fails the whole request, so the caller's connection is given up.
+    Master(MultiplexedConnection),
 }
 
 impl Link {
@@ -68,6 +212,59 @@ impl Link {
     ) -> RedisResult<Vec<Value>> {
         self.req_packed_commands(pipe, offset, count).await
     }
+
+    /// Sends `cmd` to the master of `key`'s slot (on a cluster; elsewhere, where every
+    /// command goes): for a keyless command that must reach that node, such as `SCRIPT LOAD`
+    /// or `CLIENT UNBLOCK` of a reader blocked there.
+    pub async fn on_node_of(&mut self, key: &[u8], cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Self::Cluster(cluster) => {
+                let slot = crate::core::lease::keys::slot(key);
+                let route = Route::new(slot, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                cluster.route_command(cmd.clone(), routing).await
+            }
+            _ => cmd.query_async(self).await,
+        }
+    }
+}
+
+impl Link {
+    /// Runs `cmd` on every master (one server's link: on it), answering each node's reply,
+    /// an error reply as such.
+    pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Cluster(cluster) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match cluster.route_command(cmd.clone(), routing).await? {
+                    Value::Map(by_node) => {
+                        Ok(by_node.into_iter().map(|(_, reply)| reply).collect())
+                    }
+                    other => Ok(vec![other]),
+                }
+            }
+            _ => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone());
+                self.send_packed_commands(&pipe, 0, 1).await
+            }
+        }
+    }
+}
+
+/// Fails a request whose replies hold a READONLY error: the node is no longer the master.
+fn refuse_replica<T>(replies: RedisResult<T>, readonly: impl Fn(&T) -> bool) -> RedisResult<T> {
+    match replies {
+        Ok(replies) if readonly(&replies) => Err(redis::RedisError::from((
+            redis::ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "the master was demoted: it answers READONLY",
+        ))),
+        other => other,
+    }
+}
+
+fn is_readonly(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::ReadOnly))
 }
 
 impl ConnectionLike for Link {
@@ -75,6 +272,12 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.req_packed_command(cmd),
             Self::Direct(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Master(c) => {
+                Box::pin(
+                    async move { refuse_replica(c.req_packed_command(cmd).await, is_readonly) },
+                )
+            }
         }
     }
 
@@ -87,41 +290,45 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Master(c) => Box::pin(async move {
+                let replies = c.req_packed_commands(pipe, offset, count).await;
+                refuse_replica(replies, |values: &Vec<Value>| {
+                    values.iter().any(is_readonly)
+                })
+            }),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Managed(c) => c.get_db(),
-            Self::Direct(c) => c.get_db(),
+            Self::Direct(c) | Self::Master(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
         }
     }
 }
 
-/// The client of a single server: the URL, with the credentials and database the options
-/// give beside it, and the TLS material for a `rediss://` URL.
-fn single(options: &ConnectionOptions) -> Result<Client> {
-    // Before any client: a `rediss://` URL needs it even without TLS options.
-    tls::install_provider();
-    let url = &options.url;
-    let client = Client::open(url.as_str()).map_err(|err| {
+/// A URL's connection info, the credentials and database the options give beside it
+/// applied, each refused when the URL already says otherwise.
+fn with_credentials(url: &str, options: &ConnectionOptions, what: &str) -> Result<ConnectionInfo> {
+    let mut info = url.into_connection_info().map_err(|err| {
         // The URL may carry a password, so neither it nor the parser's echo of it is
         // repeated; the parser's complaint without the URL is enough to fix it.
         Error::option(
             InputErrorKind::Range,
             format!(
-                "url is not a Redis URL (redis://, rediss://, redis+unix://): {}",
+                "{what} is not a Redis URL (redis://, rediss://, redis+unix://): {}",
                 redact(&err.to_string(), url)
             ),
         )
     })?;
-    let mut info = client.get_connection_info().clone();
     let mut settings = info.redis_settings().clone();
     // Given twice, differently: which one was meant cannot be told.
-    let twice = |what: &str| {
+    let twice = |field: &str| {
         Error::option(
             InputErrorKind::Type,
-            format!("the {what} is given both in the url and as an option, differently"),
+            format!("the {field} is given both in the url and as an option, differently"),
         )
     };
     if let Some(username) = &options.username {
@@ -143,9 +350,13 @@ fn single(options: &ConnectionOptions) -> Result<Client> {
         settings = settings.set_db(database);
     }
     info = info.set_redis_settings(settings);
-    let tls = &options.tls;
-    if tls.is_empty() {
-        return Client::open(info).map_err(|err| Error::from_redis(err, options.connect_timeout));
+    Ok(info)
+}
+
+/// The TLS material applies to `rediss://` only.
+fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
+    if options.tls.is_empty() {
+        return Ok(());
     }
     if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         return Err(Error::option(
@@ -153,13 +364,176 @@ fn single(options: &ConnectionOptions) -> Result<Client> {
             "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// only",
         ));
     }
-    tls.check()?;
-    // The material was checked above, so this fails only on what redis-rs itself refuses;
-    // its message is not repeated in case it quotes the material.
-    Client::build_with_tls(info, tls.certificates()).map_err(|_| {
+    options.tls.check()
+}
+
+/// The material was checked, so a refusal is redis-rs' own; its message is not repeated in
+/// case it quotes the material.
+fn refused_tls(_: redis::RedisError) -> Error {
+    Error::option(
+        InputErrorKind::Range,
+        "tls: the Redis client refused the certificates or key",
+    )
+}
+
+/// The client of a single server: the URL, with the credentials and database the options
+/// give beside it, and the TLS material for a `rediss://` URL.
+fn single(options: &ConnectionOptions) -> Result<Client> {
+    let info = with_credentials(&options.url, options, "url")?;
+    check_tls(options, &info)?;
+    if options.tls.is_empty() {
+        return Client::open(info).map_err(|err| Error::from_redis(err, options.connect_timeout));
+    }
+    Client::build_with_tls(info, options.tls.certificates()).map_err(refused_tls)
+}
+
+/// A cluster client: the seed nodes (one scheme, one set of credentials), the timeouts.
+/// redis-rs retries a command that met MOVED, ASK, TRYAGAIN or a dropped node within the
+/// call's timeout, which `Connection` bounds; its own bound is set to the same.
+fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
+    let range = |message: &str| Error::option(InputErrorKind::Range, message);
+    if nodes.is_empty() {
+        return Err(range("cluster.nodes must name at least one node"));
+    }
+    if options.database.is_some_and(|db| db != 0) {
+        return Err(range("a cluster has database 0 only"));
+    }
+    let infos = nodes
+        .iter()
+        .map(|url| with_credentials(url, options, "cluster.nodes"))
+        .collect::<Result<Vec<_>>>()?;
+    let first = &infos[0];
+    for info in &infos {
+        check_tls(options, info)?;
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if tls != matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
+            return Err(range("cluster.nodes mix redis:// and rediss:// URLs"));
+        }
+        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+            return Err(range(
+                "cluster.nodes must be redis:// or rediss:// URLs, not unix sockets",
+            ));
+        }
+        if info.redis_settings().username() != first.redis_settings().username()
+            || info.redis_settings().password() != first.redis_settings().password()
+        {
+            return Err(range(
+                "cluster.nodes give different credentials: every node takes the same",
+            ));
+        }
+        if info.redis_settings().db() != 0 {
+            return Err(range("a cluster has database 0 only"));
+        }
+    }
+    let mut builder = ClusterClientBuilder::new(infos.clone())
+        .connection_timeout(options.connect_timeout)
+        .response_timeout(options.command_timeout)
+        .overall_response_timeout(Some(options.command_timeout))
+        .min_retry_wait(10)
+        .max_retry_wait(200);
+    if let Some(username) = first.redis_settings().username() {
+        builder = builder.username(username);
+    }
+    if let Some(password) = first.redis_settings().password() {
+        builder = builder.password(password);
+    }
+    if !options.tls.is_empty() {
+        builder = builder.certs(options.tls.certificates());
+    }
+    let client = builder.build().map_err(|err| {
         Error::option(
             InputErrorKind::Range,
-            "tls: the Redis client refused the certificates or key",
+            format!("cluster: {}", redact_all(&err.to_string(), nodes)),
         )
+    })?;
+    Ok(Target::Cluster {
+        client: Box::new(client),
+        nodes: NodeClients {
+            template: first.clone(),
+            tls: options.tls.clone(),
+        },
     })
+}
+
+/// A sentinel client: the sentinels by URL (their own credentials in the URLs, `rediss://`
+/// for TLS to them and to the master), the master's name, and the master's credentials and
+/// database from the options.
+fn sentinel(
+    options: &ConnectionOptions,
+    nodes: &[String],
+    master_name: &str,
+) -> Result<SentinelClient> {
+    let range = |message: &str| Error::option(InputErrorKind::Range, message);
+    if nodes.is_empty() {
+        return Err(range("sentinel.nodes must name at least one sentinel"));
+    }
+    if master_name.is_empty() {
+        return Err(range("sentinel.masterName must not be empty"));
+    }
+    let no_credentials = ConnectionOptions {
+        username: None,
+        password: None,
+        database: None,
+        ..options.clone()
+    };
+    let infos = nodes
+        .iter()
+        .map(|url| with_credentials(url, &no_credentials, "sentinel.nodes"))
+        .collect::<Result<Vec<_>>>()?;
+    let first = &infos[0];
+    let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
+    for info in &infos {
+        check_tls(options, info)?;
+        if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) != tls {
+            return Err(range("sentinel.nodes mix redis:// and rediss:// URLs"));
+        }
+        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+            return Err(range(
+                "sentinel.nodes must be redis:// or rediss:// URLs, not unix sockets",
+            ));
+        }
+    }
+    let mut builder = SentinelClientBuilder::new(
+        infos.iter().map(|info| info.addr().clone()),
+        master_name,
+        SentinelServerType::Master,
+    )
+    .map_err(|err| range(&format!("sentinel: {err}")))?;
+    if let Some(username) = first.redis_settings().username() {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = first.redis_settings().password() {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some(username) = &options.username {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = &options.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if let Some(database) = options.database {
+        builder = builder.set_client_to_redis_db(database);
+    }
+    if tls {
+        builder = builder
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        if !options.tls.is_empty() {
+            builder = builder
+                .set_client_to_redis_certificates(options.tls.certificates())
+                .set_client_to_sentinel_certificates(options.tls.certificates());
+        }
+    }
+    builder.build().map_err(|err| {
+        range(&format!(
+            "sentinel: {}",
+            redact_all(&err.to_string(), nodes)
+        ))
+    })
+}
+
+/// Removes every URL (and so any password in one) from a message.
+fn redact_all(message: &str, urls: &[String]) -> String {
+    urls.iter()
+        .fold(message.to_owned(), |message, url| redact(&message, url))
 }

@@ -31,17 +31,37 @@ use setup::Setup;
 pub use setup::EVICTION_WARNING_CODE;
 pub use tls::TlsOptions;
 
-/// How to reach one Redis, and the bounds on reaching it.
+/// Which kind of Redis deployment to reach.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum Deployment {
+    /// One server, at [`ConnectionOptions::url`].
+    #[default]
+    Single,
+    /// A Redis Cluster, found through any of these seed nodes (`redis://` or `rediss://`
+    /// URLs, every one with the same credentials).
+    Cluster { nodes: Vec<String> },
+    /// The master these sentinels name `master_name`. The sentinels' own credentials go in
+    /// their URLs; `rediss://` means TLS to the sentinels and to the master.
+    Sentinel {
+        nodes: Vec<String>,
+        master_name: String,
+    },
+}
+
+/// How to reach Redis, and the bounds on reaching it.
 #[derive(Clone)]
 pub struct ConnectionOptions {
-    /// `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
+    /// Which kind of deployment. Default one server.
+    pub deployment: Deployment,
+    /// For one server: `redis://[user:pass@]host[:port][/db]`, `rediss://...` for TLS, or
     /// `redis+unix:///path/to.sock`. Default `redis://127.0.0.1:6379`.
     pub url: String,
-    /// The ACL user, in place of one in the URL.
+    /// The ACL user of the data nodes (the server, the cluster's nodes, the master), in
+    /// place of one in a URL.
     pub username: Option<String>,
-    /// The password, in place of one in the URL.
+    /// Their password, in place of one in a URL.
     pub password: Option<String>,
-    /// The database number, in place of one in the URL.
+    /// The database number, in place of one in the URL (a cluster has 0 only).
     pub database: Option<i64>,
     /// CA, client certificate and key for a `rediss://` URL. Default none.
     pub tls: TlsOptions,
@@ -57,6 +77,7 @@ pub struct ConnectionOptions {
 impl Default for ConnectionOptions {
     fn default() -> Self {
         Self {
+            deployment: Deployment::Single,
             url: "redis://127.0.0.1:6379".to_owned(),
             username: None,
             password: None,
@@ -72,7 +93,13 @@ impl Default for ConnectionOptions {
 impl std::fmt::Debug for ConnectionOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL and the password are secrets: say only what is set.
+        let deployment = match &self.deployment {
+            Deployment::Single => "single",
+            Deployment::Cluster { .. } => "cluster",
+            Deployment::Sentinel { .. } => "sentinel",
+        };
         f.debug_struct("ConnectionOptions")
+            .field("deployment", &deployment)
             .field("username", &self.username.is_some())
             .field("password", &self.password.is_some())
             .field("database", &self.database)
@@ -87,15 +114,19 @@ impl std::fmt::Debug for ConnectionOptions {
 /// The connection name every connection gets unless the options name another.
 pub const DEFAULT_NAME: &str = "mastra-lease";
 
-/// A lazily opened, shared connection to one Redis.
+/// A lazily opened, shared connection to one Redis deployment (a server, a cluster, the
+/// master behind Sentinel).
 ///
 /// ## Behavior
 /// - Nothing connects until the first call; the calls made meanwhile share one attempt.
 /// - Every call, connecting included, is bounded by the command timeout: it answers, or it
 ///   fails with [`Error::Timeout`].
-/// - An I/O error breaks the connection; redis-rs' `ConnectionManager` opens a new one for the
-///   next call. A call that broke with it fails with [`Error::Connection`], unless it went
-///   through [`Connection::run_again_if_broken`].
+/// - An I/O error breaks the connection; redis-rs' `ConnectionManager` (one server) or its
+///   cluster connection (a cluster: per node) opens a new one. Behind Sentinel, the
+///   connection is given up and the next call asks the sentinels for the master again; so
+///   it is when the node answers READONLY (a demoted master), which fails the call with
+///   [`Error::Connection`]. A call that broke fails with [`Error::Connection`], unless it
+///   went through [`Connection::run_again_if_broken`].
 /// - A call that timed out gives up its connection (see [`Connection::run`]).
 /// - Each new connection is named (`CLIENT SETNAME`) and, with a logger, has its eviction
 ///   policy read, in a task of its own after a call on it succeeded.
@@ -109,6 +140,8 @@ pub struct Connection {
     /// wrong password, which the manager keeps and would answer every later call with), and
     /// when a call on it timed out (see [`Connection::run`]).
     slot: Mutex<Option<(u64, Link)>>,
+    /// Held while a connection is being made, so the calls waiting for it share one attempt.
+    connecting: tokio::sync::Mutex<()>,
     /// The number the next connection made gets.
     made: AtomicU64,
     timeout: Duration,
@@ -152,6 +185,7 @@ impl Connection {
             config,
             dedicated,
             slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             made: AtomicU64::new(0),
             timeout: options.command_timeout,
             connect_timeout: options.connect_timeout,
@@ -167,6 +201,12 @@ impl Connection {
         self.timeout
     }
 
+    /// Whether a key's hash slot decides the node a command goes to (a Redis Cluster): a
+    /// pipeline must then hold the keys of one slot only.
+    pub fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
     /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
     /// read (no extra command). The first logger set stays.
     pub fn set_logger(&self, logger: Arc<dyn Logger>) {
@@ -176,14 +216,23 @@ impl Connection {
     /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not
     /// hold up the shared one), named like every other, bounded by the connect and command
     /// timeouts. Answers it with its `CLIENT ID`, when the server tells it (an ACL may not):
-    /// another connection can interrupt a blocking read with `CLIENT UNBLOCK <id>`.
-    pub async fn dedicated(&self) -> Result<(Link, Option<i64>)> {
+    /// another connection can interrupt a blocking read with `CLIENT UNBLOCK <id>`, sent to
+    /// the same node ([`Link::on_node_of`] with the same key). On a cluster it goes to the
+    /// master of `key`'s slot.
+    pub async fn dedicated(&self, key: &[u8]) -> Result<(Link, Option<i64>)> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
         }
         let bound = self.connect_timeout.saturating_add(self.timeout);
+        let shared = match self.target.is_cluster() {
+            true => Some(self.link().await?),
+            false => None,
+        };
         let attempt = async {
-            let mut connection = self.target.open(&self.dedicated).await?;
+            let mut connection = self
+                .target
+                .open(&self.dedicated, shared.as_ref(), Some(key))
+                .await?;
             let mut pipe = redis::pipe();
             if let Some(name) = &self.name {
                 pipe.cmd("CLIENT").arg("SETNAME").arg(name);
@@ -243,14 +292,19 @@ impl Connection {
         F: FnOnce(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (number, connection) = self.get()?;
-        match tokio::time::timeout(budget, work(connection)).await {
+        let deadline = tokio::time::Instant::now() + budget;
+        let (number, connection) = match tokio::time::timeout(budget, self.get()).await {
+            Ok(got) => got?,
+            Err(_) => return Err(Error::Timeout(self.timeout)),
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, work(connection)).await {
             Ok(Ok(value)) => {
                 self.set_up_fresh();
                 Ok(value)
             }
             Ok(Err(err)) => {
-                let err = self.classify(err);
+                let err = self.classify_on(err, Some(number));
                 if matches!(err, Error::Timeout(_)) {
                     self.forget(number);
                 }
@@ -261,6 +315,11 @@ impl Connection {
                 Err(Error::Timeout(self.timeout))
             }
         }
+    }
+
+    /// The shared link, made now if there is none (within the caller's bound).
+    async fn link(&self) -> Result<Link> {
+        self.get().await.map(|(_, link)| link)
     }
 
     /// Closes the connection; every later call fails with [`Error::Closed`]. Calls in
@@ -285,18 +344,43 @@ impl Connection {
     }
 
     /// Classifies a redis-rs error as the variant a caller can act on, and forgets a
-    /// connection Redis refused to authenticate so the next call tries again.
+    /// connection Redis refused to authenticate so the next call tries again. Behind
+    /// Sentinel, a connection that broke or reached a demoted master (READONLY) is given up
+    /// too, and the error is a connection error: the next call finds the new master.
     pub fn classify(&self, err: redis::RedisError) -> Error {
+        self.classify_on(err, None)
+    }
+
+    /// [`Connection::classify`] for an error met on connection `number` (`None`: the
+    /// current one).
+    fn classify_on(&self, err: redis::RedisError, number: Option<u64>) -> Error {
         if err.is_unrecoverable_error() || err.is_io_error() {
             // The manager replaces the connection after these: the next one is set up.
             self.setup.renew();
         }
-        let err = Error::from_redis(err, self.timeout);
+        let demoted = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        let lost = err.is_unrecoverable_error() || err.is_io_error() || demoted;
+        let err = if self.target.follows_failover() && lost {
+            self.forget_any(number);
+            Error::Connection(err)
+        } else {
+            Error::from_redis(err, self.timeout)
+        };
         if matches!(err, Error::Auth(_)) {
-            self.slot().take();
-            self.setup.renew();
+            self.forget_any(number);
         }
         err
+    }
+
+    /// Forgets connection `number`, or whatever connection is current.
+    fn forget_any(&self, number: Option<u64>) {
+        match number {
+            Some(number) => self.forget(number),
+            None => {
+                self.slot().take();
+                self.setup.renew();
+            }
+        }
     }
 
     /// Classifies the error in one reply of a pipeline. The connection answered, so it is kept,
@@ -311,26 +395,41 @@ impl Connection {
         if !self.setup.claim(self.name.is_some()) {
             return;
         }
-        if let Ok((_, link)) = self.get() {
+        if let Ok(Some((_, link))) = self.current() {
             self.setup.spawn(link, self.name.as_deref(), self.timeout);
         }
     }
 
-    fn get(&self) -> Result<(u64, Link)> {
+    /// The shared connection and its number; made when there is none, one attempt at a
+    /// time (a caller that finds one being made waits for it).
+    async fn get(&self) -> Result<(u64, Link)> {
+        if let Some(current) = self.current()? {
+            return Ok(current);
+        }
+        let _making = self.connecting.lock().await;
+        if let Some(current) = self.current()? {
+            return Ok(current);
+        }
+        let connection = self
+            .target
+            .shared(&self.config, &self.dedicated)
+            .await
+            .map_err(|err| self.classify_on(err, None))?;
+        let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);
         let mut slot = self.slot();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
         }
-        if let Some(current) = slot.as_ref() {
-            return Ok(current.clone());
-        }
-        let connection = self
-            .target
-            .shared(&self.config)
-            .map_err(|err| Error::from_redis(err, self.timeout))?;
-        let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);
         *slot = Some(current.clone());
         Ok(current)
+    }
+
+    fn current(&self) -> Result<Option<(u64, Link)>> {
+        let slot = self.slot();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        Ok(slot.clone())
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<(u64, Link)>> {

@@ -56,30 +56,39 @@ impl Setup {
         self.fresh.store(true, Ordering::Relaxed);
     }
 
-    /// Names `link` and reads the eviction policy, in a task of its own.
+    /// Names `link` and reads the eviction policy, in a task of its own: on a cluster, on
+    /// every master.
     pub(super) fn spawn(self: &Arc<Self>, mut link: Link, name: Option<&str>, timeout: Duration) {
         let logger = self.logger.get().cloned();
-        let mut pipe = redis::pipe();
-        if let Some(name) = name {
-            pipe.cmd("CLIENT").arg("SETNAME").arg(name);
-        }
-        if logger.is_some() {
-            pipe.cmd("INFO").arg("memory");
-        }
+        let name = name.map(str::to_owned);
         let setup = Arc::clone(self);
         tokio::spawn(async move {
-            let replies = link.send_packed_commands(&pipe, 0, pipe.len());
+            let replies = async {
+                let mut named = Vec::new();
+                if let Some(name) = &name {
+                    let mut setname = redis::cmd("CLIENT");
+                    setname.arg("SETNAME").arg(name);
+                    named = link.on_every_master(&setname).await?;
+                }
+                let mut policies = Vec::new();
+                if logger.is_some() {
+                    policies = link
+                        .on_every_master(redis::cmd("INFO").arg("memory"))
+                        .await?;
+                }
+                Ok::<_, redis::RedisError>((named, policies))
+            };
             let error = match tokio::time::timeout(timeout, replies).await {
-                Ok(Ok(replies)) => {
+                Ok(Ok((named, policies))) => {
                     // Each reply answers for itself: a refused name leaves the check standing.
-                    let failed = replies.iter().find_map(|reply| match reply {
+                    let failed = named.iter().chain(&policies).find_map(|reply| match reply {
                         Value::ServerError(err) => Some(err.to_string()),
                         _ => None,
                     });
-                    if let (Some(logger), Some(Ok(text))) =
-                        (&logger, replies.into_iter().last().map(parse::<String>))
-                    {
-                        setup.judge(&text, &**logger);
+                    if let Some(logger) = &logger {
+                        for text in policies.into_iter().filter_map(|r| parse::<String>(r).ok()) {
+                            setup.judge(&text, &**logger);
+                        }
                     }
                     match failed {
                         Some(error) => error,

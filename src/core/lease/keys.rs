@@ -87,7 +87,6 @@ impl Layout {
     /// Whether the companion keys share the lease key's slot for every key: true unless the
     /// prefix holds a `{` with no `}` after it, or an empty `{}`, before any complete tag
     /// (then a key's own braces could decide the lease key's slot and not the others').
-    #[cfg(test)]
     pub fn cluster_safe(key_prefix: &str) -> bool {
         let bytes = key_prefix.as_bytes();
         match bytes.iter().position(|&b| b == b'{') {

@@ -82,7 +82,39 @@ pub enum Answer {
     Transferred(bool),
 }
 
+impl Answer {
+    /// Whether the call granted or moved a lease: the answers failover-safe grants hold back
+    /// until replicas confirm them (a refusal wrote nothing to confirm).
+    pub fn granted(&self) -> bool {
+        match self {
+            Answer::Grant(grant) => grant.acquired,
+            Answer::Renewed(done) | Answer::Transferred(done) => *done,
+            Answer::Owner(_) | Answer::Lease(_) | Answer::Released(_) => false,
+        }
+    }
+}
+
 impl Call {
+    /// The lease key the call is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Call::Acquire { key, .. }
+            | Call::Owner { key }
+            | Call::Lease { key }
+            | Call::Release { key, .. }
+            | Call::Renew { key, .. }
+            | Call::Transfer { key, .. } => key,
+        }
+    }
+
+    /// Whether the call may grant or move a lease (its pipeline then ends with `WAIT`).
+    pub fn grants(&self) -> bool {
+        matches!(
+            self,
+            Call::Acquire { .. } | Call::Renew { .. } | Call::Transfer { .. }
+        )
+    }
+
     /// Checks the call's arguments against `limits`; a failing call is never executed.
     pub fn check(&self, limits: &Limits) -> Result<()> {
         match self {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Pipeline, Value};
 
-use super::keys::Layout;
+use super::keys::{self, Layout};
 use super::{Answer, Call, Grant, Lease, LeaseStore, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
@@ -28,6 +28,17 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// Input limits.
     pub limits: Limits,
+    /// Failover-safe grants: a write that grants or moves a lease (acquire, renew,
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
+    /// round trip). Default none.
+    pub replication: Option<Replication>,
+}
+
+/// How many replicas must confirm a lease write, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replication {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -36,6 +47,7 @@ impl Default for RedisOptions {
             connection: ConnectionOptions::default(),
             key_prefix: "mastra:topic".to_owned(),
             limits: Limits::default(),
+            replication: None,
         }
     }
 }
@@ -47,13 +59,23 @@ pub struct RedisStore {
     connection: Arc<Connection>,
     layout: Layout,
     limits: Limits,
+    replication: Option<Replication>,
 }
 
 impl RedisStore {
     /// Checks the options; does not connect. Must run inside a Tokio runtime.
     pub fn new(options: RedisOptions) -> Result<Self> {
         let connection = Connection::new(&options.connection, Subject::LeaseProvider)?;
-        Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)
+        let mut store =
+            Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)?;
+        store.replication = options.replication;
+        Ok(store)
+    }
+
+    /// Asks `replication.replicas` replicas to confirm every lease write (see
+    /// [`RedisOptions::replication`]).
+    pub fn set_replication(&mut self, replication: Option<Replication>) {
+        self.replication = replication;
     }
 
     /// A store on an existing connection (the one a streams transport writes through, so
@@ -69,10 +91,19 @@ impl RedisStore {
                 "keyPrefix must not be empty",
             ));
         }
+        if connection.is_cluster() && !Layout::cluster_safe(&key_prefix) {
+            return Err(Error::option(
+                InputErrorKind::Range,
+                "keyPrefix opens a brace it does not close ({ without }, or an empty {}): on a \
+                 cluster a key's own braces would then decide its slot, and a lease's keys could \
+                 land in different slots",
+            ));
+        }
         Ok(Self {
             connection,
             layout: Layout::new(&key_prefix),
             limits,
+            replication: None,
         })
     }
 
@@ -83,14 +114,16 @@ impl RedisStore {
 
     /// Executes a batch of calls in one round trip: every call with good arguments becomes
     /// one command (EVALSHA of its script, or GET) in one pipelined write. Each call gets
-    /// its own answer or error; the whole batch is bounded by the command timeout.
+    /// its own answer or error; the whole batch is bounded by the command timeout. On a
+    /// cluster, a pipeline may hold one hash slot's keys only: the batch goes as one pipeline
+    /// per slot, all at once.
     ///
     /// A connection that breaks under the batch (a server restart, an idle connection closed
-    /// by the server or a proxy) leaves unknown whether the calls ran. They are sent once
-    /// more, in order, on a fresh connection and within the same timeout, where a second run
-    /// answers as the first would have: acquire and renew by the same owner refresh again, a
-    /// release or a read is harmless, and a transfer carries an id of its own, so the same
-    /// transfer run twice answers `true` twice (see `transfer.lua`).
+    /// by the server or a proxy, a failover) leaves unknown whether the calls ran. They are
+    /// sent once more, in order, on a fresh connection and within the same timeout, where a
+    /// second run answers as the first would have: acquire and renew by the same owner
+    /// refresh again, a release or a read is harmless, and a transfer carries an id of its
+    /// own, so the same transfer run twice answers `true` twice (see `transfer.lua`).
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
         let deadline = Instant::now() + self.connection.timeout();
         let mut answers: Vec<Option<Result<Answer>>> = calls
@@ -99,29 +132,25 @@ impl RedisStore {
             .collect();
         let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
         let calls: Vec<Sent> = calls.into_iter().map(Sent::new).collect();
-        for _send in 0..2 {
-            if sent.is_empty() {
-                break;
+        let groups = if self.connection.is_cluster() {
+            let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
+            for &i in &sent {
+                let slot = keys::slot(&self.layout.lease(calls[i].call.key()));
+                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(i),
+                    None => by_slot.push((slot, vec![i])),
+                }
             }
-            let budget = deadline.saturating_duration_since(Instant::now());
-            match self.round_trip(&calls, &sent, budget).await {
-                Ok(replies) => {
-                    for (&i, reply) in sent.iter().zip(replies) {
-                        answers[i] = Some(
-                            decode(&calls[i].call, reply)
-                                .map_err(|e| self.connection.classify_reply(e)),
-                        );
-                    }
-                    break;
-                }
-                Err(err) => {
-                    for &i in &sent {
-                        answers[i] = Some(Err(err.clone()));
-                    }
-                    if !matches!(err, Error::Connection(_)) {
-                        break;
-                    }
-                }
+            by_slot.into_iter().map(|(_, group)| group).collect()
+        } else {
+            vec![sent]
+        };
+        let sends = groups
+            .iter()
+            .map(|group| self.send(&calls, group, deadline));
+        for (group, results) in groups.iter().zip(futures::future::join_all(sends).await) {
+            for (&i, result) in group.iter().zip(results) {
+                answers[i] = Some(result);
             }
         }
         answers
@@ -132,29 +161,88 @@ impl RedisStore {
             .collect()
     }
 
+    /// Sends the calls at `group` as one pipeline, once more when the connection broke under
+    /// it, and answers each.
+    async fn send(
+        &self,
+        calls: &[Sent],
+        group: &[usize],
+        deadline: Instant,
+    ) -> Vec<Result<Answer>> {
+        let mut answers = Vec::new();
+        for _send in 0..2 {
+            if group.is_empty() {
+                break;
+            }
+            let budget = deadline.saturating_duration_since(Instant::now());
+            match self.round_trip(calls, group, budget).await {
+                Ok((replies, confirmed)) => {
+                    answers = group
+                        .iter()
+                        .zip(replies)
+                        .map(|(&i, reply)| {
+                            let answer = decode(&calls[i].call, reply)
+                                .map_err(|e| self.connection.classify_reply(e))?;
+                            match (self.replication, confirmed) {
+                                (Some(wanted), Some(confirmed))
+                                    if answer.granted() && confirmed < wanted.replicas =>
+                                {
+                                    Err(Error::Replication {
+                                        wanted: wanted.replicas,
+                                        confirmed,
+                                    })
+                                }
+                                _ => Ok(answer),
+                            }
+                        })
+                        .collect();
+                    break;
+                }
+                Err(err) => {
+                    answers = group.iter().map(|_| Err(err.clone())).collect();
+                    if !matches!(err, Error::Connection(_)) {
+                        break;
+                    }
+                }
+            }
+        }
+        answers
+    }
+
     /// Sends the calls at `sent` as one pipeline and reads their replies. Scripts Redis does
     /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and the calls that
     /// did not run are sent again in a second round trip, invisibly to callers.
+    ///
+    /// With [`RedisOptions::replication`], a pipeline holding a lease write ends with `WAIT`:
+    /// the second value answered is how many replicas confirmed the writes before it.
     async fn round_trip(
         &self,
         calls: &[Sent],
         sent: &[usize],
         budget: Duration,
-    ) -> Result<Vec<Value>> {
+    ) -> Result<(Vec<Value>, Option<u32>)> {
+        let wait = self
+            .replication
+            .filter(|_| sent.iter().any(|&i| calls[i].call.grants()));
         self.connection
             .run_within(budget, |mut connection| async move {
                 let mut pipe = redis::pipe();
                 for &i in sent {
                     self.encode(&calls[i], &mut pipe);
                 }
+                append_wait(&mut pipe, wait);
                 let mut replies = connection
-                    .send_packed_commands(&pipe, 0, sent.len())
+                    .send_packed_commands(&pipe, 0, pipe.len())
                     .await?;
+                let mut confirmed = match wait {
+                    Some(_) => replies.pop().map(confirmations),
+                    None => None,
+                };
                 // A script call answered NOSCRIPT did not run. To keep the batch's order, the
                 // retry also repeats the reads after the first one (reads are safe to
                 // repeat), so a read never reports a state from before a write preceding it.
                 let Some(first) = replies.iter().position(is_noscript) else {
-                    return Ok(replies);
+                    return Ok((replies, confirmed));
                 };
                 let missing: Vec<usize> = (first..replies.len())
                     .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]].call).is_none())
@@ -172,9 +260,17 @@ impl RedisStore {
                 for &j in &missing {
                     self.encode(&calls[sent[j]], &mut retry);
                 }
+                // The writes sent again need confirming too; one WAIT covers every write
+                // sent before it on the connection.
+                let wait_again =
+                    wait.filter(|_| missing.iter().any(|&j| calls[sent[j]].call.grants()));
+                append_wait(&mut retry, wait_again);
                 let mut again = connection
-                    .send_packed_commands(&retry, 0, loaded.len() + missing.len())
+                    .send_packed_commands(&retry, 0, retry.len())
                     .await?;
+                if wait_again.is_some() {
+                    confirmed = again.pop().map(confirmations);
+                }
                 // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
                 // the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
                 let refused = again
@@ -186,7 +282,7 @@ impl RedisStore {
                         _ => reply,
                     };
                 }
-                Ok(replies)
+                Ok((replies, confirmed))
             })
             .await
     }
@@ -303,6 +399,19 @@ fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
         Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
         Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),
     })
+}
+
+/// Ends a pipeline with `WAIT <replicas> <timeout>`, when asked.
+fn append_wait(pipe: &mut Pipeline, wait: Option<Replication>) {
+    if let Some(wait) = wait {
+        let timeout = u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX);
+        pipe.cmd("WAIT").arg(wait.replicas).arg(timeout);
+    }
+}
+
+/// What `WAIT` answered: how many replicas confirmed (an error reply confirms none).
+fn confirmations(reply: Value) -> u32 {
+    parse::<u32>(reply).unwrap_or(0)
 }
 
 fn is_noscript(reply: &Value) -> bool {

@@ -29,9 +29,57 @@ use crate::core::error::Error;
 use crate::core::lock;
 use crate::core::log::{Level, Throttle};
 
-/// The fan-out subscriptions of one pubsub and their reader.
+/// Every fan-out subscription of one pubsub, by reader: on one server, one reader serves
+/// them all; on a cluster, one per hash slot their topics live in, since one read may name
+/// the streams of one slot only.
+#[derive(Default)]
+pub(crate) struct Fanouts {
+    readers: Mutex<HashMap<u16, Arc<Fanout>>>,
+}
+
+impl Fanouts {
+    /// The reader for the stream `key`, made when there is none.
+    fn of(&self, shared: &Shared, key: &str) -> Arc<Fanout> {
+        let part = match shared.writer.is_cluster() {
+            true => crate::core::lease::keys::slot(key.as_bytes()),
+            false => 0,
+        };
+        let mut readers = lock(&self.readers);
+        Arc::clone(readers.entry(part).or_insert_with(|| {
+            Arc::new(Fanout {
+                node_key: key.to_owned(),
+                ..Fanout::default()
+            })
+        }))
+    }
+
+    /// Adds a subscription to the topic whose stream is `key` (see [`Fanout::add`]).
+    pub fn add(&self, shared: &Arc<Shared>, key: String, topic: &str, member: Arc<Member>) {
+        self.of(shared, &key).add(shared, key, topic, member);
+    }
+
+    /// Removes a subscription (see [`Fanout::remove`]).
+    pub fn remove(&self, shared: &Arc<Shared>, key: &str, member: u64) {
+        self.of(shared, key).remove(shared, key, member);
+    }
+
+    /// The stream was deleted (see [`Fanout::restart`]).
+    pub fn restart(&self, shared: &Shared, key: &str) {
+        self.of(shared, key).restart(key);
+    }
+
+    /// Stops every reader and forgets every subscription (the pubsub is closing).
+    pub async fn stop_all(&self) {
+        let readers: Vec<Arc<Fanout>> = lock(&self.readers).drain().map(|(_, r)| r).collect();
+        futures::future::join_all(readers.iter().map(|reader| reader.stop_all())).await;
+    }
+}
+
+/// Fan-out subscriptions whose topics one read can name, and their reader.
 #[derive(Default)]
 pub(crate) struct Fanout {
+    /// A stream key of this reader's: its connection goes to that key's node.
+    node_key: String,
     state: Mutex<State>,
     /// The reader connection's `CLIENT ID`; 0 while there is none (or the server did not
     /// tell it).
@@ -72,7 +120,7 @@ impl Fanout {
 
     /// Adds a subscription to the topic whose stream is `key`, starts the reader if none
     /// runs, and has the reader's next read include it.
-    pub fn add(&self, shared: &Arc<Shared>, key: String, topic: &str, member: Arc<Member>) {
+    fn add(self: &Arc<Self>, shared: &Arc<Shared>, key: String, topic: &str, member: Arc<Member>) {
         let generation = {
             let mut state = self.state();
             state
@@ -86,7 +134,8 @@ impl Fanout {
                 .members
                 .push(member);
             if state.reader.is_none() {
-                state.reader = Some(shared.runtime.spawn(read_loop(Arc::clone(shared))));
+                let reader = read_loop(Arc::clone(shared), Arc::clone(self));
+                state.reader = Some(shared.runtime.spawn(reader));
             }
             self.generation.fetch_add(1, Ordering::AcqRel) + 1
         };
@@ -96,7 +145,7 @@ impl Fanout {
     /// Removes a subscription. The reader stops reading a topic left without any, and stops
     /// altogether (closing its connection) once no topic is left: its blocking read is
     /// interrupted, and it finishes handing out what it read.
-    pub fn remove(&self, shared: &Arc<Shared>, key: &str, member: u64) {
+    fn remove(self: &Arc<Self>, shared: &Arc<Shared>, key: &str, member: u64) {
         let generation = {
             let mut state = self.state();
             if let Some(topic) = state.topics.get_mut(key) {
@@ -112,7 +161,7 @@ impl Fanout {
 
     /// The stream was deleted (clearTopic): its subscriptions read the new stream from its
     /// start.
-    pub fn restart(&self, key: &str) {
+    fn restart(&self, key: &str) {
         if let Some(topic) = self.state().topics.get_mut(key) {
             topic.epoch += 1;
             for member in &topic.members {
@@ -122,7 +171,7 @@ impl Fanout {
     }
 
     /// Stops the reader and forgets every subscription (the pubsub is closing).
-    pub async fn stop_all(&self) {
+    async fn stop_all(&self) {
         let task = {
             let mut state = self.state();
             state.topics.clear();
@@ -137,10 +186,10 @@ impl Fanout {
     /// Interrupts the reader's blocking read until it reads with `generation`'s topics. A
     /// wake-up that arrives before the read is sent finds nothing to interrupt, so it is
     /// repeated a few times; past those, the read ends by itself within `blockMs`.
-    fn wake(&self, shared: &Arc<Shared>, generation: u64) {
+    fn wake(self: &Arc<Self>, shared: &Arc<Shared>, generation: u64) {
         let shared = Arc::clone(shared);
+        let fanout = Arc::clone(self);
         shared.runtime.clone().spawn(async move {
-            let fanout = &shared.fanout;
             for _ in 0..WAKE_TRIES {
                 if fanout.seen.load(Ordering::Acquire) >= generation
                     || shared.closed.load(Ordering::Acquire)
@@ -151,9 +200,11 @@ impl Fanout {
                 if id > 0 {
                     let mut unblock = redis::cmd("CLIENT");
                     unblock.arg("UNBLOCK").arg(id);
+                    // To the reader's node (on a cluster, not wherever a keyless command goes).
+                    let node = fanout.node_key.as_bytes();
                     let sent = shared
                         .writer
-                        .run(|mut c| async move { unblock.query_async::<i64>(&mut c).await })
+                        .run(|mut c| async move { c.on_node_of(node, &unblock).await })
                         .await;
                     if let Err(err) = sent {
                         shared.notice(
@@ -234,8 +285,7 @@ const WAKE_PAUSE: Duration = Duration::from_millis(5);
 
 /// The fan-out reader: reads every topic with subscriptions and hands each subscription the
 /// entries past its position. Runs while there are fan-out subscriptions.
-async fn read_loop(shared: Arc<Shared>) {
-    let fanout = &shared.fanout;
+async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
     let tuning = shared.tuning.clone();
     let throttle = Throttle::default();
     let mut connection: Option<Link> = None;
@@ -271,7 +321,7 @@ async fn read_loop(shared: Arc<Shared>) {
 
         let mut conn = match connection.take() {
             Some(conn) => conn,
-            None => match shared.writer.dedicated().await {
+            None => match shared.writer.dedicated(fanout.node_key.as_bytes()).await {
                 Ok((conn, id)) => {
                     fanout.reader_id.store(id.unwrap_or(0), Ordering::Release);
                     conn

@@ -14,7 +14,8 @@
 //! - `member.rs`: a subscription as its reader sees it; a consumer's subscriptions in turn.
 //! - `reader.rs`: a consumer's reader (reads, NOGROUP recovery, reconnects), and what the
 //!   fan-out reader shares with it.
-//! - `fanout.rs`: the one reader of every fan-out subscription of this process.
+//! - `fanout.rs`: the one reader of every fan-out subscription of this process (on a
+//!   cluster, one per hash slot their topics live in).
 //! - `delivery.rs`: a delivery, held until settled, and the table of those held.
 //! - `settle.rs`: ack, nack, redelivery, the attempt cap; settles that could not reach Redis
 //!   retried in the background.
@@ -223,7 +224,7 @@ impl StreamsPubSub {
                 closed: AtomicBool::new(false),
                 publishes: tokio::sync::RwLock::new(()),
                 consumers: Mutex::new(HashMap::new()),
-                fanout: fanout::Fanout::default(),
+                fanout: fanout::Fanouts::default(),
                 deliveries: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 trim: trim::Trimmer::default(),
@@ -309,7 +310,7 @@ impl StreamsPubSub {
         {
             Ok(_) => {
                 shared.forget_appends(&key);
-                shared.fanout.restart(&key);
+                shared.fanout.restart(shared, &key);
                 for consumer in shared.consumers().values() {
                     if consumer.key == key {
                         consumer.restart();
@@ -418,7 +419,7 @@ pub(crate) struct Shared {
     /// the pubsub's life, so a group sees one consumer name per process and topic.
     consumers: Mutex<HashMap<(String, String), Arc<group::Consumer>>>,
     /// The reader of every fan-out subscription.
-    pub fanout: fanout::Fanout,
+    pub fanout: fanout::Fanouts,
     /// Deliveries read and not yet settled, by id.
     deliveries: Mutex<HashMap<u64, Arc<delivery::State>>>,
     /// Numbers subscriptions and deliveries.

@@ -44,6 +44,9 @@ impl StreamsPubSub {
     }
 }
 
+/// An event on its way: the index of its answer, its stream key, its JSON.
+type Append = (usize, String, String);
+
 /// XADDs every `Ok((stream key, json))` in one pipelined write, in order; an `Err` answers
 /// for itself. Answers each appended entry's id.
 ///
@@ -64,8 +67,7 @@ pub(super) async fn append_batch(
     let started = Instant::now();
     let deadline = started + shared.writer.timeout();
     let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
-    // (answer index, stream key, payload)
-    let mut sent: Vec<(usize, String, String)> = Vec::new();
+    let mut sent: Vec<Append> = Vec::new();
     for (i, event) in events.into_iter().enumerate() {
         match event {
             Ok((key, json)) => {
@@ -76,47 +78,32 @@ pub(super) async fn append_batch(
         }
     }
     if !sent.is_empty() {
-        let mut pipe = redis::pipe();
-        let mut replies = 0;
-        let at: Vec<usize> = sent
-            .iter()
-            .map(|(_, key, json)| append(shared, &mut pipe, key, json, &mut replies))
-            .collect();
-        // Held across the write so `flush` and `close` can wait for it to settle.
+        // Held across the writes so `flush` and `close` can wait for them to settle.
         let _in_flight = shared.publishes.read().await;
-        let budget = deadline.saturating_duration_since(Instant::now());
-        match shared
-            .writer
-            .run_within(budget, |mut c| async move {
-                c.send_packed_commands(&pipe, 0, replies).await
-            })
-            .await
-        {
-            Ok(mut values) => {
-                for ((i, _, _), at) in sent.iter().zip(at) {
-                    let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                    answers[*i] =
-                        Some(appended_id(value).map_err(|err| shared.writer.classify(err)));
+        if shared.writer.is_cluster() {
+            // A pipeline may name one hash slot's keys only: one write per slot, all at
+            // once (a topic's events stay in order: its stream is one key).
+            let mut by_slot: Vec<(u16, Vec<Append>)> = Vec::new();
+            for event in &sent {
+                let slot = crate::core::lease::keys::slot(event.1.as_bytes());
+                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, group)) => group.push(event.clone()),
+                    None => by_slot.push((slot, vec![event.clone()])),
                 }
             }
-            Err(err @ Error::Connection(_)) => {
-                shared.notice(
-                    Level::Debug,
-                    "a connection broke under appends; sending them again, each once",
-                    &[
-                        ("events", sent.len().into()),
-                        ("err", err.full_message().into()),
-                    ],
-                );
-                let again = append_again(shared, &sent, started, deadline).await;
-                for ((i, _, _), answer) in sent.iter().zip(again) {
-                    answers[*i] = Some(answer.unwrap_or_else(|| Err(err.clone())));
+            let writes = by_slot
+                .iter()
+                .map(|(_, group)| append_group(shared, group, started, deadline));
+            let written = futures::future::join_all(writes).await;
+            for ((_, group), results) in by_slot.iter().zip(written) {
+                for ((i, _, _), result) in group.iter().zip(results) {
+                    answers[*i] = Some(result);
                 }
             }
-            Err(err) => {
-                for (i, _, _) in &sent {
-                    answers[*i] = Some(Err(err.clone()));
-                }
+        } else {
+            let results = append_group(shared, &sent, started, deadline).await;
+            for ((i, _, _), result) in sent.iter().zip(results) {
+                answers[*i] = Some(result);
             }
         }
         // Counted per stream: a batch mostly goes to a few.
@@ -137,6 +124,54 @@ pub(super) async fn append_batch(
         .into_iter()
         .map(|a| a.unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into()))))
         .collect()
+}
+
+/// Appends one pipeline's worth of events (on a cluster, one slot's), sending them again,
+/// each once, when the connection broke under the write.
+async fn append_group(
+    shared: &Arc<Shared>,
+    sent: &[Append],
+    started: Instant,
+    deadline: Instant,
+) -> Vec<Result<String>> {
+    let mut pipe = redis::pipe();
+    let mut replies = 0;
+    let at: Vec<usize> = sent
+        .iter()
+        .map(|(_, key, json)| append(shared, &mut pipe, key, json, &mut replies))
+        .collect();
+    let budget = deadline.saturating_duration_since(Instant::now());
+    match shared
+        .writer
+        .run_within(budget, |mut c| async move {
+            c.send_packed_commands(&pipe, 0, replies).await
+        })
+        .await
+    {
+        Ok(mut values) => at
+            .into_iter()
+            .map(|at| {
+                let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
+                appended_id(value).map_err(|err| shared.writer.classify(err))
+            })
+            .collect(),
+        Err(err @ Error::Connection(_)) => {
+            shared.notice(
+                Level::Debug,
+                "a connection broke under appends; sending them again, each once",
+                &[
+                    ("events", sent.len().into()),
+                    ("err", err.full_message().into()),
+                ],
+            );
+            append_again(shared, sent, started, deadline)
+                .await
+                .into_iter()
+                .map(|answer| answer.unwrap_or_else(|| Err(err.clone())))
+                .collect()
+        }
+        Err(err) => sent.iter().map(|_| Err(err.clone())).collect(),
+    }
 }
 
 /// Adds to `pipe` the commands that append `payload` to `key` (XADD, and when an idle TTL is
@@ -172,7 +207,7 @@ fn append(
 /// (too many entries since, or this send failed too).
 async fn append_again(
     shared: &Shared,
-    sent: &[(usize, String, String)],
+    sent: &[Append],
     started: Instant,
     deadline: Instant,
 ) -> Vec<Option<Result<String>>> {

@@ -120,7 +120,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
 
         let mut conn = match connection.take() {
             Some(conn) => conn,
-            None => match shared.writer.dedicated().await {
+            None => match shared.writer.dedicated(consumer.key.as_bytes()).await {
                 Ok((conn, _)) => conn,
                 Err(err) => {
                     report("reader cannot connect; retrying", &err);

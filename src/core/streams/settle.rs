@@ -375,26 +375,52 @@ impl Delivery {
                 _ => lone.push(i),
             }
         }
-        let mut pipe = redis::pipe();
-        for (consumer, members) in &xacks {
+        let xack = |consumer: &Consumer, members: &[usize], pipe: &mut redis::Pipeline| {
             let cmd = pipe.cmd("XACK").arg(&consumer.key).arg(&consumer.group);
             for &i in members {
                 cmd.arg(&deliveries[i].state.entry_id);
             }
-        }
-        let count = xacks.len();
-        let batch = async {
-            if count == 0 {
-                return Ok(Vec::new());
+        };
+        // XACK twice is harmless: a connection that breaks under it costs nothing. One
+        // pipeline for all; on a cluster, where a pipeline may name one slot's keys only,
+        // one XACK per consumer, all at once.
+        let send = |pipe: redis::Pipeline| {
+            let shared = &shared;
+            async move {
+                let count = pipe.len();
+                shared
+                    .writer
+                    .run_again_if_broken(|mut c| {
+                        let pipe = &pipe;
+                        async move { c.send_packed_commands(pipe, 0, count).await }
+                    })
+                    .await
             }
-            // XACK twice is harmless: a connection that breaks under it costs nothing.
-            shared
-                .writer
-                .run_again_if_broken(|mut c| {
-                    let pipe = &pipe;
-                    async move { c.send_packed_commands(pipe, 0, count).await }
-                })
-                .await
+        };
+        let batch = async {
+            if xacks.is_empty() {
+                return Vec::new();
+            }
+            if shared.writer.is_cluster() {
+                let sends = xacks.iter().map(|(consumer, members)| {
+                    let mut pipe = redis::pipe();
+                    xack(consumer, members, &mut pipe);
+                    send(pipe)
+                });
+                let replies = futures::future::join_all(sends).await;
+                return replies
+                    .into_iter()
+                    .map(|reply| reply.map(|mut values| values.pop().unwrap_or_default()))
+                    .collect::<Vec<Result<Value>>>();
+            }
+            let mut pipe = redis::pipe();
+            for (consumer, members) in &xacks {
+                xack(consumer, members, &mut pipe);
+            }
+            match send(pipe).await {
+                Ok(values) => values.into_iter().map(Ok).collect(),
+                Err(err) => xacks.iter().map(|_| Err(err.clone())).collect(),
+            }
         };
         let singles = futures::future::join_all(lone.iter().map(|&i| async move {
             let delivery = &deliveries[i];
@@ -407,15 +433,15 @@ impl Delivery {
         for (i, answer) in singles {
             answers[i] = answer;
         }
-        for (k, (_, members)) in xacks.iter().enumerate() {
-            let result = match &replies {
-                Ok(replies) => match parse::<Value>(replies.get(k).cloned().unwrap_or_default()) {
+        for ((_, members), reply) in xacks.iter().zip(replies) {
+            let result = match reply {
+                Ok(reply) => match parse::<Value>(reply) {
                     Ok(_) => Ok(Settled::Acked),
                     // The stream or group is gone, and with it every pending entry.
                     Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
                     Err(err) => Err(shared.writer.classify(err)),
                 },
-                Err(err) => Err(err.clone()),
+                Err(err) => Err(err),
             };
             for &i in members {
                 let state = &deliveries[i].state;

@@ -10,14 +10,15 @@ mod types;
 use std::time::Duration;
 
 use super::js::{self, Env, Value};
+use crate::core::lease::redis::Replication;
 use crate::core::lease::TTL_CEILING_MS;
 use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
 use crate::core::{Error, Limits, RedisOptions};
 use reader::Options;
 
 pub use types::{
-    MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions, RedisStreamsOptions,
-    TlsOptions,
+    ClusterOptions, MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions,
+    RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 
 /// Why options were refused: the coded error, and what a getter threw, if that was it.
@@ -52,30 +53,42 @@ pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
 /// `new RedisLeaseProvider(options)`: the store's options, and the logger object.
 pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
     let options = Options::new(env, value, "RedisLeaseProvider")?;
+    let connection = options.connection()?;
+    let replication = options.replication(connection.command_timeout)?;
     let read = RedisOptions {
-        connection: options.connection()?,
+        connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or_else(default_prefix),
         limits: options.limits()?,
+        replication,
     };
     let logger = options.logger()?;
     options.finish()?;
     Ok((read, logger))
 }
 
-/// `new RedisStreamsPubSub(options)`: the transport's options (without the logger), the
-/// lease limits, and the logger object.
-pub fn redis_streams(
-    env: Env,
-    value: Option<Value>,
-) -> Read<(StreamsOptions, Limits, Option<Value>)> {
+/// What `new RedisStreamsPubSub(options)` is made of.
+pub struct Streams {
+    /// The transport's options, without the logger.
+    pub transport: StreamsOptions,
+    /// The lease store's limits and failover-safe grants.
+    pub limits: Limits,
+    pub replication: Option<Replication>,
+    /// The logger object, if any.
+    pub logger: Option<Value>,
+}
+
+/// `new RedisStreamsPubSub(options)`.
+pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
     let options = Options::new(env, value, "RedisStreamsPubSub")?;
     let d = StreamsOptions::default();
     let ms = |value: Option<u64>| value.map(Duration::from_millis);
     let max_len = options
         .whole("maxStreamLength", 0, MAX_COUNT)?
         .unwrap_or(d.max_len);
-    let read = StreamsOptions {
-        connection: options.connection()?,
+    let connection = options.connection()?;
+    let replication = options.replication(connection.command_timeout)?;
+    let transport = StreamsOptions {
+        connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or(d.key_prefix),
         block: ms(options.whole("blockMs", 1, MAX_TIMEOUT_MS)?).unwrap_or(d.block),
         batch_count: options
@@ -109,7 +122,12 @@ pub fn redis_streams(
     let limits = options.limits()?;
     let logger = options.logger()?;
     options.finish()?;
-    Ok((read, limits, logger))
+    Ok(Streams {
+        transport,
+        limits,
+        replication,
+        logger,
+    })
 }
 
 fn default_prefix() -> String {

@@ -62,6 +62,34 @@ pub struct RedisClientOptions {
     pub socket: Option<Value>,
 }
 
+/// `cluster`: a Redis Cluster, found through any of its nodes.
+#[napi(object, object_from_js = false, object_to_js = false)]
+pub struct ClusterOptions {
+    /// Seed node URLs, `redis://[user:pass@]host:port` or `rediss://`; every node takes the
+    /// same credentials.
+    pub nodes: Vec<String>,
+    /// The ACL user of the nodes, in place of one in the URLs.
+    pub username: Option<String>,
+    /// The nodes' password, in place of one in the URLs.
+    pub password: Option<String>,
+}
+
+/// `sentinel`: the master that Redis Sentinel monitors under `masterName`.
+#[napi(object, object_from_js = false, object_to_js = false)]
+pub struct SentinelOptions {
+    /// The sentinels' URLs, `redis://[user:pass@]host:port` (the sentinels' own credentials)
+    /// or `rediss://` (TLS to the sentinels and the master, with `tls`).
+    pub nodes: Vec<String>,
+    /// The name the sentinels monitor the master by.
+    pub master_name: String,
+    /// The master's ACL user.
+    pub username: Option<String>,
+    /// The master's password.
+    pub password: Option<String>,
+    /// The master's database number. Default 0.
+    pub database: Option<u32>,
+}
+
 /// Options of `new RedisLeaseProvider(options?)`.
 #[napi(object, object_from_js = false, object_to_js = false)]
 pub struct RedisLeaseProviderOptions {
@@ -72,6 +100,25 @@ pub struct RedisLeaseProviderOptions {
     /// `password`, `database`, `name`, `socket.tls`. Any other field throws.
     #[napi(ts_type = "RedisClientOptions")]
     pub redis_options: Option<RedisClientOptions>,
+    /// A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
+    /// URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
+    /// each topic's stream are spread over the masters by hash slot. Not with `url`.
+    #[napi(ts_type = "ClusterOptions")]
+    pub cluster: Option<Value>,
+    /// The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
+    /// username?, password?, database? }`: the sentinels' URLs (their own credentials in the
+    /// URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
+    /// by, and the master's credentials. A failover is followed without a restart. Not with
+    /// `url`.
+    #[napi(ts_type = "SentinelOptions")]
+    pub sentinel: Option<Value>,
+    /// Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
+    /// round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+    pub min_replicas: Option<u32>,
+    /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
+    /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
+    pub replica_timeout_ms: Option<f64>,
     /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
     /// roots).
     #[napi(ts_type = "TlsOptions")]
@@ -113,6 +160,25 @@ pub struct RedisStreamsOptions {
     /// takes them.
     #[napi(ts_type = "RedisClientOptions")]
     pub redis_options: Option<RedisClientOptions>,
+    /// A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
+    /// URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
+    /// each topic's stream are spread over the masters by hash slot. Not with `url`.
+    #[napi(ts_type = "ClusterOptions")]
+    pub cluster: Option<Value>,
+    /// The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
+    /// username?, password?, database? }`: the sentinels' URLs (their own credentials in the
+    /// URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
+    /// by, and the master's credentials. A failover is followed without a restart. Not with
+    /// `url`.
+    #[napi(ts_type = "SentinelOptions")]
+    pub sentinel: Option<Value>,
+    /// Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
+    /// round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+    pub min_replicas: Option<u32>,
+    /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
+    /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
+    pub replica_timeout_ms: Option<f64>,
     /// CA, client certificate and key for a `rediss://` URL, for every connection. Default:
     /// none (the platform's roots).
     #[napi(ts_type = "TlsOptions")]

@@ -1,0 +1,109 @@
+// The lease contract beyond one server: on a local Redis Cluster (3 masters, 3 replicas) and
+// behind Redis Sentinel (a master, 2 replicas, 3 sentinels), for RedisLeaseProvider and for
+// RedisStreamsPubSub's leases. On the cluster, a lease's three keys share one hash slot
+// whatever the key holds (CLUSTER KEYSLOT says so), and a batch of calls on keys of many
+// slots is answered call by call.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import { randomUUID } from 'node:crypto'
+
+import fc from 'fast-check'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisStreamsPubSub } from '../dist/esm/index.js'
+import { RedisLeaseProvider } from '../index.js'
+import { describeLeaseContract } from './helpers/lease-contract.js'
+import { EXTERNAL_REDIS } from './helpers/redis-server.js'
+import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
+
+describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
+  let cluster: RedisCluster
+  beforeAll(async () => {
+    cluster = await startCluster()
+  })
+  afterAll(async () => {
+    await cluster?.stop()
+  })
+  const cluster_ = () => ({ nodes: cluster.urls })
+
+  describeLeaseContract(
+    'RedisLeaseProvider',
+    (limits) => new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
+  )
+  describeLeaseContract(
+    "RedisStreamsPubSub's leases",
+    (limits) => new RedisStreamsPubSub({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
+  )
+
+  it("a lease's key, its token key and its slot's counter share one hash slot, whatever the key holds", async () => {
+    const prefix = `slots:${randomUUID().slice(0, 8)}`
+    const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: prefix })
+    try {
+      const key = fc.string({ unit: fc.constantFrom('a', '{', '}', '\0', 'é', ':', 'x'), minLength: 1, maxLength: 8 })
+      await fc.assert(
+        fc.asyncProperty(key, async (k) => {
+          const grant = await p.acquireLease(k, 'owner', 60_000)
+          expect(grant).toEqual({ acquired: true, owner: 'owner', token: expect.any(Number) })
+          const leaseKey = `${prefix}:lease:${k}`
+          const slot = await cluster.keySlot(leaseKey)
+          // The keys the lease wrote, read from the node that serves its slot.
+          const node = await cluster.masterOfSlot(slot)
+          const fence = ((await node.cli('KEYS', `${prefix}:fence:*`)) as string[]).filter(
+            (name) => name.endsWith(`}:${k}`) || !name.includes('}:'),
+          )
+          const token = fence.find((name) => name.endsWith(`}:${k}`))
+          expect(token, JSON.stringify(k)).toBeDefined()
+          const counter = token!.slice(0, token!.length - k.length - 1)
+          expect(await cluster.keySlot(token!)).toBe(slot)
+          expect(await cluster.keySlot(counter)).toBe(slot)
+          expect(Number(await node.cli('GET', token!))).toBe(grant.token)
+          await p.releaseLease(k, 'owner')
+        }),
+        { numRuns: 60 },
+      )
+    } finally {
+      await p.close()
+    }
+  })
+
+  it('answers a batch of calls on keys in many slots call by call, in one turn', async () => {
+    const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: `batch:${randomUUID().slice(0, 8)}` })
+    try {
+      const keys = Array.from({ length: 200 }, (_, i) => `key-${i}`)
+      const grants = await Promise.all(keys.map((k, i) => p.acquireLease(k, `owner-${i}`, 60_000)))
+      grants.forEach((g, i) => expect(g).toEqual({ acquired: true, owner: `owner-${i}`, token: expect.any(Number) }))
+      const owners = await Promise.all(keys.map((k) => p.getLeaseOwner(k)))
+      expect(owners).toEqual(keys.map((_, i) => `owner-${i}`))
+      const slots = new Set(await Promise.all(keys.map((k) => cluster.keySlot(`batch-x:lease:${k}`))))
+      expect(slots.size).toBeGreaterThan(100)
+    } finally {
+      await p.close()
+    }
+  })
+
+  it('refuses a keyPrefix with a brace it does not close, which could split a lease over slots', () => {
+    expect(() => new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: 'app{' })).toThrow(
+      expect.objectContaining({ code: 'ERR_LEASE_INVALID_OPTION' }),
+    )
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
+  let sentinel: RedisSentinel
+  beforeAll(async () => {
+    sentinel = await startSentinel()
+  })
+  afterAll(async () => {
+    await sentinel?.stop()
+  })
+  const sentinel_ = () => ({ nodes: sentinel.sentinelUrls, masterName: sentinel.masterName })
+
+  describeLeaseContract(
+    'RedisLeaseProvider',
+    (limits) => new RedisLeaseProvider({ sentinel: sentinel_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
+  )
+  describeLeaseContract(
+    "RedisStreamsPubSub's leases",
+    (limits) => new RedisStreamsPubSub({ sentinel: sentinel_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
+  )
+})
