@@ -252,31 +252,53 @@ impl Link {
     }
 }
 
-/// Fails a request whose replies hold a READONLY error: the node is no longer the master.
-fn refuse_replica<T>(replies: RedisResult<T>, readonly: impl Fn(&T) -> bool) -> RedisResult<T> {
+/// Fails a request whose replies say the deployment is moving under it: a demoted master
+/// (READONLY), a slot that moved or is moving (MOVED, ASK, TRYAGAIN: redis-rs follows these
+/// until its retries run out, then hands them over), a cluster or master that is down
+/// (CLUSTERDOWN, MASTERDOWN). Every command of such a request went to the node that answered
+/// so; the caller sends it again by the rules for a broken connection.
+fn refuse_moving<T>(
+    replies: RedisResult<T>,
+    moving: impl Fn(&T) -> Option<Value>,
+) -> RedisResult<T> {
     match replies {
-        Ok(replies) if readonly(&replies) => Err(redis::RedisError::from((
-            redis::ErrorKind::Server(ServerErrorKind::ReadOnly),
-            "the master was demoted: it answers READONLY",
-        ))),
+        Ok(replies) => match moving(&replies) {
+            Some(reply) => reply.extract_error().map(|_| replies),
+            None => Ok(replies),
+        },
         other => other,
     }
 }
 
-fn is_readonly(value: &Value) -> bool {
-    matches!(value, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::ReadOnly))
+/// Whether a reply is one of the errors [`refuse_moving`] looks for.
+pub(super) fn is_moving(value: &Value) -> bool {
+    matches!(value, Value::ServerError(err) if err.kind().is_some_and(moving_kind))
+}
+
+/// The kinds of error that say the deployment is moving.
+pub(super) fn moving_kind(kind: ServerErrorKind) -> bool {
+    matches!(
+        kind,
+        ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+    )
 }
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let one = |value: &Value| is_moving(value).then(|| value.clone());
         match self {
             Self::Managed(c) => c.req_packed_command(cmd),
             Self::Direct(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => {
+                Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
+            }
             Self::Master(c) => {
-                Box::pin(
-                    async move { refuse_replica(c.req_packed_command(cmd).await, is_readonly) },
-                )
+                Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
             }
         }
     }
@@ -287,15 +309,15 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        let any = |values: &Vec<Value>| values.iter().find(|v| is_moving(v)).cloned();
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Cluster(c) => Box::pin(async move {
+                refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
+            }),
             Self::Master(c) => Box::pin(async move {
-                let replies = c.req_packed_commands(pipe, offset, count).await;
-                refuse_replica(replies, |values: &Vec<Value>| {
-                    values.iter().any(is_readonly)
-                })
+                refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
         }
     }

@@ -346,7 +346,9 @@ impl Connection {
     /// Classifies a redis-rs error as the variant a caller can act on, and forgets a
     /// connection Redis refused to authenticate so the next call tries again. Behind
     /// Sentinel, a connection that broke or reached a demoted master (READONLY) is given up
-    /// too, and the error is a connection error: the next call finds the new master.
+    /// too, and the error is a connection error: the next call finds the new master. On a
+    /// cluster, a request cut short by a moving slot or a failover (MOVED, TRYAGAIN,
+    /// CLUSTERDOWN, ...) is a connection error too: sent again, it finds the new owner.
     pub fn classify(&self, err: redis::RedisError) -> Error {
         self.classify_on(err, None)
     }
@@ -358,10 +360,14 @@ impl Connection {
             // The manager replaces the connection after these: the next one is set up.
             self.setup.renew();
         }
-        let demoted = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
-        let lost = err.is_unrecoverable_error() || err.is_io_error() || demoted;
-        let err = if self.target.follows_failover() && lost {
+        let moving =
+            matches!(err.kind(), redis::ErrorKind::Server(kind) if link::moving_kind(kind));
+        let broken = err.is_unrecoverable_error() || err.is_io_error();
+        let err = if self.target.follows_failover() && (broken || moving) {
             self.forget_any(number);
+            Error::Connection(err)
+        } else if self.target.is_cluster() && moving {
+            // The cluster connection follows the new slot owners by itself.
             Error::Connection(err)
         } else {
             Error::from_redis(err, self.timeout)
