@@ -1,0 +1,222 @@
+// RedisStreamsPubSub beyond one server. On a local Redis Cluster (3 masters, 3 replicas) each
+// topic is its own stream key, so topics spread over the masters: groups, fan-out, reclaim and
+// clearTopic work on every node, blocking reads never hold up lease calls, and delivery
+// resumes after a master dies. Behind Sentinel, subscriptions follow the master through a
+// failover.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import type { Event } from '@mastra/core/events'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
+import { EXTERNAL_REDIS } from './helpers/redis-server.js'
+import { startCluster, startSentinel, type RedisCluster } from './helpers/redis-topologies.js'
+import { ev, Inbox, numberOf, sleep, uniquePrefix } from './helpers/streams.js'
+import { pendingCount, streamsSuite } from './helpers/streams-suite.js'
+
+const opened: RedisStreamsPubSub[] = []
+afterEach(async () => {
+  await Promise.allSettled(opened.splice(0).map((p) => p.close()))
+})
+const { holdingChild } = streamsSuite(() => {
+  throw new Error('these suites open their pubsubs on a cluster or behind Sentinel')
+})
+
+/** Per topic, the numbers delivered, in delivery order. */
+function byTopic(events: Event[], topicOf: (e: Event) => string): Map<string, number[]> {
+  const out = new Map<string, number[]>()
+  for (const e of events) out.set(topicOf(e), [...(out.get(topicOf(e)) ?? []), numberOf(e)])
+  return out
+}
+
+describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
+  let cluster: RedisCluster
+  beforeAll(async () => {
+    cluster = await startCluster()
+  })
+  afterAll(async () => {
+    await cluster?.stop()
+  })
+  const open = (options: RedisStreamsPubSubOptions = {}) => {
+    const pubsub = new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, ...options })
+    opened.push(pubsub)
+    return pubsub
+  }
+  /** The master serving a topic's stream. */
+  const nodeOf = async (prefix: string, topic: string) => cluster.masterOfSlot(await cluster.keySlot(`${prefix}:${topic}`))
+
+  it("30 topics spread over every master: each event reaches the fan-out subscriber and exactly one of the group's consumers, in order per topic", async () => {
+    const prefix = uniquePrefix('spread')
+    const topics = Array.from({ length: 30 }, (_, i) => `topic-${i}`)
+    const nodes = new Set(await Promise.all(topics.map((t) => nodeOf(prefix, t))))
+    expect(nodes.size).toBe(3)
+    const [a, b, fan] = [open({ keyPrefix: prefix }), open({ keyPrefix: prefix }), open({ keyPrefix: prefix })]
+    const [groupA, groupB, fanned] = [new Inbox(), new Inbox(), new Inbox()]
+    for (const topic of topics) {
+      await a.subscribe(topic, groupA.cb, { group: 'workers' })
+      await b.subscribe(topic, groupB.cb, { group: 'workers' })
+      await fan.subscribe(topic, fanned.cb)
+    }
+    const publisher = open({ keyPrefix: prefix })
+    for (let n = 0; n < 10; n++) await Promise.all(topics.map((t) => publisher.publish(t, { ...ev(n), runId: t })))
+    await fanned.count(300, 15_000)
+    await groupA.until((_) => groupA.events.length + groupB.events.length >= 300, 15_000, '300 group deliveries')
+    await sleep(300)
+    const grouped = [...groupA.events, ...groupB.events].map((e) => `${e.runId}/${numberOf(e)}`)
+    expect(new Set(grouped).size).toBe(300)
+    expect(grouped).toHaveLength(300)
+    expect(groupA.events.length * groupB.events.length).toBeGreaterThan(0)
+    for (const [topic, numbers] of byTopic(fanned.events, (e) => e.runId)) expect(numbers, topic).toEqual([...Array(10).keys()])
+  })
+
+  it('consumers killed holding events on three masters: a live consumer reclaims each of them', async () => {
+    const prefix = uniquePrefix('reclaim')
+    // One topic per master.
+    const topics: string[] = []
+    const seen = new Set<unknown>()
+    for (let i = 0; topics.length < 3; i++) {
+      const node = await nodeOf(prefix, `jobs-${i}`)
+      if (!seen.has(node)) (seen.add(node), topics.push(`jobs-${i}`))
+    }
+    const holders = topics.map((topic) =>
+      holdingChild({ keyPrefix: prefix, topic, group: 'workers', options: { cluster: { nodes: cluster.urls } } }),
+    )
+    await Promise.all(holders.map((h) => h.line('ready', 15_000)))
+    const publisher = open({ keyPrefix: prefix })
+    await Promise.all(topics.map((t, i) => publisher.publish(t, ev(i))))
+    await Promise.all(holders.map((h) => h.line('event', 5_000)))
+    await Promise.all(holders.map((h) => h.kill()))
+    for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(1)
+
+    const survivor = open({ keyPrefix: prefix, reclaimIdleMs: 500, reclaimIntervalMs: 100 })
+    const inbox = new Inbox()
+    for (const t of topics) await survivor.subscribe(t, inbox.cb, { group: 'workers' })
+    await inbox.count(3, 10_000)
+    expect(inbox.numbers.sort()).toEqual([0, 1, 2])
+    await sleep(300)
+    for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(0)
+  })
+
+  it("clearTopic deletes a topic's stream on its node; its subscribers get what is published after (the group made again)", async () => {
+    const prefix = uniquePrefix('clear')
+    const pubsub = open({ keyPrefix: prefix, blockMs: 200 })
+    const [grouped, fanned] = [new Inbox(), new Inbox()]
+    await pubsub.subscribe('jobs', grouped.cb, { group: 'workers' })
+    await pubsub.subscribe('jobs', fanned.cb)
+    await pubsub.publish('jobs', ev(1))
+    await grouped.count(1)
+    await fanned.count(1)
+    await pubsub.clearTopic('jobs')
+    const node = await nodeOf(prefix, 'jobs')
+    expect(await node.cli('EXISTS', `${prefix}:jobs`)).toBe(0)
+    await pubsub.publish('jobs', ev(2))
+    await grouped.count(2, 5_000)
+    await fanned.count(2, 5_000)
+    expect(grouped.numbers).toEqual([1, 2])
+    expect(fanned.numbers).toEqual([1, 2])
+  })
+
+  it('blocking reads on every master never hold up lease calls on the same pubsub', async () => {
+    const prefix = uniquePrefix('block')
+    const BLOCK_MS = 2_000
+    const pubsub = open({ keyPrefix: prefix, blockMs: BLOCK_MS })
+    const inbox = new Inbox()
+    for (let i = 0; i < 20; i++) {
+      await pubsub.subscribe(`quiet-${i}`, inbox.cb, { group: 'workers' })
+      await pubsub.subscribe(`quiet-fan-${i}`, inbox.cb)
+    }
+    await sleep(300) // every reader now blocks on its node
+    let slowest = 0
+    for (let i = 0; i < 100; i++) {
+      const started = performance.now()
+      await pubsub.acquireLease(`thread-${i}`, 'owner', 10_000)
+      await pubsub.getLeaseOwner(`thread-${i}`)
+      slowest = Math.max(slowest, performance.now() - started)
+    }
+    expect(slowest).toBeLessThan(BLOCK_MS / 4)
+    expect(inbox.events).toEqual([])
+  })
+
+  it('a master killed: publishing and both kinds of delivery resume once its replica is promoted', async ({ annotate }) => {
+    const own = await startCluster()
+    try {
+      const prefix = uniquePrefix('promote')
+      const topic = 'jobs'
+      const victim = await own.masterOfSlot(await own.keySlot(`${prefix}:${topic}`))
+      const options = { cluster: { nodes: own.urls }, keyPrefix: prefix, blockMs: 200, commandTimeoutMs: 1_000 }
+      const consumer = new RedisStreamsPubSub(options)
+      const publisher = new RedisStreamsPubSub(options)
+      opened.push(consumer, publisher)
+      const [grouped, fanned] = [new Inbox(), new Inbox()]
+      await consumer.subscribe(topic, grouped.cb, { group: 'workers' })
+      await consumer.subscribe(topic, fanned.cb)
+      await publisher.publish(topic, ev(0))
+      await grouped.count(1)
+      await fanned.count(1)
+      const promotionMs = await own.killMasterAndWaitForPromotion(victim)
+      // Published after the promotion (retried while the client still learns the new owner).
+      const startedAt = performance.now()
+      let published = false
+      while (!published) {
+        published = await publisher.publish(topic, ev(1)).then(
+          () => true,
+          (err: { code?: string }) => {
+            expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(err.code)
+            return false
+          },
+        )
+        if (performance.now() - startedAt > 10_000) throw new Error('no publish succeeded within 10 s of the promotion')
+      }
+      const publishedMs = performance.now() - startedAt
+      await grouped.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the group delivery after the promotion')
+      await fanned.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the fan-out delivery after the promotion')
+      const deliveredMs = performance.now() - startedAt
+      await annotate(
+        `streams on a cluster: promoted in ${promotionMs.toFixed(0)} ms; first publish after it took ${publishedMs.toFixed(0)} ms, delivered to group and fan-out by ${deliveredMs.toFixed(0)} ms`,
+      )
+    } finally {
+      await own.stop()
+    }
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub behind Redis Sentinel', () => {
+  it('the master killed: subscriptions follow the new master, and what is published after reaches group and fan-out subscribers', async ({ annotate }) => {
+    const sentinel = await startSentinel()
+    try {
+      const prefix = uniquePrefix('sentinel')
+      const options = { sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName }, keyPrefix: prefix, blockMs: 200, commandTimeoutMs: 1_000 }
+      const consumer = new RedisStreamsPubSub(options)
+      const publisher = new RedisStreamsPubSub(options)
+      opened.push(consumer, publisher)
+      const [grouped, fanned] = [new Inbox(), new Inbox()]
+      await consumer.subscribe('jobs', grouped.cb, { group: 'workers' })
+      await consumer.subscribe('jobs', fanned.cb)
+      await publisher.publish('jobs', ev(0))
+      await grouped.count(1)
+      await fanned.count(1)
+      const failoverMs = await sentinel.killMasterAndWaitForFailover()
+      const startedAt = performance.now()
+      let published = false
+      while (!published) {
+        published = await publisher.publish('jobs', ev(1)).then(
+          () => true,
+          (err: { code?: string }) => {
+            expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(err.code)
+            return false
+          },
+        )
+        if (performance.now() - startedAt > 10_000) throw new Error('no publish succeeded within 10 s of the failover')
+      }
+      const publishedMs = performance.now() - startedAt
+      await grouped.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the group delivery after the failover')
+      await fanned.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the fan-out delivery after the failover')
+      const deliveredMs = performance.now() - startedAt
+      await annotate(
+        `streams behind Sentinel: failover in ${failoverMs.toFixed(0)} ms; first publish after it took ${publishedMs.toFixed(0)} ms, delivered to group and fan-out by ${deliveredMs.toFixed(0)} ms`,
+      )
+    } finally {
+      await sentinel.stop()
+    }
+  })
+})
