@@ -1,7 +1,7 @@
-// Mastra's cross-process Signals on RedisStreamsPubSub: three processes, one redis-server, one
-// thread. Each process runs a real Mastra (@mastra/core 1.71) whose pubsub is
-// `new RedisStreamsPubSub({ url, keyPrefix })` — events and leases through that one object —
-// and signals the thread through Mastra's AgentThreadStreamRuntime
+// Mastra's cross-process Signals on RedisStreamsPubSub: three processes, one Redis (a server,
+// then a local Redis Cluster), one thread. Each process runs a real Mastra (@mastra/core 1.71)
+// whose pubsub is `new RedisStreamsPubSub({ url | cluster, keyPrefix })` — events and leases
+// through that one object — and signals the thread through Mastra's AgentThreadStreamRuntime
 // (fixtures/thread-signal-streams-process.mjs).
 //
 // What Mastra does (node_modules/@mastra/core/dist/storage-*.js, AgentThreadStreamRuntime):
@@ -40,10 +40,11 @@ import path from 'node:path'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { RedisStreamsPubSub } from '../dist/esm/index.js'
+import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
 import type { LeaseCall } from './fixtures/recording-leases.mjs'
 import { NODE } from './helpers/mastra-node.js'
-import { startRedis, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
+import { startCluster } from './helpers/redis-topologies.js'
 import { sleep, uniquePrefix } from './helpers/streams.js'
 
 process.env.MASTRA_TELEMETRY_DISABLED = '1'
@@ -84,15 +85,11 @@ interface ChildConfig {
   maxSteps?: number
 }
 
-let redis: RedisServer
+/** Where the processes' pubsubs connect: the `url` or `cluster` option. */
+let connection: Pick<RedisStreamsPubSubOptions, 'url' | 'cluster'>
 const live = new Set<ChildProcess>()
-
-beforeAll(async () => {
-  redis = await startRedis()
-})
-afterAll(async () => {
+afterAll(() => {
   for (const child of live) child.kill('SIGKILL')
-  await redis?.stop()
 })
 
 /** Three processes on one thread, one key prefix, one Redis; and the means to drive them. */
@@ -107,7 +104,7 @@ function fleet(configs: ChildConfig[]) {
   let exiting = false
 
   const children = configs.map((extra, index) => {
-    const config = { index, redisUrl: redis.url, keyPrefix, ...thread, ...extra }
+    const config = { index, connection, keyPrefix, ...thread, ...extra }
     const child = fork(FIXTURE, [JSON.stringify(config)], {
       execPath: NODE,
       stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
@@ -204,7 +201,7 @@ const won = (call: LeaseCall) =>
 
 /** Polls the lease owner from outside (its own connection) until stopped; records every read. */
 function watchLease(keyPrefix: string, key: string) {
-  const watcher = new RedisStreamsPubSub({ url: redis.url, keyPrefix })
+  const watcher = new RedisStreamsPubSub({ ...connection, keyPrefix })
   const seen: Array<{ at: number; owner: string | undefined }> = []
   let stopped = false
   const loop = (async () => {
@@ -223,7 +220,24 @@ function watchLease(keyPrefix: string, key: string) {
   }
 }
 
-describe('Mastra Signals across three processes on RedisStreamsPubSub', () => {
+type Deployment = [string, () => Promise<{ options: typeof connection; stop(): Promise<void> }>]
+const deployments: Deployment[] = [
+  ['one redis-server', async () => startRedis().then((r) => ({ options: { url: r.url }, stop: () => r.stop() }))],
+  // A cluster the harness starts (never through REDIS_URL).
+  ...(EXTERNAL_REDIS
+    ? []
+    : [['a Redis Cluster', async () => startCluster().then((c) => ({ options: { cluster: { nodes: c.urls } }, stop: () => c.stop() }))] satisfies Deployment]),
+]
+
+describe.each(deployments)('Mastra Signals across three processes on RedisStreamsPubSub, on %s', (_where, start) => {
+  let stop: () => Promise<void> = async () => {}
+  beforeAll(async () => {
+    const deployment = await start()
+    connection = deployment.options
+    stop = deployment.stop
+  })
+  afterAll(() => stop())
+
   it(
     'rapid-fire: one signal from each process at once — exactly one owner, it runs all three signals, none is dropped',
     async () => {
@@ -267,7 +281,7 @@ describe('Mastra Signals across three processes on RedisStreamsPubSub', () => {
         // released at the end.
         const ownerReport = reports.find((r) => r.index === owner.index)!
         for (const t of leaseCallsOn(ownerReport, f.key, 'transferLease')) expect(t.result).toBe(true)
-        const probe = new RedisStreamsPubSub({ url: redis.url, keyPrefix: f.keyPrefix })
+        const probe = new RedisStreamsPubSub({ ...connection, keyPrefix: f.keyPrefix })
         try {
           expect(await probe.getLeaseOwner(f.key)).toBeUndefined()
         } finally {
