@@ -299,6 +299,36 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
     }
   })
 
+  it('after SENTINEL FAILOVER, grants reach the new master on the sentinels\' announcement (+switch-master), while the old one still takes writes', async ({
+    annotate,
+  }) => {
+    const sentinel = await startSentinel()
+    try {
+      const prefix = `switch:${randomUUID().slice(0, 8)}`
+      const leases = closing(new RedisLeaseProvider({ ...sentinelOf(sentinel), keyPrefix: prefix }))
+      await leases.acquireLease('before', 'a', 60_000)
+      const old = await sentinel.master()
+      await sentinel.failover()
+      const switchedAt = performance.now()
+      const fresh = await sentinel.master()
+      expect(fresh).not.toBe(old)
+      // Fresh keys until one lands on the new master.
+      let landedMs: number | undefined
+      for (let i = 0; landedMs === undefined && performance.now() - switchedAt < 5_000; i++) {
+        await leases.acquireLease(`after-${i}`, 'a', 60_000).catch(() => undefined)
+        if ((await fresh.cli('GET', `${prefix}:lease:after-${i}`)) === 'a') landedMs = performance.now() - switchedAt
+        else await sleep(20)
+      }
+      // Not the READONLY path: the old master had not been demoted yet.
+      const oldRole = await old.role()
+      expect(landedMs, 'a grant on the new master within 5 s of the switch').toBeDefined()
+      expect(oldRole).toBe('master')
+      await annotate(`a grant reached the new master ${landedMs!.toFixed(0)} ms after SENTINEL FAILOVER returned; the old master was still a ${oldRole}`)
+    } finally {
+      await sentinel.stop()
+    }
+  })
+
   it('with the replicas cut off, minReplicas 1 refuses the grant, and without it the failover hands the key to a second owner (negative control)', async ({
     annotate,
   }) => {

@@ -239,3 +239,52 @@ describe('streams arguments are checked as lease keys are', () => {
     await p.subscribe('t', () => {}, { batch: { maxSize: 10 } } as never)
   })
 })
+
+describe('cluster, sentinel and minReplicas', () => {
+  const NODES = ['redis://127.0.0.1:7000', 'redis://127.0.0.1:7001']
+  const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
+
+  it.each(Object.entries(redisClasses))('%s refuses every bad cluster or sentinel option by name, before connecting anywhere', (_name, make) => {
+    for (const [options, cls, message] of [
+      [{ url: redis.url, cluster: { nodes: NODES } }, TypeError, /url.*cluster|cluster.*url/],
+      [{ url: redis.url, sentinel: { nodes: NODES, masterName: 'm' } }, TypeError, /url.*sentinel|sentinel.*url/],
+      [{ cluster: { nodes: NODES }, sentinel: { nodes: NODES, masterName: 'm' } }, TypeError, /cluster.*sentinel|sentinel.*cluster/],
+      [{ cluster: { node: NODES } }, TypeError, /node.*did you mean nodes\?/],
+      [{ cluster: { nodes: NODES, pasword: 'x' } }, TypeError, /pasword.*did you mean password\?/],
+      [{ cluster: { nodes: [] } }, RangeError, /at least one node/],
+      [{ cluster: { nodes: 'redis://127.0.0.1:7000' } }, TypeError, /cluster\.nodes/],
+      [{ cluster: { nodes: ['http://127.0.0.1:7000'] } }, RangeError, /not a Redis URL/],
+      [{ cluster: { nodes: ['redis://127.0.0.1:7000', 'rediss://127.0.0.1:7001'] } }, RangeError, /mix redis:\/\/ and rediss:\/\//],
+      [{ cluster: { nodes: ['redis://a:one@127.0.0.1:7000', 'redis://a:two@127.0.0.1:7001'] } }, RangeError, /different credentials/],
+      [{ cluster: { nodes: ['redis://127.0.0.1:7000/2'] } }, RangeError, /database 0 only/],
+      [{ cluster: { nodes: ['redis+unix:///tmp/redis.sock'] } }, RangeError, /not unix sockets/],
+      [{ cluster: { nodes: NODES }, keyPrefix: 'app{' }, RangeError, /brace/],
+      [{ sentinel: { nodes: NODES } }, TypeError, /masterName/],
+      [{ sentinel: { nodes: NODES, masterName: 'm', master: 'x' } }, TypeError, /sentinel\.master is not an option/],
+      [{ sentinel: { nodes: NODES, masterName: 'm' }, redisOptions: { socket: { tls: true } } }, TypeError, /socket\.tls/],
+      [{ minReplicas: -1 }, RangeError, /minReplicas/],
+      [{ minReplicas: 1.5 }, RangeError, /minReplicas/],
+      [{ minReplicas: '1' }, TypeError, /minReplicas/],
+      [{ replicaTimeoutMs: 100 }, TypeError, /replicaTimeoutMs without minReplicas/],
+      [{ minReplicas: 1, replicaTimeoutMs: 2_000, commandTimeoutMs: 2_000 }, RangeError, /must be shorter than commandTimeoutMs/],
+    ] as Array<[AnyOptions, typeof TypeError, RegExp]>) {
+      const err = expectThrow(() => make(options), cls, 'ERR_LEASE_INVALID_OPTION')
+      expect(err.message, JSON.stringify(options)).toMatch(message)
+      // Credentials in a node URL are never echoed.
+      expect(err.message).not.toMatch(/one@|two@/)
+    }
+  })
+
+  it('MemoryLeaseProvider has no cluster, sentinel or minReplicas', () => {
+    for (const option of ['cluster', 'sentinel', 'minReplicas']) {
+      expectThrow(() => classes.MemoryLeaseProvider({ [option]: 1 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    }
+  })
+
+  it('good cluster and sentinel options construct without connecting', async () => {
+    for (const make of Object.values(redisClasses)) {
+      await kept(make({ cluster: { nodes: NODES, username: 'u', password: 'p' }, minReplicas: 1, replicaTimeoutMs: 200 })).close()
+      await kept(make({ sentinel: { nodes: NODES, masterName: 'm', username: 'u', password: 'p', database: 2 }, minReplicas: 2 })).close()
+    }
+  })
+})

@@ -9,9 +9,10 @@
 //! - a Redis Cluster, by seed nodes: the shared link is redis-rs' cluster connection, which
 //!   routes each command to the node of its key, follows MOVED and ASK, and refreshes the
 //!   slot map; a blocking read gets a plain connection to the master of its key's slot;
-//! - a master behind Sentinel: the sentinels name the master (redis-rs checks its ROLE), and
-//!   a link to it answers READONLY (a demoted master) as an error, so the connection gives
-//!   it up and asks the sentinels again.
+//! - a master behind Sentinel ([`Sentinels`]): the sentinels name the master (redis-rs
+//!   checks its ROLE), and a link to it answers READONLY (a demoted master) as an error, so
+//!   the connection gives it up and asks the sentinels again; so it does when a sentinel
+//!   announces a new master.
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -21,12 +22,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
     Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
+use super::sentinel::Sentinels;
 use super::{parse, redact, tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
 
@@ -40,7 +41,7 @@ pub(super) enum Target {
         nodes: NodeClients,
     },
     /// The master the sentinels name.
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    Sentinel(Sentinels),
 }
 
 /// How to open a plain connection to one node of a cluster, found by address: the seed's
@@ -58,8 +59,9 @@ impl Target {
         match &options.deployment {
             Deployment::Single => Ok(Self::Single(single(options)?)),
             Deployment::Cluster { nodes } => cluster(options, nodes),
-            Deployment::Sentinel { nodes, master_name } => sentinel(options, nodes, master_name)
-                .map(|c| Self::Sentinel(tokio::sync::Mutex::new(c))),
+            Deployment::Sentinel { nodes, master_name } => {
+                Sentinels::new(options, nodes, master_name).map(Self::Sentinel)
+            }
         }
     }
 
@@ -73,6 +75,22 @@ impl Target {
     /// away: behind Sentinel, where the next link finds the new master.
     pub(super) fn follows_failover(&self) -> bool {
         matches!(self, Self::Sentinel(_))
+    }
+
+    /// Whether a sentinel announced a new master since the last ask (`+switch-master`):
+    /// the link to the old one is then given up before it is used again.
+    pub(super) fn switched(&self) -> bool {
+        match self {
+            Self::Sentinel(sentinels) => sentinels.switched(),
+            Self::Single(_) | Self::Cluster { .. } => false,
+        }
+    }
+
+    /// Stops what runs in the background for the deployment (the sentinels' watcher).
+    pub(super) fn close(&self) {
+        if let Self::Sentinel(sentinels) = self {
+            sentinels.stop();
+        }
     }
 
     /// The shared connection: for one server, opened on its first command and reopened by
@@ -90,7 +108,7 @@ impl Target {
             }
             Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
             Self::Sentinel(sentinels) => {
-                let master = sentinels.lock().await.async_get_client().await?;
+                let master = sentinels.master().await?;
                 let link = master
                     .get_multiplexed_async_connection_with_config(direct)
                     .await?;
@@ -128,7 +146,7 @@ impl Target {
                     .map(Link::Direct)
             }
             Self::Sentinel(sentinels) => {
-                let master = sentinels.lock().await.async_get_client().await?;
+                let master = sentinels.master().await?;
                 let link = master
                     .get_multiplexed_async_connection_with_config(config)
                     .await?;
@@ -333,7 +351,11 @@ impl ConnectionLike for Link {
 
 /// A URL's connection info, the credentials and database the options give beside it
 /// applied, each refused when the URL already says otherwise.
-fn with_credentials(url: &str, options: &ConnectionOptions, what: &str) -> Result<ConnectionInfo> {
+pub(super) fn with_credentials(
+    url: &str,
+    options: &ConnectionOptions,
+    what: &str,
+) -> Result<ConnectionInfo> {
     let mut info = url.into_connection_info().map_err(|err| {
         // The URL may carry a password, so neither it nor the parser's echo of it is
         // repeated; the parser's complaint without the URL is enough to fix it.
@@ -376,7 +398,7 @@ fn with_credentials(url: &str, options: &ConnectionOptions, what: &str) -> Resul
 }
 
 /// The TLS material applies to `rediss://` only.
-fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
+pub(super) fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
     if options.tls.is_empty() {
         return Ok(());
     }
@@ -391,7 +413,7 @@ fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
 
 /// The material was checked, so a refusal is redis-rs' own; its message is not repeated in
 /// case it quotes the material.
-fn refused_tls(_: redis::RedisError) -> Error {
+pub(super) fn refused_tls(_: redis::RedisError) -> Error {
     Error::option(
         InputErrorKind::Range,
         "tls: the Redis client refused the certificates or key",
@@ -477,85 +499,8 @@ fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
     })
 }
 
-/// A sentinel client: the sentinels by URL (their own credentials in the URLs, `rediss://`
-/// for TLS to them and to the master), the master's name, and the master's credentials and
-/// database from the options.
-fn sentinel(
-    options: &ConnectionOptions,
-    nodes: &[String],
-    master_name: &str,
-) -> Result<SentinelClient> {
-    let range = |message: &str| Error::option(InputErrorKind::Range, message);
-    if nodes.is_empty() {
-        return Err(range("sentinel.nodes must name at least one sentinel"));
-    }
-    if master_name.is_empty() {
-        return Err(range("sentinel.masterName must not be empty"));
-    }
-    let no_credentials = ConnectionOptions {
-        username: None,
-        password: None,
-        database: None,
-        ..options.clone()
-    };
-    let infos = nodes
-        .iter()
-        .map(|url| with_credentials(url, &no_credentials, "sentinel.nodes"))
-        .collect::<Result<Vec<_>>>()?;
-    let first = &infos[0];
-    let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
-    for info in &infos {
-        check_tls(options, info)?;
-        if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) != tls {
-            return Err(range("sentinel.nodes mix redis:// and rediss:// URLs"));
-        }
-        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
-            return Err(range(
-                "sentinel.nodes must be redis:// or rediss:// URLs, not unix sockets",
-            ));
-        }
-    }
-    let mut builder = SentinelClientBuilder::new(
-        infos.iter().map(|info| info.addr().clone()),
-        master_name,
-        SentinelServerType::Master,
-    )
-    .map_err(|err| range(&format!("sentinel: {err}")))?;
-    if let Some(username) = first.redis_settings().username() {
-        builder = builder.set_client_to_sentinel_username(username);
-    }
-    if let Some(password) = first.redis_settings().password() {
-        builder = builder.set_client_to_sentinel_password(password);
-    }
-    if let Some(username) = &options.username {
-        builder = builder.set_client_to_redis_username(username);
-    }
-    if let Some(password) = &options.password {
-        builder = builder.set_client_to_redis_password(password);
-    }
-    if let Some(database) = options.database {
-        builder = builder.set_client_to_redis_db(database);
-    }
-    if tls {
-        builder = builder
-            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-        if !options.tls.is_empty() {
-            builder = builder
-                .set_client_to_redis_certificates(options.tls.certificates())
-                .set_client_to_sentinel_certificates(options.tls.certificates());
-        }
-    }
-    builder.build().map_err(|err| {
-        range(&format!(
-            "sentinel: {}",
-            redact_all(&err.to_string(), nodes)
-        ))
-    })
-}
-
 /// Removes every URL (and so any password in one) from a message.
-fn redact_all(message: &str, urls: &[String]) -> String {
+pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
     urls.iter()
         .fold(message.to_owned(), |message, url| redact(&message, url))
 }

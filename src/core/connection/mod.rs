@@ -10,6 +10,7 @@
 //! - `tls.rs`: TLS material for `rediss://`.
 
 mod link;
+mod sentinel;
 mod setup;
 mod tls;
 
@@ -327,6 +328,7 @@ impl Connection {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.slot().take();
+        self.target.close();
     }
 
     /// Drops connection `number` after a call on it timed out, unless a newer one replaced
@@ -431,9 +433,12 @@ impl Connection {
     }
 
     fn current(&self) -> Result<Option<(u64, Link)>> {
-        let slot = self.slot();
+        let mut slot = self.slot();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
+        }
+        if self.target.switched() && slot.take().is_some() {
+            self.setup.renew();
         }
         Ok(slot.clone())
     }

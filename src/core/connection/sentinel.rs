@@ -1,0 +1,210 @@
+//! The master behind Redis Sentinel. The sentinels are asked for it on the first call and
+//! again whenever the link to it is given up: when it broke, when the node answered READONLY
+//! (a demoted master), and when a sentinel announced a new master (`+switch-master`, heard
+//! by a watcher subscribed to every sentinel). The announcement comes the moment the
+//! failover ends, long before the old master is demoted (a manual `SENTINEL FAILOVER` leaves
+//! it taking writes for seconds): the watcher shortens the time calls go to the old one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Client, ConnectionAddr, RedisResult};
+use tokio::task::AbortHandle;
+
+use super::link::{check_tls, redact_all, refused_tls, with_credentials};
+use super::ConnectionOptions;
+use crate::core::error::{Error, InputErrorKind, Result};
+use crate::core::lock;
+
+/// Wait before listening to a sentinel again, after it went away.
+const AGAIN: Duration = Duration::from_millis(200);
+
+/// The sentinels, asked for the master and watched for a new one.
+pub(super) struct Sentinels {
+    client: tokio::sync::Mutex<SentinelClient>,
+    watched: Arc<Watched>,
+    /// The watcher, once started (on the first ask for the master, inside the runtime).
+    watcher: Mutex<Option<AbortHandle>>,
+}
+
+/// What the watcher needs, and what it tells.
+struct Watched {
+    /// Plain clients of the sentinels (their own credentials and TLS).
+    sentinels: Vec<Client>,
+    master_name: String,
+    connect_timeout: Duration,
+    /// Set when a sentinel announced a new master for `master_name`.
+    switched: AtomicBool,
+}
+
+impl Sentinels {
+    /// A sentinel client: the sentinels by URL (their own credentials in the URLs,
+    /// `rediss://` for TLS to them and to the master), the master's name, and the master's
+    /// credentials and database from the options. Connects nowhere.
+    pub(super) fn new(
+        options: &ConnectionOptions,
+        nodes: &[String],
+        master_name: &str,
+    ) -> Result<Self> {
+        let range = |message: &str| Error::option(InputErrorKind::Range, message);
+        if nodes.is_empty() {
+            return Err(range("sentinel.nodes must name at least one sentinel"));
+        }
+        if master_name.is_empty() {
+            return Err(range("sentinel.masterName must not be empty"));
+        }
+        let no_credentials = ConnectionOptions {
+            username: None,
+            password: None,
+            database: None,
+            ..options.clone()
+        };
+        let infos = nodes
+            .iter()
+            .map(|url| with_credentials(url, &no_credentials, "sentinel.nodes"))
+            .collect::<Result<Vec<_>>>()?;
+        let first = &infos[0];
+        let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
+        for info in &infos {
+            check_tls(options, info)?;
+            if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) != tls {
+                return Err(range("sentinel.nodes mix redis:// and rediss:// URLs"));
+            }
+            if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+                return Err(range(
+                    "sentinel.nodes must be redis:// or rediss:// URLs, not unix sockets",
+                ));
+            }
+        }
+        let mut builder = SentinelClientBuilder::new(
+            infos.iter().map(|info| info.addr().clone()),
+            master_name,
+            SentinelServerType::Master,
+        )
+        .map_err(|err| range(&format!("sentinel: {err}")))?;
+        if let Some(username) = first.redis_settings().username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = first.redis_settings().password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(username) = &options.username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &options.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(database) = options.database {
+            builder = builder.set_client_to_redis_db(database);
+        }
+        if tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+            if !options.tls.is_empty() {
+                builder = builder
+                    .set_client_to_redis_certificates(options.tls.certificates())
+                    .set_client_to_sentinel_certificates(options.tls.certificates());
+            }
+        }
+        let client = builder.build().map_err(|err| {
+            range(&format!(
+                "sentinel: {}",
+                redact_all(&err.to_string(), nodes)
+            ))
+        })?;
+        let watched = infos
+            .into_iter()
+            .map(|info| match options.tls.is_empty() {
+                true => Client::open(info)
+                    .map_err(|err| Error::from_redis(err, options.connect_timeout)),
+                false => {
+                    Client::build_with_tls(info, options.tls.certificates()).map_err(refused_tls)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sentinels {
+            client: tokio::sync::Mutex::new(client),
+            watched: Arc::new(Watched {
+                sentinels: watched,
+                master_name: master_name.to_owned(),
+                connect_timeout: options.connect_timeout,
+                switched: AtomicBool::new(false),
+            }),
+            watcher: Mutex::new(None),
+        })
+    }
+
+    /// A client of the master the sentinels name now.
+    pub(super) async fn master(&self) -> RedisResult<Client> {
+        self.watch();
+        self.client.lock().await.async_get_client().await
+    }
+
+    /// Whether a sentinel announced a new master since the last time this was asked.
+    pub(super) fn switched(&self) -> bool {
+        self.watched.switched.swap(false, Ordering::AcqRel)
+    }
+
+    /// Stops the watcher.
+    pub(super) fn stop(&self) {
+        if let Some(watcher) = lock(&self.watcher).take() {
+            watcher.abort();
+        }
+    }
+
+    fn watch(&self) {
+        let mut watcher = lock(&self.watcher);
+        if watcher.is_none() {
+            let watched = self.watched.clone();
+            *watcher = Some(tokio::spawn(watch(watched)).abort_handle());
+        }
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Listens to every sentinel at once (the one that led the failover announces it first; the
+/// others learn of it later), each again after it went away, for as long as it is not
+/// stopped.
+async fn watch(watched: Arc<Watched>) {
+    let listeners = watched.sentinels.iter().map(|sentinel| {
+        let watched = &watched;
+        async move {
+            loop {
+                // Whatever ended the listening (the sentinel went away, or never answered),
+                // it is tried again; a failover is still followed through READONLY meanwhile.
+                let _ = listen(sentinel, watched).await;
+                tokio::time::sleep(AGAIN).await;
+            }
+        }
+    });
+    futures::future::join_all(listeners).await;
+}
+
+/// Subscribes to one sentinel's `+switch-master` and marks every announcement for the
+/// watched master, until the connection ends.
+async fn listen(sentinel: &Client, watched: &Watched) -> RedisResult<()> {
+    let connecting = sentinel.get_async_pubsub();
+    let Ok(pubsub) = tokio::time::timeout(watched.connect_timeout, connecting).await else {
+        return Ok(());
+    };
+    let mut pubsub = pubsub?;
+    pubsub.subscribe("+switch-master").await?;
+    let mut messages = pubsub.on_message();
+    while let Some(message) = messages.next().await {
+        // "<master name> <old ip> <old port> <new ip> <new port>"
+        let payload: String = message.get_payload()?;
+        if payload.split(' ').next() == Some(watched.master_name.as_str()) {
+            watched.switched.store(true, Ordering::Release);
+        }
+    }
+    Ok(())
+}
