@@ -15,7 +15,7 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import { RedisLeaseProvider, type RedisLeaseProviderOptions } from '../index.js'
 import { errorCode, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
-import { closing, leaseSuite, msBetween } from './helpers/lease-runs.js'
+import { closing, leaseSuite, msBetween, msToNs } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type ClusterNode, type RedisCluster } from './helpers/redis-topologies.js'
 
@@ -113,6 +113,7 @@ function judge(run: Storm, since: bigint, keys: string[]) {
   expect(run.unexpected).toEqual([])
   const report = checkLeaseHistory(run.ops)
   expect(report.overlaps, describeOverlaps(report)).toEqual([])
+  expect(report.lost, 'leases lost before their TTL ran out').toEqual([])
   expect(tokenRegressions(run.tokens)).toEqual([])
   // Every call settled within the command timeout (and a little for the event loop).
   expect(run.slowestMs).toBeLessThan(COMMAND_TIMEOUT + 500)
@@ -122,7 +123,7 @@ function judge(run: Storm, since: bigint, keys: string[]) {
   expect(grantsAfter.length, 'grants on the failed-over keys after the fault').toBeGreaterThan(0)
   const firstAfter = grantsAfter.reduce((a, b) => (a.end < b.end ? a : b))
   const codes = [...new Set(errors.map((o) => o.error))].join(', ') || 'none'
-  return `${run.ops.length} calls, ${report.grants} grants, 0 overlaps, ${errors.length} coded errors (${codes}), slowest call ${run.slowestMs.toFixed(0)} ms, first grant ${msBetween(since, firstAfter.end).toFixed(0)} ms after the fault`
+  return `${run.ops.length} calls, ${report.grants} grants, 0 overlaps, 0 lost, ${errors.length} coded errors (${codes}), slowest call ${run.slowestMs.toFixed(0)} ms, first grant ${msBetween(since, firstAfter.end).toFixed(0)} ms after the fault`
 }
 
 /** Calls `grant` until no ERR_LEASE_REPLICATION (a replica still syncing) rejects it, for 10 s at most. */
@@ -168,8 +169,9 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
       const keys = await keysServedBy(cluster, victim, prefix, 6)
       const run = storm({ cluster: { nodes: cluster.urls } }, prefix, keys, 6, { minReplicas: 1, replicaTimeoutMs: 500 })
       await sleep(1_000)
-      const killedAt = monotonicNow()
       const promotionMs = await cluster.killMasterAndWaitForPromotion(victim)
+      // The helper times from the kill.
+      const killedAt = monotonicNow() - msToNs(promotionMs)
       // Its one replica is master now, with no replica of its own: grants wait for the old
       // master to come back as one (minReplicas counts replicas that hold the write).
       await victim.restart()
@@ -240,17 +242,21 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
         await victim.restart()
         await cluster.waitHealthy(30_000)
         const second = await untilConfirmed(() => b.acquireLease(key!, 'b', 60_000))
+        // The first owner, still within its TTL, renews: refused if the failover forgot its grant.
+        await a.renewLease(key!, 'a', 60_000)
         const report = checkLeaseHistory(ops)
         if (minReplicas > 0) {
           expect(first).toBe('rejected ERR_LEASE_REPLICATION')
           expect(report.overlaps).toEqual([])
+          expect(report.lost).toEqual([])
         } else {
           // The grant lived on the dead master only: the promoted replica never saw it.
           expect(first).toMatch(/^granted .*"acquired":true/)
           expect(second.acquired).toBe(true)
           expect(report.overlaps.length).toBe(1)
+          expect(report.lost.length).toBe(1)
         }
-        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps`)
+        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps, ${report.lost.length} lost`)
       } finally {
         await cluster.stop()
       }
@@ -270,8 +276,8 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
     try {
       const run = storm(sentinelOf(sentinel), `failover:${randomUUID().slice(0, 8)}`, KEYS, 6, { minReplicas: 1, replicaTimeoutMs: 500 })
       await sleep(1_000)
-      const killedAt = monotonicNow()
       const failoverMs = await sentinel.killMasterAndWaitForFailover()
+      const killedAt = monotonicNow() - msToNs(failoverMs)
       await sleep(2_000)
       await run.stop()
       await annotate(`sentinel master killed: replaced in ${failoverMs.toFixed(0)} ms; ${judge(run, killedAt, KEYS)}`)
@@ -287,8 +293,8 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
       // replica not promoted still confirms them, so a smaller number could lose them.
       const run = storm(sentinelOf(sentinel), `switch:${randomUUID().slice(0, 8)}`, KEYS, 6, { minReplicas: 2, replicaTimeoutMs: 500 })
       await sleep(1_000)
-      const switchedAt = monotonicNow()
       const failoverMs = await sentinel.failover()
+      const switchedAt = monotonicNow() - msToNs(failoverMs)
       // Until the sentinels reconfigure it, the old master still takes writes: wait for that.
       await sentinel.waitHealthy(30_000)
       await sleep(1_000)
@@ -358,16 +364,20 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
         for (const r of replicas) r.thaw()
         await sentinel.waitHealthy(30_000)
         const second = await untilConfirmed(() => b.acquireLease(key, 'b', 60_000))
+        // The first owner, still within its TTL, renews: refused if the failover forgot its grant.
+        await a.renewLease(key, 'a', 60_000)
         const report = checkLeaseHistory(ops)
         if (minReplicas > 0) {
           expect(first).toBe('rejected ERR_LEASE_REPLICATION')
           expect(report.overlaps).toEqual([])
+          expect(report.lost).toEqual([])
         } else {
           expect(first).toMatch(/^granted .*"acquired":true/)
           expect(second.acquired).toBe(true)
           expect(report.overlaps.length).toBe(1)
+          expect(report.lost.length).toBe(1)
         }
-        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps`)
+        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps, ${report.lost.length} lost`)
       } finally {
         await sentinel.stop()
       }

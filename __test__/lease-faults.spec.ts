@@ -117,6 +117,30 @@ describe('the history checker on hand-written histories', () => {
     expect(report).toMatchObject({ operations: 5, grants: 4, acquisitions: 3, overlaps: [] })
   })
 
+  it('an owner with two calls in flight: a transfer to b racing b’s own release opens no window for b, whichever started first', () => {
+    for (const releaseStart of [40, 55]) {
+      const report = checkLeaseHistory([
+        op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),
+        op({ op: 'transfer', key: 'k', owner: 'a', to: 'b', ttlMs: 100, start: 50, end: 60, outcome: 'ok' }),
+        // Redis may have run the release after the transfer: the key is free, c takes it.
+        op({ op: 'release', key: 'k', owner: 'b', ttlMs: 0, start: releaseStart, end: 62, outcome: 'ok' }),
+        op({ op: 'acquire', key: 'k', owner: 'c', ttlMs: 100, start: 70, end: 71, outcome: 'ok' }),
+      ])
+      expect(report.overlaps, `release started at ${releaseStart}`).toEqual([])
+    }
+  })
+
+  it('a release that ended before the transfer to its owner started does not hide the overlap that follows', () => {
+    const report = checkLeaseHistory([
+      op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),
+      op({ op: 'release', key: 'k', owner: 'b', ttlMs: 0, start: 40, end: 45, outcome: 'ok' }),
+      op({ op: 'transfer', key: 'k', owner: 'a', to: 'b', ttlMs: 100, start: 50, end: 60, outcome: 'ok' }),
+      op({ op: 'acquire', key: 'k', owner: 'c', ttlMs: 100, start: 70, end: 71, outcome: 'ok' }),
+    ])
+    expect(report.overlaps).toHaveLength(1)
+    expect(report.overlaps[0]).toMatchObject({ first: { owner: 'b' }, second: { owner: 'c' } })
+  })
+
   it('flags a second owner granted the key inside the first owner’s window, with both windows', () => {
     const report = checkLeaseHistory([
       op({ op: 'acquire', key: 'k', owner: 'a', ttlMs: 100, start: 0, end: 1, outcome: 'ok' }),

@@ -1,8 +1,9 @@
 // Mastra's cross-process Signals on RedisStreamsPubSub: three processes, one Redis (a server,
-// then a local Redis Cluster), one thread. Each process runs a real Mastra (@mastra/core 1.71)
-// whose pubsub is `new RedisStreamsPubSub({ url | cluster, keyPrefix })` — events and leases
-// through that one object — and signals the thread through Mastra's AgentThreadStreamRuntime
-// (fixtures/thread-signal-streams-process.mjs).
+// a local Redis Cluster, a master behind Sentinel), one thread. Each process runs a real
+// Mastra (@mastra/core 1.71) whose pubsub is
+// `new RedisStreamsPubSub({ url | cluster | sentinel, keyPrefix })` — events and leases through
+// that one object — and signals the thread through Mastra's AgentThreadStreamRuntime
+(fixtures/thread-signal-streams-process.mjs).
 //
 // What Mastra does (node_modules/@mastra/core/dist/storage-*.js, AgentThreadStreamRuntime):
 // - sendSignal on an idle thread (ifIdle: wake) reserves a runId, subscribes (fan-out) to the
@@ -44,7 +45,7 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import type { LeaseCall } from './fixtures/recording-leases.mjs'
 import { NODE } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
-import { startCluster } from './helpers/redis-topologies.js'
+import { startCluster, startSentinel } from './helpers/redis-topologies.js'
 import { sleep, uniquePrefix } from './helpers/streams.js'
 
 process.env.MASTRA_TELEMETRY_DISABLED = '1'
@@ -85,8 +86,8 @@ interface ChildConfig {
   maxSteps?: number
 }
 
-/** Where the processes' pubsubs connect: the `url` or `cluster` option. */
-let connection: Pick<RedisStreamsPubSubOptions, 'url' | 'cluster'>
+/** Where the processes' pubsubs connect: the `url`, `cluster` or `sentinel` option. */
+let connection: Pick<RedisStreamsPubSubOptions, 'url' | 'cluster' | 'sentinel'>
 const live = new Set<ChildProcess>()
 afterAll(() => {
   for (const child of live) child.kill('SIGKILL')
@@ -223,10 +224,17 @@ function watchLease(keyPrefix: string, key: string) {
 type Deployment = [string, () => Promise<{ options: typeof connection; stop(): Promise<void> }>]
 const deployments: Deployment[] = [
   ['one redis-server', async () => startRedis().then((r) => ({ options: { url: r.url }, stop: () => r.stop() }))],
-  // A cluster the harness starts (never through REDIS_URL).
+  // A cluster and a Sentinel set the harness starts (never through REDIS_URL).
   ...(EXTERNAL_REDIS
     ? []
-    : [['a Redis Cluster', async () => startCluster().then((c) => ({ options: { cluster: { nodes: c.urls } }, stop: () => c.stop() }))] satisfies Deployment]),
+    : [
+        ['a Redis Cluster', async () => startCluster().then((c) => ({ options: { cluster: { nodes: c.urls } }, stop: () => c.stop() }))] satisfies Deployment,
+        [
+          'a master behind Redis Sentinel',
+          async () =>
+            startSentinel().then((s) => ({ options: { sentinel: { nodes: s.sentinelUrls, masterName: s.masterName } }, stop: () => s.stop() })),
+        ] satisfies Deployment,
+      ]),
 ]
 
 describe.each(deployments)('Mastra Signals across three processes on RedisStreamsPubSub, on %s', (_where, start) => {

@@ -58,6 +58,11 @@ export interface HistoryReport {
   errors: number
   windows: BelievedWindow[]
   overlaps: Overlap[]
+  /**
+   * Lost leases: an acquire or renew refused to an owner whose lease still had TTL left by
+   * its believed window (it vanished early: a failover forgot it, or an eviction took it).
+   */
+  lost: LeaseOperation[]
   /** Critical sections not inside a believed window of their own owner (a worker bug). */
   unprotectedUses: LeaseUse[]
 }
@@ -71,16 +76,27 @@ function describeWindow(w: BelievedWindow, origin: bigint): string {
 }
 
 export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: readonly LeaseUse[] = []): HistoryReport {
-  // Each owner's calls are sequential, so ordering by start orders every owner's own history.
+  // Ordered by start. An owner may have several calls on a key in flight at once (a transfer
+  // to B racing B's own release): their order in Redis is unknown, so a grant that overlaps in
+  // time a call by which its owner gave the key up (a release, a transfer away, a refusal)
+  // opens no window. The owner cannot know it holds the key, so it must not act on it.
   const ops = [...operations].sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : 0))
   const windows: BelievedWindow[] = []
   const byHolder = new Map<string, BelievedWindow[]>()
+  const endersOf = new Map<string, LeaseOperation[]>()
   const holder = (key: string, owner: string) => `${key}\u0000${owner}`
   const open = (key: string, owner: string, op: LeaseOperation) => {
     // A renew (or re-acquire) *replaces* the TTL, it does not extend the longest one: the
     // earlier grants count until this call took effect, which is by its return at the latest.
     end(key, owner, op.end, op)
     const w: BelievedWindow = { key, owner, from: op.end, to: op.start + BigInt(op.ttlMs) * NS_PER_MS, openedBy: op }
+    // A call giving the key up that started earlier and was still in flight when this one
+    // started: which ran first is unknown.
+    const racing = (endersOf.get(holder(key, owner)) ?? []).find((e) => e.end > op.start)
+    if (racing) {
+      w.to = w.from
+      w.endedBy = racing
+    }
     windows.push(w)
     const list = byHolder.get(holder(key, owner)) ?? []
     list.push(w)
@@ -94,10 +110,18 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
       }
     }
   }
+  /** `op` gave the key up for `owner` from `at` on. */
+  function giveUp(key: string, owner: string, at: bigint, op: LeaseOperation) {
+    end(key, owner, at, op)
+    const list = endersOf.get(holder(key, owner)) ?? []
+    list.push(op)
+    endersOf.set(holder(key, owner), list)
+  }
 
   let grants = 0
   let acquisitions = 0
   let errors = 0
+  const lost: LeaseOperation[] = []
   for (const op of ops) {
     if (op.outcome === 'error') errors++
     switch (op.op) {
@@ -108,11 +132,12 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
           if (op.op === 'acquire') acquisitions++
           open(op.key, op.owner, op)
         } else if (op.outcome === 'refused') {
-          end(op.key, op.owner, op.end, op)
+          if ((byHolder.get(holder(op.key, op.owner)) ?? []).some((w) => w.to > op.start)) lost.push(op)
+          giveUp(op.key, op.owner, op.end, op)
         }
         break
       case 'transfer':
-        end(op.key, op.owner, op.start, op)
+        giveUp(op.key, op.owner, op.start, op)
         if (op.outcome === 'ok') {
           if (op.to === undefined) throw new Error('a transfer operation without `to`')
           grants++
@@ -120,7 +145,7 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
         }
         break
       case 'release':
-        end(op.key, op.owner, op.start, op)
+        giveUp(op.key, op.owner, op.start, op)
         break
     }
   }
@@ -159,7 +184,7 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
     (u) => !(byHolder.get(holder(u.key, u.owner)) ?? []).some((w) => w.from <= u.start && u.end <= w.to),
   )
 
-  return { operations: ops.length, grants, acquisitions, errors, windows, overlaps, unprotectedUses }
+  return { operations: ops.length, grants, acquisitions, errors, windows, overlaps, lost, unprotectedUses }
 }
 
 export interface CounterCheck {
