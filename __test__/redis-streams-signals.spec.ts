@@ -3,7 +3,7 @@
 // Mastra (@mastra/core 1.71) whose pubsub is
 // `new RedisStreamsPubSub({ url | cluster | sentinel, keyPrefix })` — events and leases through
 // that one object — and signals the thread through Mastra's AgentThreadStreamRuntime
-(fixtures/thread-signal-streams-process.mjs).
+// (fixtures/thread-signal-streams-process.mjs).
 //
 // What Mastra does (node_modules/@mastra/core/dist/storage-*.js, AgentThreadStreamRuntime):
 // - sendSignal on an idle thread (ifIdle: wake) reserves a runId, subscribes (fan-out) to the
