@@ -15,6 +15,7 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import { RedisLeaseProvider, type RedisLeaseProviderOptions } from '../index.js'
 import { errorCode, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
+import { leaseStorm, type StormResult } from './helpers/lease-storm.js'
 import { closing, leaseSuite, msBetween, msToNs } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type ClusterNode, type RedisCluster } from './helpers/redis-topologies.js'
@@ -22,108 +23,64 @@ import { startCluster, startSentinel, type ClusterNode, type RedisCluster } from
 leaseSuite()
 
 const COMMAND_TIMEOUT = 1_500
-const TTL = 2_000
 /** What a call may reject with while a master is down or being replaced. */
 const FAILOVER_CODES = ['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT', 'ERR_LEASE_REPLICATION']
 
-type Where = Pick<RedisLeaseProviderOptions, 'cluster' | 'sentinel'>
-
-interface Storm {
-  ops: LeaseOperation[]
-  /** Every grant's token, by key, in the order the grants returned. */
-  tokens: Map<string, Array<{ owner: string; token: number }>>
-  /** The longest any call took, in ms. */
-  slowestMs: number
-  /** Rejections without one of FAILOVER_CODES. */
-  unexpected: unknown[]
-  stop(): Promise<void>
-}
-
 /**
- * Owners contending for `keys`, one provider (one connection) each, calls sequential per owner:
- * acquire a random key; when granted, renew twice a tenth of the TTL apart, then release.
+ * Four processes contending for `keys` for `durationMs`, while `fault()` runs: acquire,
+ * renew, transfer, release and walk away at random, with a read-sleep-write increment of the
+ * key's counter while a process believes it holds the key.
  */
-function storm(where: Where, prefix: string, keys: string[], owners: number, options: Partial<RedisLeaseProviderOptions>): Storm {
-  const ops: LeaseOperation[] = []
-  const tokens = new Map<string, Array<{ owner: string; token: number }>>()
-  let slowestMs = 0
-  let stopped = false
-  const unexpected: unknown[] = []
-  const sink = (op: LeaseOperation) => {
-    ops.push(op)
-    slowestMs = Math.max(slowestMs, msBetween(op.start, op.end))
-  }
-  const loops = Array.from({ length: owners }, async (_, n) => {
-    const owner = `owner-${n}`
-    const leases = recordLeases(
-      closing(new RedisLeaseProvider({ ...where, keyPrefix: prefix, commandTimeoutMs: COMMAND_TIMEOUT, ...options })),
-      sink,
-    )
-    while (!stopped) {
-      const key = keys[Math.floor(Math.random() * keys.length)]!
-      try {
-        const grant = (await leases.acquireLease(key, owner, TTL)) as { acquired: boolean; token?: number }
-        if (grant.acquired) {
-          const list = tokens.get(key) ?? []
-          list.push({ owner, token: grant.token! })
-          tokens.set(key, list)
-          for (let r = 0; r < 2; r++) {
-            await sleep(TTL / 10)
-            if (!(await leases.renewLease(key, owner, TTL))) break
-          }
-          await leases.releaseLease(key, owner)
-        }
-      } catch (err) {
-        if (!FAILOVER_CODES.includes(String(errorCode(err)))) unexpected.push(err)
-        await sleep(20)
-      }
-      await sleep(Math.random() * 10)
-    }
-  })
-  const all = Promise.all(loops)
-  return {
-    ops,
-    tokens,
-    unexpected,
-    get slowestMs() {
-      return slowestMs
-    },
-    async stop() {
-      stopped = true
-      await all
-    },
-  }
+function storm(connection: RedisLeaseProviderOptions, keys: string[], durationMs: number, fault: () => Promise<void>): Promise<StormResult> {
+  return leaseStorm(
+    { commandTimeoutMs: COMMAND_TIMEOUT, ...connection },
+    `storm:${randomUUID().slice(0, 8)}`,
+    { workers: 4, keys, durationMs, maxOps: 1_000_000, ttlMinMs: 300, ttlMaxMs: 900, paceMs: 8, walkAway: 0.02, broken: false },
+    fault,
+  )
 }
 
-/** Failures of the token rule: per key, a grant to another owner must carry a greater token. */
-function tokenRegressions(tokens: Storm['tokens']): string[] {
+/** Failures of the token rule: per key, a grant to another owner carries a greater token. */
+function tokenRegressions(ops: LeaseOperation[]): string[] {
   const bad: string[] = []
-  for (const [key, grants] of tokens) {
-    for (let i = 1; i < grants.length; i++) {
-      const [before, after] = [grants[i - 1]!, grants[i]!]
-      const ok = after.owner === before.owner ? after.token >= before.token : after.token > before.token
-      if (!ok) bad.push(`${key}: ${before.owner} had ${before.token}, then ${after.owner} got ${after.token}`)
-    }
+  const last = new Map<string, LeaseOperation>()
+  const grants = ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok').sort((a, b) => (a.end < b.end ? -1 : 1))
+  for (const grant of grants) {
+    const before = last.get(grant.key)
+    last.set(grant.key, grant)
+    if (!before) continue
+    const ok = grant.owner === before.owner ? grant.token! >= before.token! : grant.token! > before.token!
+    if (!ok) bad.push(`${grant.key}: ${before.owner} had ${before.token}, then ${grant.owner} got ${grant.token}`)
   }
   return bad
 }
 
-/** Checks a storm's history and answers the figures to report. */
-function judge(run: Storm, since: bigint, keys: string[]) {
-  expect(run.unexpected).toEqual([])
-  const report = checkLeaseHistory(run.ops)
+/** Checks a storm and answers the figures to report: `since` is when the fault began. */
+function judge({ history, report, counters }: StormResult, since: bigint, keys: string[]) {
+  const ops = history.operations
+  expect(history.summaries).toHaveLength(4)
   expect(report.overlaps, describeOverlaps(report)).toEqual([])
   expect(report.lost, 'leases lost before their TTL ran out').toEqual([])
-  expect(tokenRegressions(run.tokens)).toEqual([])
+  expect(report.unprotectedUses).toEqual([])
+  for (const c of counters) expect(c.lost, `lost updates on ${JSON.stringify(c.key)}`).toBe(0)
+  expect(tokenRegressions(ops)).toEqual([])
+  expect(ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok').every((o) => Number.isSafeInteger(o.token))).toBe(true)
   // Every call settled within the command timeout (and a little for the event loop).
-  expect(run.slowestMs).toBeLessThan(COMMAND_TIMEOUT + 500)
-  const errors = run.ops.filter((o) => o.outcome === 'error')
+  const slowestMs = Math.max(...ops.map((o) => msBetween(o.start, o.end)))
+  expect(slowestMs).toBeLessThan(COMMAND_TIMEOUT + 500)
+  const errors = ops.filter((o) => o.outcome === 'error')
   expect(errors.filter((o) => !FAILOVER_CODES.includes(String(o.error)))).toEqual([])
-  const grantsAfter = run.ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok' && o.start > since && keys.includes(o.key))
+  const grantsAfter = ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok' && o.start > since && keys.includes(o.key))
   expect(grantsAfter.length, 'grants on the failed-over keys after the fault').toBeGreaterThan(0)
   const firstAfter = grantsAfter.reduce((a, b) => (a.end < b.end ? a : b))
   const codes = [...new Set(errors.map((o) => o.error))].join(', ') || 'none'
-  return `${run.ops.length} calls, ${report.grants} grants, 0 overlaps, 0 lost, ${errors.length} coded errors (${codes}), slowest call ${run.slowestMs.toFixed(0)} ms, first grant ${msBetween(since, firstAfter.end).toFixed(0)} ms after the fault`
+  const lastError = errors.reduce((at, o) => (o.end > at ? o.end : at), since)
+  const increments = counters.reduce((n, c) => n + c.increments, 0)
+  return (
+    `${ops.length} calls from 4 processes, ${report.grants} grants, 0 overlaps, 0 lost leases, ${increments} increments and 0 lost, ` +
+    `${errors.length} coded errors (${codes}), the last ${msBetween(since, lastError).toFixed(0)} ms after the fault, slowest call ${slowestMs.toFixed(0)} ms, ` +
+    `first grant on its keys ${msBetween(since, firstAfter.end).toFixed(0)} ms after the fault`
+  )
 }
 
 /** Calls `grant` until no ERR_LEASE_REPLICATION (a replica still syncing) rejects it, for 10 s at most. */
@@ -139,12 +96,14 @@ async function untilConfirmed<T>(grant: () => Promise<T>): Promise<T> {
   }
 }
 
-/** `count` keys whose lease keys live on `master`'s slots. */
-async function keysServedBy(cluster: RedisCluster, master: ClusterNode, prefix: string, count: number): Promise<string[]> {
+/**
+ * `count` keys whose leases live on `master`'s slots. Each key carries a hash tag, so its
+ * slot is the tag's under any key prefix.
+ */
+async function keysServedBy(cluster: RedisCluster, master: ClusterNode, count: number): Promise<string[]> {
   const keys: string[] = []
   for (let i = 0; keys.length < count; i++) {
-    const key = `thread-${i}\u0000run`
-    if ((await cluster.masterOfSlot(await cluster.keySlot(`${prefix}:lease:${key}`))) === master) keys.push(key)
+    if ((await cluster.masterOfSlot(await cluster.keySlot(`{${i}}`))) === master) keys.push(`{${i}}thread\u0000run`)
   }
   return keys
 }
@@ -164,24 +123,22 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
   }) => {
     const cluster = await startCluster()
     try {
-      const prefix = `failover:${randomUUID().slice(0, 8)}`
       const victim = (await cluster.masters())[0]!
-      const keys = await keysServedBy(cluster, victim, prefix, 6)
-      const run = storm({ cluster: { nodes: cluster.urls } }, prefix, keys, 6, { minReplicas: 1, replicaTimeoutMs: 500 })
-      await sleep(1_000)
-      const promotionMs = await cluster.killMasterAndWaitForPromotion(victim)
-      // The helper times from the kill.
-      const killedAt = monotonicNow() - msToNs(promotionMs)
-      // Its one replica is master now, with no replica of its own: grants wait for the old
-      // master to come back as one (minReplicas counts replicas that hold the write).
-      await victim.restart()
-      await cluster.waitHealthy(30_000)
-      const rejoinedMs = msBetween(killedAt, monotonicNow())
-      await sleep(1_000)
-      await run.stop()
-      await annotate(
-        `cluster master killed: promoted in ${promotionMs.toFixed(0)} ms, back as a replica at ${rejoinedMs.toFixed(0)} ms; ${judge(run, killedAt, keys)}`,
-      )
+      const keys = await keysServedBy(cluster, victim, 4)
+      let killedAt = 0n
+      let figures = ''
+      const run = await storm({ cluster: { nodes: cluster.urls }, minReplicas: 1, replicaTimeoutMs: 500 }, keys, 7_000, async () => {
+        await sleep(1_500)
+        const promotionMs = await cluster.killMasterAndWaitForPromotion(victim)
+        // The helper times from the kill.
+        killedAt = monotonicNow() - msToNs(promotionMs)
+        // Its one replica is master now, with no replica of its own: grants wait for the old
+        // master to come back as one (minReplicas counts replicas that hold the write).
+        await victim.restart()
+        await cluster.waitHealthy(30_000)
+        figures = `promoted in ${promotionMs.toFixed(0)} ms, back as a replica at ${msBetween(killedAt, monotonicNow()).toFixed(0)} ms`
+      })
+      await annotate(`cluster master killed: ${figures}; ${judge(run, killedAt, keys)}`)
     } finally {
       await cluster.stop()
     }
@@ -190,21 +147,22 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
   it('a slot migrated to another master mid-storm: no two owners ever hold a key at once, every call settles', async ({ annotate }) => {
     const cluster = await startCluster()
     try {
-      const prefix = `migrate:${randomUUID().slice(0, 8)}`
       // One hash tag: every lease key of the storm in one slot.
-      const keys = Array.from({ length: 6 }, (_, i) => `{moving}-${i}`)
-      const slot = await cluster.keySlot(`${prefix}:lease:${keys[0]}`)
-      const run = storm({ cluster: { nodes: cluster.urls } }, prefix, keys, 6, {})
-      await sleep(1_000)
-      const from = await cluster.masterOfSlot(slot)
-      const to = (await cluster.masters()).find((m) => m !== from)!
-      const movedAt = monotonicNow()
-      const moved = await cluster.migrateSlot(slot, to)
-      const migrationMs = msBetween(movedAt, monotonicNow())
-      await sleep(1_000)
-      await run.stop()
+      const keys = Array.from({ length: 4 }, (_, i) => `{moving}-${i}`)
+      const slot = await cluster.keySlot('{moving}')
+      let movedAt = 0n
+      let figures = ''
+      let to: ClusterNode | undefined
+      const run = await storm({ cluster: { nodes: cluster.urls } }, keys, 4_000, async () => {
+        await sleep(1_500)
+        const from = await cluster.masterOfSlot(slot)
+        to = (await cluster.masters()).find((m) => m !== from)!
+        movedAt = monotonicNow()
+        const moved = await cluster.migrateSlot(slot, to)
+        figures = `slot migrated (${moved} keys) in ${msBetween(movedAt, monotonicNow()).toFixed(0)} ms`
+      })
       expect(await cluster.masterOfSlot(slot)).toBe(to)
-      await annotate(`slot migrated (${moved} keys) in ${migrationMs.toFixed(0)} ms; ${judge(run, movedAt, keys)}`)
+      await annotate(`${figures}; ${judge(run, movedAt, keys)}`)
     } finally {
       await cluster.stop()
     }
@@ -219,7 +177,7 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
       try {
         const prefix = `cutoff:${randomUUID().slice(0, 8)}`
         const victim = (await cluster.masters())[0]!
-        const [key] = await keysServedBy(cluster, victim, prefix, 1)
+        const [key] = await keysServedBy(cluster, victim, 1)
         const options = minReplicas > 0 ? { minReplicas, replicaTimeoutMs: 300 } : {}
         const ops: LeaseOperation[] = []
         const open = () =>
@@ -267,19 +225,20 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
 
 describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
   const sentinelOf = (s: { sentinelUrls: string[]; masterName: string }) => ({ sentinel: { nodes: s.sentinelUrls, masterName: s.masterName } })
-  const KEYS = Array.from({ length: 6 }, (_, i) => `thread-${i}\u0000run`)
+  const KEYS = Array.from({ length: 4 }, (_, i) => `thread-${i}\u0000run`)
 
   it('the master killed mid-storm: with minReplicas 1 no two owners ever hold a key at once, tokens only grow, every call settles', async ({
     annotate,
   }) => {
     const sentinel = await startSentinel()
     try {
-      const run = storm(sentinelOf(sentinel), `failover:${randomUUID().slice(0, 8)}`, KEYS, 6, { minReplicas: 1, replicaTimeoutMs: 500 })
-      await sleep(1_000)
-      const failoverMs = await sentinel.killMasterAndWaitForFailover()
-      const killedAt = monotonicNow() - msToNs(failoverMs)
-      await sleep(2_000)
-      await run.stop()
+      let killedAt = 0n
+      let failoverMs = 0
+      const run = await storm({ ...sentinelOf(sentinel), minReplicas: 1, replicaTimeoutMs: 500 }, KEYS, 6_000, async () => {
+        await sleep(1_500)
+        failoverMs = await sentinel.killMasterAndWaitForFailover()
+        killedAt = monotonicNow() - msToNs(failoverMs)
+      })
       await annotate(`sentinel master killed: replaced in ${failoverMs.toFixed(0)} ms; ${judge(run, killedAt, KEYS)}`)
     } finally {
       await sentinel.stop()
@@ -289,16 +248,15 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
   it('SENTINEL FAILOVER mid-storm: calls follow the new master, the demoted one answering READONLY meanwhile', async ({ annotate }) => {
     const sentinel = await startSentinel()
     try {
+      let switchedAt = 0n
+      let failoverMs = 0
       // Every replica: until the sentinels demote it, the old master takes writes and the
       // replica not promoted still confirms them, so a smaller number could lose them.
-      const run = storm(sentinelOf(sentinel), `switch:${randomUUID().slice(0, 8)}`, KEYS, 6, { minReplicas: 2, replicaTimeoutMs: 500 })
-      await sleep(1_000)
-      const failoverMs = await sentinel.failover()
-      const switchedAt = monotonicNow() - msToNs(failoverMs)
-      // Until the sentinels reconfigure it, the old master still takes writes: wait for that.
-      await sentinel.waitHealthy(30_000)
-      await sleep(1_000)
-      await run.stop()
+      const run = await storm({ ...sentinelOf(sentinel), minReplicas: 2, replicaTimeoutMs: 500 }, KEYS, 16_000, async () => {
+        await sleep(1_500)
+        failoverMs = await sentinel.failover()
+        switchedAt = monotonicNow() - msToNs(failoverMs)
+      })
       await annotate(`SENTINEL FAILOVER: switched in ${failoverMs.toFixed(0)} ms; ${judge(run, switchedAt, KEYS)}`)
     } finally {
       await sentinel.stop()

@@ -2,98 +2,24 @@
 // (helpers/lease-history.ts): per key, the windows over which different owners *believed*
 // they held the lease must never overlap, and a counter incremented read-sleep-write under
 // the lease must lose no update. Two negative controls show the checker flags real breaks.
-import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
-import { mkdtempSync, rmSync } from 'node:fs'
-import os from 'node:os'
-import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import {
-  checkCounter,
-  checkLeaseHistory,
-  describeOverlaps,
-  fileCounter,
-  parseHistoryLines,
-  recordLeases,
-  type HistoryReport,
-  type LeaseOperation,
-  type ParsedHistory,
-} from './helpers/lease-history.js'
+import { checkCounter, checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
+import { leaseStorm, type StormConfig, type StormResult } from './helpers/lease-storm.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
-const FIXTURE = path.join(__dirname, 'fixtures', 'lease-storm-worker.mjs')
-
-interface StormConfig {
-  workers: number
-  keys: number
-  durationMs: number
-  maxOps: number
-  ttlMinMs: number
-  ttlMaxMs: number
-  paceMs: number
-  /** Chance per step that a holder walks away and lets the lease expire. */
-  walkAway: number
-  broken: boolean
-}
-
-interface StormResult {
-  history: ParsedHistory
-  report: HistoryReport
-  keys: string[]
-  /** Per key: what the shared counter says against the increments the workers made. */
-  counters: Array<ReturnType<typeof checkCounter> & { key: string }>
-}
-
 const servers: RedisServer[] = []
-const tempDirs: string[] = []
-
 afterAll(async () => {
   await Promise.all(servers.map((s) => s.stop()))
-  for (const dir of tempDirs) rmSync(dir, { recursive: true, force: true })
 })
 
-function runWorker(args: Record<string, unknown>, timeoutMs: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [FIXTURE, JSON.stringify(args)], { stdio: ['ignore', 'pipe', 'pipe'] })
-    let out = ''
-    let err = ''
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (out += d))
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (err += d))
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL')
-      reject(new Error(`worker ${String(args.worker)} did not finish within ${timeoutMs} ms; stderr: ${err}`))
-    }, timeoutMs)
-    child.once('exit', (code, signal) => {
-      clearTimeout(timer)
-      if (code === 0) resolve(out)
-      else reject(new Error(`worker ${String(args.worker)} exited with ${code ?? signal}; stderr: ${err}`))
-    })
-  })
-}
-
-/** Run `workers` child processes against one redis-server and check their joint history. */
-async function storm(server: RedisServer, config: StormConfig): Promise<StormResult> {
+/** A storm of `config.workers` processes on `keys` fresh keys of one redis-server. */
+function storm(server: RedisServer, config: Omit<StormConfig, 'keys'> & { keys: number }): Promise<StormResult> {
   const run = randomUUID().slice(0, 8)
   const keys = Array.from({ length: config.keys }, (_, i) => `faults:${run}:thread-${i}\u0000x`)
-  const counterDir = mkdtempSync(path.join(os.tmpdir(), 'mlr-counter-'))
-  tempDirs.push(counterDir)
-  const outputs = await Promise.all(
-    Array.from({ length: config.workers }, (_, i) =>
-      runWorker(
-        { ...config, url: server.url, keyPrefix: `faults:${run}`, keys, counterDir, worker: `w${i}` },
-        config.durationMs + 10_000,
-      ),
-    ),
-  )
-  const history = parseHistoryLines(outputs.join('\n'))
-  const report = checkLeaseHistory(history.operations, history.uses)
-  const counters = keys.map((key, i) => {
-    const increments = history.summaries.reduce((n, s) => n + (s.increments[key] ?? 0), 0)
-    return { key, ...checkCounter(fileCounter(path.join(counterDir, `counter-${i}`)).read(), increments) }
-  })
-  return { history, report, keys, counters }
+  return leaseStorm({ url: server.url }, `faults:${run}`, { ...config, keys })
 }
 
 describe('the history checker on hand-written histories', () => {
