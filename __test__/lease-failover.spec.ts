@@ -1,10 +1,11 @@
-// Leases through a failover: a Redis Cluster master killed or a slot migrated while owners
-// contend for keys, and a Sentinel master killed or switched (its demoted self then answers
-// READONLY). With `minReplicas`, a grant is answered only once replicas hold it, so no failover
-// can forget it: the history checker finds no two owners believing they hold one key, tokens
-// only grow, and every call settles within commandTimeoutMs with a coded error at worst. The
-// negative control cuts the replicas off and grants without `minReplicas`: after the failover a
-// second owner takes the lease the first still believes it holds.
+// Leases through a failover: a Redis Cluster master killed or a slot migrated while four
+// processes contend for keys (helpers/lease-storm.ts), and a Sentinel master killed or
+// switched. With `minReplicas`, a grant is answered only once replicas hold it, so no failover
+// can forget it: the history checker finds no two owners believing they hold one key and no
+// lease lost before its TTL, no counter update is lost, tokens only grow, and every call
+// settles within commandTimeoutMs, with a coded error at worst. The negative control cuts the
+// replicas off and grants without `minReplicas`: after the failover a second owner takes the
+// lease the first still believes it holds.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { randomUUID } from 'node:crypto'
@@ -17,7 +18,7 @@ import { errorCode, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { leaseStorm, type StormResult } from './helpers/lease-storm.js'
 import { closing, leaseSuite, msBetween, msToNs } from './helpers/lease-runs.js'
-import { EXTERNAL_REDIS, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type ClusterNode, type RedisCluster } from './helpers/redis-topologies.js'
 
 leaseSuite()
@@ -245,7 +246,9 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
     }
   })
 
-  it('SENTINEL FAILOVER mid-storm: calls follow the new master, the demoted one answering READONLY meanwhile', async ({ annotate }) => {
+  it('SENTINEL FAILOVER mid-storm: with minReplicas 2 no two owners ever hold a key at once, tokens only grow, and calls follow the new master', async ({
+    annotate,
+  }) => {
     const sentinel = await startSentinel()
     try {
       let switchedAt = 0n
@@ -288,6 +291,36 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
       expect(landedMs, 'a grant on the new master within 5 s of the switch').toBeDefined()
       expect(oldRole).toBe('master')
       await annotate(`a grant reached the new master ${landedMs!.toFixed(0)} ms after SENTINEL FAILOVER returned; the old master was still a ${oldRole}`)
+    } finally {
+      await sentinel.stop()
+    }
+  })
+
+  it('a master demoted behind the sentinels\' back answers READONLY: calls reject coded, none is granted by a replica, and they succeed again once it is master again', async () => {
+    const sentinel = await startSentinel()
+    try {
+      const prefix = `demoted:${randomUUID().slice(0, 8)}`
+      const leases = closing(new RedisLeaseProvider({ ...sentinelOf(sentinel), keyPrefix: prefix, commandTimeoutMs: COMMAND_TIMEOUT }))
+      expect((await leases.acquireLease('before', 'a', 60_000)).acquired).toBe(true)
+      const master = await sentinel.master()
+      // Demoted without a failover (to replicate a server of its own): the sentinels still
+      // name it, and announce nothing.
+      const elsewhere = await startRedis()
+      await master.cli('REPLICAOF', elsewhere.host, elsewhere.port)
+      try {
+        const during = await Promise.allSettled([leases.acquireLease('during', 'a', 60_000), leases.renewLease('before', 'a', 60_000)])
+        expect(during.map((r) => (r.status === 'rejected' ? errorCode(r.reason) : r.value))).toEqual(['ERR_LEASE_CONNECTION', 'ERR_LEASE_CONNECTION'])
+        expect(await master.cli('EXISTS', `${prefix}:lease:during`)).toBe(0)
+      } finally {
+        await master.cli('REPLICAOF', 'NO', 'ONE')
+        await elsewhere.stop()
+      }
+      const deadline = performance.now() + 5_000
+      let after: unknown
+      while (after === undefined && performance.now() < deadline) {
+        after = await leases.acquireLease('after', 'a', 60_000).catch(() => sleep(50).then(() => undefined))
+      }
+      expect(after).toMatchObject({ acquired: true })
     } finally {
       await sentinel.stop()
     }
