@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
 import { describeLeaseContract } from './helpers/lease-contract.js'
+import { expectRejection } from './helpers/lease.js'
 import { EXTERNAL_REDIS } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
 
@@ -106,4 +107,54 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
     "RedisStreamsPubSub's leases",
     (limits) => new RedisStreamsPubSub({ sentinel: sentinel_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
   )
+})
+
+describe.skipIf(EXTERNAL_REDIS)('with passwords', () => {
+  const SECRET = 'cluster-secret-42'
+
+  it('on a password-protected cluster the password works from the option or the seed URLs, and a wrong one rejects with ERR_LEASE_AUTH without echoing it', async () => {
+    const cluster = await startCluster({ password: SECRET })
+    try {
+      const inUrls = cluster.urls.map((u) => u.replace('redis://', `redis://:${SECRET}@`))
+      for (const options of [{ cluster: { nodes: cluster.urls, password: SECRET } }, { cluster: { nodes: inUrls } }]) {
+        const p = new RedisLeaseProvider({ ...options, keyPrefix: `auth:${randomUUID().slice(0, 8)}` })
+        try {
+          expect(await p.acquireLease('k', 'a', 10_000)).toEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
+        } finally {
+          await p.close()
+        }
+      }
+      const wrong = new RedisLeaseProvider({ cluster: { nodes: cluster.urls, password: 'not-the-secret' } })
+      try {
+        const err = await expectRejection(() => wrong.acquireLease('k', 'b', 10_000), Error, 'ERR_LEASE_AUTH')
+        expect(`${err.message} ${err.stack} ${String((err as { cause?: unknown }).cause)}`).not.toContain('not-the-secret')
+      } finally {
+        await wrong.close()
+      }
+    } finally {
+      await cluster.stop()
+    }
+  })
+
+  it("behind Sentinel the master's password works from sentinel.password, and a wrong one rejects with ERR_LEASE_AUTH without echoing it", async () => {
+    const sentinel = await startSentinel({ password: SECRET })
+    try {
+      const nodes = sentinel.sentinelUrls
+      const p = new RedisStreamsPubSub({ sentinel: { nodes, masterName: sentinel.masterName, password: SECRET }, keyPrefix: `auth:${randomUUID().slice(0, 8)}` })
+      try {
+        expect(await p.acquireLease('k', 'a', 10_000)).toEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
+      } finally {
+        await p.close()
+      }
+      const wrong = new RedisLeaseProvider({ sentinel: { nodes, masterName: sentinel.masterName, password: 'not-the-secret' } })
+      try {
+        const err = await expectRejection(() => wrong.acquireLease('k', 'b', 10_000), Error, 'ERR_LEASE_AUTH')
+        expect(`${err.message} ${err.stack} ${String((err as { cause?: unknown }).cause)}`).not.toContain('not-the-secret')
+      } finally {
+        await wrong.close()
+      }
+    } finally {
+      await sentinel.stop()
+    }
+  })
 })

@@ -29,11 +29,12 @@ import { InMemoryServerCache } from '@mastra/core/cache'
 import { CachingPubSub, EventEmitterPubSub, isLeaseProvider, PubSub, UnixSocketPubSub, type LeaseProvider } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider, withLeases, type LeasedPubSub } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, withLeases, type LeasedPubSub, type RedisLeaseProviderOptions } from '../dist/esm/index.js'
 import { createMockModel } from './fixtures/mock-model.mjs'
 import { recordingLeases, type LeaseCall, type RecordingLeases } from './fixtures/recording-leases.mjs'
 import { MASTRA_MIN_NODE, NODE, nodeAtLeast } from './helpers/mastra-node.js'
-import { startRedis, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { startCluster, startSentinel } from './helpers/redis-topologies.js'
 
 process.env.MASTRA_TELEMETRY_DISABLED = '1'
 
@@ -276,7 +277,7 @@ describe('mastra-lease inside Mastra', () => {
      * Starts PROCESSES children on one UnixSocketPubSub (with or without Redis leases), waits
      * until all are connected, tells them all to fire at once, and collects what each did.
      */
-    async function race(leases: boolean): Promise<Outcome> {
+    async function race(leases: boolean, connection: RedisLeaseProviderOptions = { url: redis.url }): Promise<Outcome> {
       const dir = mkdtempSync(path.join(os.tmpdir(), 'mlx-'))
       dirs.push(dir)
       const thread = newThread()
@@ -288,7 +289,7 @@ describe('mastra-lease inside Mastra', () => {
       let exiting = false
 
       const children = Array.from({ length: PROCESSES }, (_, index) => {
-        const config = { index, socketPath: path.join(dir, 'pubsub.sock'), redisUrl: redis.url, leases, ...thread }
+        const config = { index, socketPath: path.join(dir, 'pubsub.sock'), connection, leases, ...thread }
         const child = fork(FIXTURE, [JSON.stringify(config)], {
           execPath: NODE,
           stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
@@ -375,47 +376,68 @@ describe('mastra-lease inside Mastra', () => {
     /** The distinct signal texts a process's model was given. */
     const signalsRun = (report: Of<'report'>) => [...new Set(report.modelCalls.flatMap((c) => c.userTexts))].sort()
 
-    it(
-      'with withLeases(UnixSocketPubSub, RedisLeaseProvider), exactly one process owns the thread and runs all three signals, the others run none',
-      async () => {
-        const { thread, ready, accepted, reports } = await race(true)
-        const key = threadKey(thread)
-        // One shared transport: one broker, the others its clients.
-        expect(ready.filter((r) => r.isBroker)).toHaveLength(1)
+    /** Three processes race with leases in Redis at `connection`; exactly one may own the thread. */
+    async function oneOwner(connection: RedisLeaseProviderOptions, observer: RedisLeaseProvider) {
+      const { thread, ready, accepted, reports } = await race(true, connection)
+      const key = threadKey(thread)
+      // One shared transport: one broker, the others its clients.
+      expect(ready.filter((r) => r.isBroker)).toHaveLength(1)
 
-        const owners = accepted.filter((a) => a.action === 'wake')
-        expect(owners, JSON.stringify(accepted)).toHaveLength(1)
-        const owner = owners[0]!
-        for (const other of accepted.filter((a) => a !== owner)) {
-          expect(other).toMatchObject({ action: 'deliver', runId: owner.runId })
-        }
+      const owners = accepted.filter((a) => a.action === 'wake')
+      expect(owners, JSON.stringify(accepted)).toHaveLength(1)
+      const owner = owners[0]!
+      for (const other of accepted.filter((a) => a !== owner)) {
+        expect(other).toMatchObject({ action: 'deliver', runId: owner.runId })
+      }
 
-        const allSignals = Array.from({ length: PROCESSES }, (_, i) => signalText(i)).sort()
-        for (const report of reports) {
-          if (report.index === owner.index) expect(signalsRun(report)).toEqual(allSignals)
-          else expect(signalsRun(report), `process ${report.index} ran no signal`).toEqual([])
-          expect(report.threadState).toBe('idle')
-        }
+      const allSignals = Array.from({ length: PROCESSES }, (_, i) => signalText(i)).sort()
+      for (const report of reports) {
+        if (report.index === owner.index) expect(signalsRun(report)).toEqual(allSignals)
+        else expect(signalsRun(report), `process ${report.index} ran no signal`).toEqual([])
+        expect(report.threadState).toBe('idle')
+      }
 
-        // The election happened in Redis, through our provider: the owner's run won the
-        // thread key, every other process was refused and told that run's id.
-        for (const report of reports) {
-          const first = leaseCalls(report.leaseCalls, 'acquireLease').find((c) => c.args[0] === key)
-          expect(first, `process ${report.index} raced for ${JSON.stringify(key)}`).toBeDefined()
-          if (report.index === owner.index) {
-            expect(first!.args).toEqual([key, owner.runId, THREAD_LEASE_TTL_MS])
-            expect(first!.result).toEqual({ acquired: true, owner: owner.runId, token: expect.any(Number) })
-          } else {
-            expect(first!.result).toEqual({ acquired: false, owner: owner.runId })
-            // ...and never held it afterwards.
-            const won = report.leaseCalls.filter((c) => c.args[0] === key && (c.result as { acquired?: boolean } | undefined)?.acquired === true)
-            expect(won).toEqual([])
-          }
+      // The election happened in Redis, through our provider: the owner's run won the
+      // thread key, every other process was refused and told that run's id.
+      for (const report of reports) {
+        const first = leaseCalls(report.leaseCalls, 'acquireLease').find((c) => c.args[0] === key)
+        expect(first, `process ${report.index} raced for ${JSON.stringify(key)}`).toBeDefined()
+        if (report.index === owner.index) {
+          expect(first!.args).toEqual([key, owner.runId, THREAD_LEASE_TTL_MS])
+          expect(first!.result).toEqual({ acquired: true, owner: owner.runId, token: expect.any(Number) })
+        } else {
+          expect(first!.result).toEqual({ acquired: false, owner: owner.runId })
+          // ...and never held it afterwards.
+          const won = report.leaseCalls.filter((c) => c.args[0] === key && (c.result as { acquired?: boolean } | undefined)?.acquired === true)
+          expect(won).toEqual([])
         }
-        // Released at the end.
-        expect(await pollFor(() => observer.getLeaseOwner(key), undefined)).toBeUndefined()
-      },
-    )
+      }
+      // Released at the end.
+      expect(await pollFor(() => observer.getLeaseOwner(key), undefined)).toBeUndefined()
+    }
+
+    it('with withLeases(UnixSocketPubSub, RedisLeaseProvider), exactly one process owns the thread and runs all three signals, the others run none', async () => {
+      await oneOwner({ url: redis.url }, observer)
+    })
+
+    it.skipIf(EXTERNAL_REDIS)('the same with the leases on a Redis Cluster, and behind Sentinel', async () => {
+      const cluster = await startCluster()
+      try {
+        const connection = { cluster: { nodes: cluster.urls } }
+        const clusterObserver = new RedisLeaseProvider(connection)
+        await oneOwner(connection, clusterObserver).finally(() => clusterObserver.close())
+      } finally {
+        await cluster.stop()
+      }
+      const sentinel = await startSentinel()
+      try {
+        const connection = { sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName } }
+        const sentinelObserver = new RedisLeaseProvider(connection)
+        await oneOwner(connection, sentinelObserver).finally(() => sentinelObserver.close())
+      } finally {
+        await sentinel.stop()
+      }
+    })
 
     it(
       "without leases (plain UnixSocketPubSub, Mastra's NoopLeaseProvider), more than one process takes the thread: the control showing the test above can fail",

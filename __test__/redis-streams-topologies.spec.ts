@@ -1,6 +1,6 @@
 // RedisStreamsPubSub beyond one server. On a local Redis Cluster (3 masters, 3 replicas) each
-// topic is its own stream key, so topics spread over the masters: groups, fan-out, reclaim and
-// clearTopic work on every node, blocking reads never hold up lease calls, and delivery
+// topic is its own stream key, so topics spread over the masters: groups, fan-out, deliveries
+// held until settled, reclaim and clearTopic work on every node, blocking reads never hold up lease calls, and delivery
 // resumes after a master dies. Behind Sentinel, subscriptions follow the master through a
 // failover.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
@@ -69,15 +69,43 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     for (const [topic, numbers] of byTopic(fanned.events, (e) => e.runId)) expect(numbers, topic).toEqual([...Array(10).keys()])
   })
 
-  it('consumers killed holding events on three masters: a live consumer reclaims each of them', async () => {
-    const prefix = uniquePrefix('reclaim')
-    // One topic per master.
+  /** One topic per master. */
+  async function topicsOnEveryMaster(prefix: string): Promise<string[]> {
     const topics: string[] = []
     const seen = new Set<unknown>()
     for (let i = 0; topics.length < 3; i++) {
       const node = await nodeOf(prefix, `jobs-${i}`)
       if (!seen.has(node)) (seen.add(node), topics.push(`jobs-${i}`))
     }
+    return topics
+  }
+
+  it('deliveries held past reclaimIdleMs on every master stay claimed: no sibling gets them, and the late acks settle them', async () => {
+    const prefix = uniquePrefix('held')
+    const topics = await topicsOnEveryMaster(prefix)
+    const tuning = { keyPrefix: prefix, reclaimIdleMs: 300, reclaimIntervalMs: 100, blockMs: 100 }
+    const holder = open(tuning)
+    const acks: Array<() => Promise<void>> = []
+    const returnsAtOnce = new Inbox((_event, ack) => void acks.push(ack))
+    for (const t of topics) await holder.subscribe(t, returnsAtOnce.cb, { group: 'workers' })
+    const publisher = open({ keyPrefix: prefix })
+    await Promise.all(topics.map((t, i) => publisher.publish(t, ev(i))))
+    await returnsAtOnce.count(3)
+    const sibling = new Inbox()
+    const siblingPubsub = open(tuning)
+    for (const t of topics) await siblingPubsub.subscribe(t, sibling.cb, { group: 'workers' })
+    await sleep(1_500) // five times reclaimIdleMs
+    expect(sibling.events).toEqual([])
+    for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(1)
+    await Promise.all(acks.map((ack) => ack()))
+    for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(0)
+    await sleep(300)
+    expect(sibling.events).toEqual([])
+  })
+
+  it('consumers killed holding events on three masters: a live consumer reclaims each of them', async () => {
+    const prefix = uniquePrefix('reclaim')
+    const topics = await topicsOnEveryMaster(prefix)
     const holders = topics.map((topic) =>
       holdingChild({ keyPrefix: prefix, topic, group: 'workers', options: { cluster: { nodes: cluster.urls } } }),
     )

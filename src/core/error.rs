@@ -188,18 +188,29 @@ impl Error {
         }
     }
 
-    /// Sorts a redis-rs error into the variant a caller can act on.
-    pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
-        if err.is_timeout() {
-            return Self::Timeout(timeout);
-        }
-        if matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+    /// Whether Redis refused the credentials or a permission. redis-rs' cluster client hands
+    /// an authentication failure of its first connections over as an I/O error whose detail
+    /// is the cause's text, so that text is read too.
+    pub(crate) fn is_auth(err: &redis::RedisError) -> bool {
+        matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
             || matches!(
                 err.kind(),
                 redis::ErrorKind::AuthenticationFailed
                     | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
             )
-        {
+            || err.detail().is_some_and(|detail| {
+                ["AuthenticationFailed", "WRONGPASS", "NOAUTH"]
+                    .iter()
+                    .any(|cause| detail.contains(cause))
+            })
+    }
+
+    /// Sorts a redis-rs error into the variant a caller can act on.
+    pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
+        if err.is_timeout() {
+            return Self::Timeout(timeout);
+        }
+        if Self::is_auth(&err) {
             return Self::Auth(err);
         }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {

@@ -364,7 +364,8 @@ impl Connection {
         }
         let moving =
             matches!(err.kind(), redis::ErrorKind::Server(kind) if link::moving_kind(kind));
-        let broken = err.is_unrecoverable_error() || err.is_io_error();
+        // A refused password is not a lost master: it stays an authentication error.
+        let broken = (err.is_unrecoverable_error() || err.is_io_error()) && !Error::is_auth(&err);
         let err = if self.target.follows_failover() && (broken || moving) {
             self.forget_any(number);
             Error::Connection(err)
