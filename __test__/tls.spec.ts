@@ -2,7 +2,8 @@
 // throwaway CA made for this run. Three servers: one for `localhost`/127.0.0.1 that asks
 // for no client certificate, one with `tls-auth-clients yes`, and one whose certificate
 // names only `redis.test`. Calls that depend on the platform's roots (SSL_CERT_FILE) run in
-// a child process, so this process's environment never matters.
+// a child process, so this process's environment never matters. Beyond one server: a Redis
+// Cluster and a Sentinel set on TLS only (the cluster bus and replication too).
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
@@ -269,5 +270,91 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
         await made.close()
       }
     })
+  })
+
+  describe('beyond one server', () => {
+    // Absolute paths: a server reads its files after moving to its own dir.
+    const tlsArgs = () => ['--port', '0', '--bind', '127.0.0.1', '--tls-cert-file', file('server.crt'), '--tls-key-file', file('server.key'),
+      '--tls-ca-cert-file', file('ca.crt'), '--tls-auth-clients', 'no', '--tls-replication', 'yes', '--save', '', '--appendonly', 'no']
+    const cli = (port: number, ...args: string[]) =>
+      execFileSync('redis-cli', ['--tls', '--cacert', 'ca.crt', '-p', String(port), ...args], { cwd: dir, stdio: 'pipe' }).toString()
+
+    /** A redis-server (or sentinel) listening on TLS only, in a dir of its own; resolves once it answers. */
+    async function tlsNode(name: string, extra: string[], sentinel = false): Promise<number> {
+      const port = await freePort()
+      const own = path.join(dir, name)
+      execFileSync('mkdir', ['-p', own])
+      const args = [...tlsArgs(), '--tls-port', String(port), '--dir', own, ...extra]
+      const conf = path.join(own, 'sentinel.conf')
+      if (sentinel) writeFileSync(conf, '')
+      servers.push(spawn('redis-server', sentinel ? [conf, '--sentinel', ...args] : args, { cwd: dir, stdio: 'ignore' }))
+      const deadline = Date.now() + 10_000
+      for (;;) {
+        try {
+          if (cli(port, 'PING').trim() === 'PONG') return port
+        } catch {
+          // not listening yet
+        }
+        if (Date.now() > deadline) throw new Error(`${name} did not start`)
+        await new Promise((r) => setTimeout(r, 100))
+      }
+    }
+
+    it('a Redis Cluster on TLS only: every node reached over rediss:// with the tls option, leases and events on every master; a wrong CA is ERR_LEASE_CONNECTION', async () => {
+      const ports: number[] = []
+      for (let i = 0; i < 3; i++) {
+        const bus = await freePort()
+        ports.push(await tlsNode(`cluster-${i}`, ['--cluster-enabled', 'yes', '--tls-cluster', 'yes', '--cluster-port', String(bus), '--cluster-node-timeout', '1000']))
+      }
+      execFileSync('redis-cli', ['--tls', '--cacert', 'ca.crt', '--cluster', 'create', ...ports.map((p) => `127.0.0.1:${p}`), '--cluster-yes'], { cwd: dir, stdio: 'pipe' })
+      const deadline = Date.now() + 15_000
+      while (!ports.every((p) => cli(p, 'CLUSTER', 'INFO').includes('cluster_state:ok'))) {
+        if (Date.now() > deadline) throw new Error('the TLS cluster never reached cluster_state:ok')
+        await new Promise((r) => setTimeout(r, 100))
+      }
+      const cluster = { nodes: [`rediss://127.0.0.1:${ports[0]}`] }
+      const leases = new RedisLeaseProvider({ cluster, tls: { ca: pem('ca.crt') }, keyPrefix: uniquePrefix('tls-cluster') })
+      const pubsub = new RedisStreamsPubSub({ cluster, tls: { ca: pem('ca.crt') }, keyPrefix: uniquePrefix('tls-cluster') })
+      try {
+        // Keys enough to land on every master.
+        const keys = Array.from({ length: 30 }, (_, i) => `thread-${i}`)
+        const grants = await Promise.all(keys.map((k) => leases.acquireLease(k, 'a', 10_000)))
+        expect(grants.every((g) => g.acquired)).toBe(true)
+        const inbox = new Inbox()
+        for (const topic of ['t-0', 't-1', 't-2', 't-3', 't-4']) await pubsub.subscribe(topic, inbox.cb, { group: 'g' })
+        await Promise.all(['t-0', 't-1', 't-2', 't-3', 't-4'].map((topic, n) => pubsub.publish(topic, ev(n))))
+        await inbox.count(5)
+        expect(inbox.numbers.sort()).toEqual([0, 1, 2, 3, 4])
+        // Spread: every master holds some of the leases.
+        for (const port of ports) expect(Number(cli(port, 'DBSIZE').trim())).toBeGreaterThan(0)
+      } finally {
+        await leases.close()
+        await pubsub.close()
+      }
+      const stranger = new RedisLeaseProvider({ cluster, tls: { ca: pem('stranger.crt') }, commandTimeoutMs: 1_000 })
+      try {
+        expect(await stranger.acquireLease('k', 'a', 1_000).catch(errorCode)).toBe('ERR_LEASE_CONNECTION')
+      } finally {
+        await stranger.close()
+      }
+    }, 60_000)
+
+    it('behind Sentinel on TLS only: the sentinels and the master reached over rediss:// with the tls option', async () => {
+      const master = await tlsNode('sentinel-master', [])
+      const sentinelPort = await tlsNode('sentinel-0', [], true)
+      cli(sentinelPort, 'SENTINEL', 'MONITOR', 'mymaster', '127.0.0.1', String(master), '1')
+      const leases = new RedisLeaseProvider({
+        sentinel: { nodes: [`rediss://127.0.0.1:${sentinelPort}`], masterName: 'mymaster' },
+        tls: { ca: pem('ca.crt') },
+        keyPrefix: uniquePrefix('tls-sentinel'),
+      })
+      try {
+        expect(await leases.acquireLease('k', 'a', 10_000)).toEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
+        expect(await leases.getLeaseOwner('k')).toBe('a')
+        expect(cli(master, 'DBSIZE').trim()).not.toBe('0')
+      } finally {
+        await leases.close()
+      }
+    }, 30_000)
   })
 })
