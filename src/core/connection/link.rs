@@ -398,7 +398,7 @@ pub(super) fn with_credentials(
 }
 
 /// The TLS material applies to `rediss://` only.
-pub(super) fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
+fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
     if options.tls.is_empty() {
         return Ok(());
     }
@@ -442,32 +442,10 @@ fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
     if options.database.is_some_and(|db| db != 0) {
         return Err(range("a cluster has database 0 only"));
     }
-    let infos = nodes
-        .iter()
-        .map(|url| with_credentials(url, options, "cluster.nodes"))
-        .collect::<Result<Vec<_>>>()?;
+    let infos = seeds(nodes, options, "cluster.nodes")?;
     let first = &infos[0];
-    for info in &infos {
-        check_tls(options, info)?;
-        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-        if tls != matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
-            return Err(range("cluster.nodes mix redis:// and rediss:// URLs"));
-        }
-        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
-            return Err(range(
-                "cluster.nodes must be redis:// or rediss:// URLs, not unix sockets",
-            ));
-        }
-        if info.redis_settings().username() != first.redis_settings().username()
-            || info.redis_settings().password() != first.redis_settings().password()
-        {
-            return Err(range(
-                "cluster.nodes give different credentials: every node takes the same",
-            ));
-        }
-        if info.redis_settings().db() != 0 {
-            return Err(range("a cluster has database 0 only"));
-        }
+    if infos.iter().any(|info| info.redis_settings().db() != 0) {
+        return Err(range("a cluster has database 0 only"));
     }
     let mut builder = ClusterClientBuilder::new(infos.clone())
         .connection_timeout(options.connect_timeout)
@@ -497,6 +475,44 @@ fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
             tls: options.tls.clone(),
         },
     })
+}
+
+/// Seed URLs (a cluster's nodes, the sentinels), parsed with `options`' credentials applied
+/// and checked against its TLS options: TCP only, and one scheme and one set of credentials
+/// for all, so no seed quietly connects differently from the others.
+pub(super) fn seeds(
+    urls: &[String],
+    options: &ConnectionOptions,
+    what: &str,
+) -> Result<Vec<ConnectionInfo>> {
+    let range = |message: String| Error::option(InputErrorKind::Range, message);
+    let infos = urls
+        .iter()
+        .map(|url| with_credentials(url, options, what))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(first) = infos.first() else {
+        return Err(range(format!("{what} must name at least one")));
+    };
+    let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    for info in &infos {
+        check_tls(options, info)?;
+        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+            return Err(range(format!(
+                "{what} must be redis:// or rediss:// URLs, not unix sockets"
+            )));
+        }
+        if tls(info) != tls(first) {
+            return Err(range(format!("{what} mix redis:// and rediss:// URLs")));
+        }
+        if info.redis_settings().username() != first.redis_settings().username()
+            || info.redis_settings().password() != first.redis_settings().password()
+        {
+            return Err(range(format!(
+                "{what} give different credentials: every one takes the same"
+            )));
+        }
+    }
+    Ok(infos)
 }
 
 /// Removes every URL (and so any password in one) from a message.

@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{Client, ConnectionAddr, RedisResult};
 use tokio::task::AbortHandle;
 
-use super::link::{check_tls, redact_all, refused_tls, with_credentials};
+use super::link::{redact_all, refused_tls, seeds};
 use super::ConnectionOptions;
 use crate::core::error::{Error, InputErrorKind, Result};
 use crate::core::lock;
@@ -62,23 +62,9 @@ impl Sentinels {
             database: None,
             ..options.clone()
         };
-        let infos = nodes
-            .iter()
-            .map(|url| with_credentials(url, &no_credentials, "sentinel.nodes"))
-            .collect::<Result<Vec<_>>>()?;
+        let infos = seeds(nodes, &no_credentials, "sentinel.nodes")?;
         let first = &infos[0];
         let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
-        for info in &infos {
-            check_tls(options, info)?;
-            if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) != tls {
-                return Err(range("sentinel.nodes mix redis:// and rediss:// URLs"));
-            }
-            if matches!(info.addr(), ConnectionAddr::Unix(_)) {
-                return Err(range(
-                    "sentinel.nodes must be redis:// or rediss:// URLs, not unix sockets",
-                ));
-            }
-        }
         let mut builder = SentinelClientBuilder::new(
             infos.iter().map(|info| info.addr().clone()),
             master_name,

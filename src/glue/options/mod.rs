@@ -4,6 +4,7 @@
 //! surfaces with what it threw as `cause`. The `#[napi(object)]` structs in `types.rs` only
 //! give `index.d.ts` its documented interfaces.
 
+mod connection;
 mod reader;
 mod types;
 
