@@ -225,3 +225,33 @@ impl Error {
         Self::Connection(err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_password_is_an_auth_error_even_flattened_into_an_io_error() {
+        let direct = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "refused"));
+        let flattened = redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "Io: Password authentication failed - AuthenticationFailed".to_owned(),
+        ));
+        let unrelated = redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "Connection refused (os error 111)".to_owned(),
+        ));
+        let timeout = Duration::from_secs(1);
+        assert!(matches!(Error::from_redis(direct, timeout), Error::Auth(_)));
+        assert!(matches!(
+            Error::from_redis(flattened, timeout),
+            Error::Auth(_)
+        ));
+        assert!(matches!(
+            Error::from_redis(unrelated, timeout),
+            Error::Connection(_)
+        ));
+    }
+}

@@ -244,6 +244,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_an_answer_that_granted_or_moved_a_lease_waits_for_replicas() {
+        let grant = |acquired| {
+            Answer::Grant(Grant {
+                acquired,
+                owner: Some("a".into()),
+                token: acquired.then_some(1),
+            })
+        };
+        assert!(grant(true).granted());
+        assert!(!grant(false).granted());
+        assert!(Answer::Renewed(true).granted() && Answer::Transferred(true).granted());
+        assert!(!Answer::Renewed(false).granted() && !Answer::Transferred(false).granted());
+        assert!(!Answer::Released(true).granted() && !Answer::Owner(None).granted());
+    }
+
+    #[test]
     fn limits_reject_empty_and_oversized_text_and_zero_ttl() {
         let limits = Limits {
             max_key_bytes: 4,
