@@ -1,7 +1,9 @@
-// The packed tarball is what users install: it must load without a Rust toolchain, from
-// both ESM and CommonJS, and carry working providers and their types.
+// The packed tarballs are what users install: the main package (the loader, the shell, the
+// types; no addon) and the platform package that carries the addon (npm/linux-x64-gnu here),
+// which the loader finds as `mastra-lease-linux-x64-gnu`. Installed together they must load
+// without a Rust toolchain, from both ESM and CommonJS.
 import { execFileSync } from 'node:child_process'
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { copyFileSync, cpSync, mkdirSync, mkdtempSync, readdirSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -36,15 +38,19 @@ function run(file: string, code: string): string {
 describe('the npm package', () => {
   beforeAll(() => {
     project = mkdtempSync(path.join(os.tmpdir(), 'mastra-lease-pack-'))
-    const tarball = execFileSync('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', project], {
-      cwd: root,
-      encoding: 'utf8',
-    }).trim().split('\n').pop()!
+    const pack = (cwd: string) =>
+      execFileSync('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', project], { cwd, encoding: 'utf8' }).trim().split('\n').pop()!
+    const tarball = pack(root)
+    // The platform package with the addon this run built (build:platforms puts it there too).
+    const platform = path.join(project, 'platform')
+    cpSync(path.join(root, 'npm', 'linux-x64-gnu'), platform, { recursive: true })
+    copyFileSync(path.join(root, 'mastra-lease.linux-x64-gnu.node'), path.join(platform, 'mastra-lease.linux-x64-gnu.node'))
+    const platformTarball = pack(platform)
     writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true }))
     // The peer @mastra/core is the user's own install; here it is this repository's copy
     // (linked in, so its dependencies resolve where they live), since an offline npm may
     // hold its tarball but not its registry metadata.
-    execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball)], {
+    execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball), path.join(project, platformTarball)], {
       cwd: project,
       env: { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) },
       stdio: 'pipe',
@@ -82,7 +88,13 @@ describe('the npm package', () => {
     expect(out.trim()).toBe('true true true function function')
   })
 
-  it('ships its type declarations and the native addon, and nothing from the source tree', () => {
+  it('loads the addon from the platform package, with no .node beside the loader', () => {
+    expect(readdirSync(path.join(project, 'node_modules', 'mastra-lease')).filter((f) => f.endsWith('.node'))).toEqual([])
+    const out = run('which.cjs', `console.log(require.resolve('mastra-lease-linux-x64-gnu'), typeof require('mastra-lease').MemoryLeaseProvider)`)
+    expect(out.trim()).toBe(`${path.join(realpathSync(project), 'node_modules', 'mastra-lease-linux-x64-gnu', 'mastra-lease.linux-x64-gnu.node')} function`)
+  })
+
+  it('ships its type declarations and no native addon, and nothing from the source tree', () => {
     const files = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' })
     const names = (JSON.parse(files) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path).sort()
     expect(names).toEqual(
@@ -97,7 +109,7 @@ describe('the npm package', () => {
         'README.md',
       ]),
     )
-    expect(names.some((n) => n.endsWith('.node'))).toBe(true)
+    expect(names.filter((n) => n.endsWith('.node'))).toEqual([])
     expect(names.some((n) => n.startsWith('src/') || n.startsWith('__test__/'))).toBe(false)
   })
 })
