@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 // Builds the addon for every target in package.json's napi.targets that this machine can
 // build, and puts each .node in its platform package (npm/<platform>/). Cross-builds go
-// through `napi build -x` (cargo-zigbuild with zig, both from PyPI), Windows through Debian's
-// mingw-w64 gcc. Prints one line per target: built, or skipped and why (macOS needs Apple's
-// SDK, which no registry here carries). `npm run build:platforms [-- <target>...]`.
+// through `napi build -x` (cargo-zigbuild with zig, both from PyPI). Prints one line per
+// target: built, or skipped and why (macOS needs Apple's SDK and Windows MSVC's, which no
+// registry here carries). `npm run build:platforms [-- <target>...]`.
 import { execFileSync, spawnSync } from 'node:child_process'
 import { existsSync, mkdirSync, readdirSync, renameSync, rmSync } from 'node:fs'
 import path from 'node:path'
@@ -20,9 +20,13 @@ const targets = wanted.length ? wanted : pkg.napi.targets
 function missing(target) {
   const installed = execFileSync('rustup', ['target', 'list', '--installed'], { encoding: 'utf8' }).split('\n')
   if (!installed.includes(target)) return `the Rust target is not installed (rustup target add ${target})`
-  if (target.endsWith('windows-gnu')) {
-    if (spawnSync('x86_64-w64-mingw32-gcc', ['--version']).status !== 0) return 'the mingw-w64 linker is missing (apt-get install gcc-mingw-w64-x86-64)'
-  } else if (target !== host && spawnSync('cargo-zigbuild', ['--version']).status !== 0) {
+  if (target.endsWith('windows-msvc')) {
+    return "MSVC's linker and C runtime: cargo-xwin fetches them from Microsoft, which this machine cannot reach (the release workflow builds it on Windows)"
+  }
+  if (target.endsWith('apple-darwin')) {
+    return "Apple's SDK (CoreFoundation and the other frameworks the TLS roots need): no registry here carries it (the release workflow builds it on macOS)"
+  }
+  if (target !== host && spawnSync('cargo-zigbuild', ['--version']).status !== 0) {
     return 'cargo-zigbuild is missing (pip install ziglang cargo-zigbuild)'
   }
   return undefined
@@ -40,8 +44,7 @@ for (const target of targets) {
   }
   const started = Date.now()
   const args = ['napi', 'build', '--platform', '--release', '--no-const-enum', '--no-js', '--target', target, '--output-dir', out]
-  // zig for Linux and macOS; Windows (GNU) links with Debian's mingw-w64 gcc, rustc's default.
-  if (target !== host && !target.endsWith('windows-gnu')) args.push('--cross-compile')
+  if (target !== host) args.push('--cross-compile')
   const build = spawnSync('npx', args, { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
   const node = readdirSync(out).find((f) => f.endsWith('.node') && !results.some((r) => r.file === f))
   if (build.status !== 0 || !node) {

@@ -32,7 +32,7 @@ const PLATFORMS = {
   'aarch64-unknown-linux-musl': { dir: 'linux-arm64-musl', format: /ELF 64-bit.*ARM aarch64/, why: 'no musl Node on this machine (the npm registry has none)' },
   'x86_64-apple-darwin': { dir: 'darwin-x64', format: /Mach-O 64-bit.*x86_64/, why: 'macOS cannot run here' },
   'aarch64-apple-darwin': { dir: 'darwin-arm64', format: /Mach-O 64-bit.*arm64/, why: 'macOS cannot run here' },
-  'x86_64-pc-windows-gnu': { dir: 'win32-x64-gnu', format: /PE32\+ executable.*x86-64/, why: 'not run under wine yet' },
+  'x86_64-pc-windows-msvc': { dir: 'win32-x64-msvc', format: /PE32\+ executable.*x86-64/, why: 'not run under wine yet' },
 }
 
 const sh = (cmd, args, opts = {}) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], ...opts })
