@@ -7,7 +7,7 @@
 // On a 2-core machine the three masters share the cores the client runs on: the cluster row
 // shows what routing per hash slot costs a client, not what sharding adds in capacity.
 import { execFile, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
@@ -32,7 +32,7 @@ const freePort = () => new Promise((res, rej) => {
 async function redisServer(name, ...args) {
   let port; do port = await freePort(); while (port === 6379);
   const dir = join(tmp, name);
-  await promisify(execFile)('mkdir', ['-p', dir]);
+  mkdirSync(dir, { recursive: true });
   const server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '',
     '--appendonly', 'no', '--dir', dir, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   processes.push(server);

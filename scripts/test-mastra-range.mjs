@@ -7,7 +7,7 @@
 // Prints one line per version; peerDependencies in package.json is set to what passed.
 // `npm run test:mastra-range` (needs the npm registry; about a minute).
 import { execFileSync, spawnSync } from 'node:child_process'
-import { copyFileSync, cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { copyFileSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -41,7 +41,7 @@ try {
   const versions = process.argv.length > 2 ? process.argv.slice(2) : [OLDEST_SUPPORTED, newest]
   for (const version of [...new Set(versions)]) {
     const dir = path.join(work, version)
-    execFileSync('mkdir', ['-p', dir])
+    mkdirSync(dir, { recursive: true })
     writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: `range-${version}`, private: true, type: 'module' }))
     const started = Date.now()
     try {
