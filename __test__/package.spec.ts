@@ -94,6 +94,31 @@ describe('the npm package', () => {
     expect(out.trim()).toBe(`${path.join(realpathSync(project), 'node_modules', 'mastra-lease-linux-x64-gnu', 'mastra-lease.linux-x64-gnu.node')} function`)
   })
 
+  it('without its platform package, says which package is missing instead of failing inside the loader', () => {
+    const bare = mkdtempSync(path.join(os.tmpdir(), 'mastra-lease-bare-'))
+    try {
+      writeFileSync(path.join(bare, 'package.json'), JSON.stringify({ name: 'bare', private: true }))
+      const tarball = readdirSync(project).find((f) => f.startsWith('mastra-lease-0') && f.endsWith('.tgz'))!
+      execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball)], {
+        cwd: bare,
+        env: { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) },
+        stdio: 'pipe',
+      })
+      mkdirSync(path.join(bare, 'node_modules', '@mastra'), { recursive: true })
+      symlinkSync(path.join(root, 'node_modules', '@mastra', 'core'), path.join(bare, 'node_modules', '@mastra', 'core'), 'dir')
+      for (const [file, code] of <Array<[string, string]>>[
+        ['check.cjs', `try { require('mastra-lease') } catch (e) { console.log(e.code, e.message) }`],
+        ['check.mjs', `try { await import('mastra-lease') } catch (e) { console.log(e.code, e.message) }`],
+      ]) {
+        writeFileSync(path.join(bare, file), code)
+        const out = execFileSync(process.execPath, [file], { cwd: bare, encoding: 'utf8' })
+        expect(out, file).toMatch(/^ERR_LEASE_NO_BINARY mastra-lease: the package with its binary for linux-x64-gnu \(mastra-lease-linux-x64-gnu\) is not installed/)
+      }
+    } finally {
+      rmSync(bare, { recursive: true, force: true })
+    }
+  })
+
   it('ships its type declarations and no native addon, and nothing from the source tree', () => {
     const files = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' })
     const names = (JSON.parse(files) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path).sort()
@@ -101,6 +126,7 @@ describe('the npm package', () => {
       expect.arrayContaining([
         'index.d.ts',
         'index.js',
+        'platform-check.cjs',
         'dist/esm/index.js',
         'dist/esm/index.d.ts',
         'dist/cjs/index.js',
