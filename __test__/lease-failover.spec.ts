@@ -109,6 +109,68 @@ async function keysServedBy(cluster: RedisCluster, master: ClusterNode, count: n
   return keys
 }
 
+/** A topology set up for the cut-off control: a key, the master serving it and its replicas. */
+interface CutOff {
+  connection: RedisLeaseProviderOptions
+  key: string
+  master: RedisServer
+  replicas: RedisServer[]
+  /** After the master died and its replicas thawed: until a promoted master serves the key. */
+  recover(): Promise<void>
+  stop(): Promise<void>
+}
+
+/**
+ * The negative control and its counterpart, each on a fresh topology: the replicas cut off,
+ * owner a is granted (minReplicas 0) or refused (minReplicas 1) the key, the master dies, and
+ * after the failover owner b asks for the key and a renews. Answers the figures to report.
+ */
+async function cutOffControl(setUp: () => Promise<CutOff>): Promise<string> {
+  const outcomes: string[] = []
+  for (const minReplicas of [1, 0]) {
+    const t = await setUp()
+    try {
+      const options = minReplicas > 0 ? { minReplicas, replicaTimeoutMs: 300 } : {}
+      const ops: LeaseOperation[] = []
+      const prefix = `cutoff:${randomUUID().slice(0, 8)}`
+      const open = () =>
+        recordLeases(
+          closing(new RedisLeaseProvider({ ...t.connection, keyPrefix: prefix, commandTimeoutMs: COMMAND_TIMEOUT, ...options })),
+          (op) => ops.push(op),
+        )
+      const [a, b] = [open(), open()]
+      await a.getLeaseOwner(t.key) // connected before the fault
+      await cutReplicas(t.master, t.replicas)
+      const first = await a.acquireLease(t.key, 'a', 60_000).then(
+        (g) => `granted ${JSON.stringify(g)}`,
+        (err) => `rejected ${errorCode(err)}`,
+      )
+      await t.master.kill()
+      for (const r of t.replicas) r.thaw()
+      await t.recover()
+      const second = await untilConfirmed(() => b.acquireLease(t.key, 'b', 60_000))
+      // The first owner, still within its TTL, renews: refused if the failover forgot its grant.
+      await a.renewLease(t.key, 'a', 60_000)
+      const report = checkLeaseHistory(ops)
+      if (minReplicas > 0) {
+        expect(first).toBe('rejected ERR_LEASE_REPLICATION')
+        expect(report.overlaps).toEqual([])
+        expect(report.lost).toEqual([])
+      } else {
+        // The grant lived on the dead master only: the promoted replica never saw it.
+        expect(first).toMatch(/^granted .*"acquired":true/)
+        expect(second.acquired).toBe(true)
+        expect(report.overlaps.length).toBe(1)
+        expect(report.lost.length).toBe(1)
+      }
+      outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps, ${report.lost.length} lost`)
+    } finally {
+      await t.stop()
+    }
+  }
+  return outcomes.join('; ')
+}
+
 /**
  * Cuts `master` off from its replicas: they are frozen first (so they cannot reconnect), then
  * the master drops their links. Nothing written after this reaches them.
@@ -172,55 +234,25 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
   it('with the replica cut off, minReplicas 1 refuses the grant, and without it the failover hands the key to a second owner (negative control)', async ({
     annotate,
   }) => {
-    const outcomes: string[] = []
-    for (const minReplicas of [1, 0]) {
+    const outcomes = await cutOffControl(async () => {
       const cluster = await startCluster()
-      try {
-        const prefix = `cutoff:${randomUUID().slice(0, 8)}`
-        const victim = (await cluster.masters())[0]!
-        const [key] = await keysServedBy(cluster, victim, 1)
-        const options = minReplicas > 0 ? { minReplicas, replicaTimeoutMs: 300 } : {}
-        const ops: LeaseOperation[] = []
-        const open = () =>
-          recordLeases(
-            closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix: prefix, commandTimeoutMs: COMMAND_TIMEOUT, ...options })),
-            (op) => ops.push(op),
-          )
-        const [a, b] = [open(), open()]
-        await a.getLeaseOwner(key!) // connected before the fault
-        const replicas = await cluster.replicasOf(victim)
-        await cutReplicas(victim, replicas)
-        const first = await a.acquireLease(key!, 'a', 60_000).then(
-          (g) => `granted ${JSON.stringify(g)}`,
-          (err) => `rejected ${errorCode(err)}`,
-        )
-        await victim.kill()
-        for (const r of replicas) r.thaw()
-        await cluster.waitHealthy(30_000)
-        // Back as the new master's replica, so a grant can be confirmed again.
-        await victim.restart()
-        await cluster.waitHealthy(30_000)
-        const second = await untilConfirmed(() => b.acquireLease(key!, 'b', 60_000))
-        // The first owner, still within its TTL, renews: refused if the failover forgot its grant.
-        await a.renewLease(key!, 'a', 60_000)
-        const report = checkLeaseHistory(ops)
-        if (minReplicas > 0) {
-          expect(first).toBe('rejected ERR_LEASE_REPLICATION')
-          expect(report.overlaps).toEqual([])
-          expect(report.lost).toEqual([])
-        } else {
-          // The grant lived on the dead master only: the promoted replica never saw it.
-          expect(first).toMatch(/^granted .*"acquired":true/)
-          expect(second.acquired).toBe(true)
-          expect(report.overlaps.length).toBe(1)
-          expect(report.lost.length).toBe(1)
-        }
-        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps, ${report.lost.length} lost`)
-      } finally {
-        await cluster.stop()
+      const victim = (await cluster.masters())[0]!
+      const [key] = await keysServedBy(cluster, victim, 1)
+      return {
+        connection: { cluster: { nodes: cluster.urls } },
+        key: key!,
+        master: victim,
+        replicas: await cluster.replicasOf(victim),
+        async recover() {
+          await cluster.waitHealthy(30_000)
+          // Back as the new master's replica, so a grant can be confirmed again.
+          await victim.restart()
+          await cluster.waitHealthy(30_000)
+        },
+        stop: () => cluster.stop(),
       }
-    }
-    await annotate(outcomes.join('; '))
+    })
+    await annotate(outcomes)
   })
 })
 
@@ -329,51 +361,19 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
   it('with the replicas cut off, minReplicas 1 refuses the grant, and without it the failover hands the key to a second owner (negative control)', async ({
     annotate,
   }) => {
-    const outcomes: string[] = []
-    for (const minReplicas of [1, 0]) {
+    const outcomes = await cutOffControl(async () => {
       const sentinel = await startSentinel()
-      try {
-        const key = KEYS[0]!
-        const options = minReplicas > 0 ? { minReplicas, replicaTimeoutMs: 300 } : {}
-        const ops: LeaseOperation[] = []
-        const prefix = `cutoff:${randomUUID().slice(0, 8)}`
-        const open = () =>
-          recordLeases(
-            closing(new RedisLeaseProvider({ ...sentinelOf(sentinel), keyPrefix: prefix, commandTimeoutMs: COMMAND_TIMEOUT, ...options })),
-            (op) => ops.push(op),
-          )
-        const [a, b] = [open(), open()]
-        await a.getLeaseOwner(key)
-        const master = await sentinel.master()
-        const replicas = sentinel.servers.filter((s) => s !== master)
-        await cutReplicas(master, replicas)
-        const first = await a.acquireLease(key, 'a', 60_000).then(
-          (g) => `granted ${JSON.stringify(g)}`,
-          (err) => `rejected ${errorCode(err)}`,
-        )
-        await master.kill()
-        for (const r of replicas) r.thaw()
-        await sentinel.waitHealthy(30_000)
-        const second = await untilConfirmed(() => b.acquireLease(key, 'b', 60_000))
-        // The first owner, still within its TTL, renews: refused if the failover forgot its grant.
-        await a.renewLease(key, 'a', 60_000)
-        const report = checkLeaseHistory(ops)
-        if (minReplicas > 0) {
-          expect(first).toBe('rejected ERR_LEASE_REPLICATION')
-          expect(report.overlaps).toEqual([])
-          expect(report.lost).toEqual([])
-        } else {
-          expect(first).toMatch(/^granted .*"acquired":true/)
-          expect(second.acquired).toBe(true)
-          expect(report.overlaps.length).toBe(1)
-          expect(report.lost.length).toBe(1)
-        }
-        outcomes.push(`minReplicas ${minReplicas}: first owner ${first.split(' {')[0]}, second owner acquired ${second.acquired}, ${report.overlaps.length} overlaps, ${report.lost.length} lost`)
-      } finally {
-        await sentinel.stop()
+      const master = await sentinel.master()
+      return {
+        connection: sentinelOf(sentinel),
+        key: KEYS[0]!,
+        master,
+        replicas: sentinel.servers.filter((s) => s !== master),
+        recover: () => sentinel.waitHealthy(30_000),
+        stop: () => sentinel.stop(),
       }
-    }
-    await annotate(outcomes.join('; '))
+    })
+    await annotate(outcomes)
   })
 })
 

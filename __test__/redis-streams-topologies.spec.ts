@@ -29,6 +29,43 @@ function byTopic(events: Event[], topicOf: (e: Event) => string): Map<string, nu
   return out
 }
 
+/**
+ * A group and a fan-out subscriber of topic `jobs` and a publisher, on `where`; `failover()`
+ * (answering its ms) runs once both got an event. Then publishes (again while the client still
+ * learns the new master, a coded rejection each time) until one lands, and waits for both
+ * subscribers to get it. Answers the figures to report.
+ */
+async function throughFailover(where: RedisStreamsPubSubOptions, failover: () => Promise<number>): Promise<string> {
+  const options = { ...where, blockMs: 200, commandTimeoutMs: 1_000 }
+  const consumer = new RedisStreamsPubSub(options)
+  const publisher = new RedisStreamsPubSub(options)
+  opened.push(consumer, publisher)
+  const [grouped, fanned] = [new Inbox(), new Inbox()]
+  await consumer.subscribe('jobs', grouped.cb, { group: 'workers' })
+  await consumer.subscribe('jobs', fanned.cb)
+  await publisher.publish('jobs', ev(0))
+  await grouped.count(1)
+  await fanned.count(1)
+  const failoverMs = await failover()
+  const startedAt = performance.now()
+  let published = false
+  while (!published) {
+    published = await publisher.publish('jobs', ev(1)).then(
+      () => true,
+      (err: { code?: string }) => {
+        expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(err.code)
+        return false
+      },
+    )
+    if (performance.now() - startedAt > 10_000) throw new Error('no publish succeeded within 10 s of the failover')
+  }
+  const publishedMs = performance.now() - startedAt
+  await grouped.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the group delivery after the failover')
+  await fanned.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the fan-out delivery after the failover')
+  const deliveredMs = performance.now() - startedAt
+  return `${failoverMs.toFixed(0)} ms; first publish after it took ${publishedMs.toFixed(0)} ms, delivered to group and fan-out by ${deliveredMs.toFixed(0)} ms`
+}
+
 describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
   let cluster: RedisCluster
   beforeAll(async () => {
@@ -169,39 +206,9 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     const own = await startCluster()
     try {
       const prefix = uniquePrefix('promote')
-      const topic = 'jobs'
-      const victim = await own.masterOfSlot(await own.keySlot(`${prefix}:${topic}`))
-      const options = { cluster: { nodes: own.urls }, keyPrefix: prefix, blockMs: 200, commandTimeoutMs: 1_000 }
-      const consumer = new RedisStreamsPubSub(options)
-      const publisher = new RedisStreamsPubSub(options)
-      opened.push(consumer, publisher)
-      const [grouped, fanned] = [new Inbox(), new Inbox()]
-      await consumer.subscribe(topic, grouped.cb, { group: 'workers' })
-      await consumer.subscribe(topic, fanned.cb)
-      await publisher.publish(topic, ev(0))
-      await grouped.count(1)
-      await fanned.count(1)
-      const promotionMs = await own.killMasterAndWaitForPromotion(victim)
-      // Published after the promotion (retried while the client still learns the new owner).
-      const startedAt = performance.now()
-      let published = false
-      while (!published) {
-        published = await publisher.publish(topic, ev(1)).then(
-          () => true,
-          (err: { code?: string }) => {
-            expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(err.code)
-            return false
-          },
-        )
-        if (performance.now() - startedAt > 10_000) throw new Error('no publish succeeded within 10 s of the promotion')
-      }
-      const publishedMs = performance.now() - startedAt
-      await grouped.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the group delivery after the promotion')
-      await fanned.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the fan-out delivery after the promotion')
-      const deliveredMs = performance.now() - startedAt
-      await annotate(
-        `streams on a cluster: promoted in ${promotionMs.toFixed(0)} ms; first publish after it took ${publishedMs.toFixed(0)} ms, delivered to group and fan-out by ${deliveredMs.toFixed(0)} ms`,
-      )
+      const victim = await own.masterOfSlot(await own.keySlot(`${prefix}:jobs`))
+      const figures = await throughFailover({ cluster: { nodes: own.urls }, keyPrefix: prefix }, () => own.killMasterAndWaitForPromotion(victim))
+      await annotate(`streams on a cluster: promoted in ${figures}`)
     } finally {
       await own.stop()
     }
@@ -212,37 +219,9 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub behind Redis Sentinel', () =
   it('the master killed: subscriptions follow the new master, and what is published after reaches group and fan-out subscribers', async ({ annotate }) => {
     const sentinel = await startSentinel()
     try {
-      const prefix = uniquePrefix('sentinel')
-      const options = { sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName }, keyPrefix: prefix, blockMs: 200, commandTimeoutMs: 1_000 }
-      const consumer = new RedisStreamsPubSub(options)
-      const publisher = new RedisStreamsPubSub(options)
-      opened.push(consumer, publisher)
-      const [grouped, fanned] = [new Inbox(), new Inbox()]
-      await consumer.subscribe('jobs', grouped.cb, { group: 'workers' })
-      await consumer.subscribe('jobs', fanned.cb)
-      await publisher.publish('jobs', ev(0))
-      await grouped.count(1)
-      await fanned.count(1)
-      const failoverMs = await sentinel.killMasterAndWaitForFailover()
-      const startedAt = performance.now()
-      let published = false
-      while (!published) {
-        published = await publisher.publish('jobs', ev(1)).then(
-          () => true,
-          (err: { code?: string }) => {
-            expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(err.code)
-            return false
-          },
-        )
-        if (performance.now() - startedAt > 10_000) throw new Error('no publish succeeded within 10 s of the failover')
-      }
-      const publishedMs = performance.now() - startedAt
-      await grouped.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the group delivery after the failover')
-      await fanned.until((events) => events.some((e) => numberOf(e) === 1), 10_000, 'the fan-out delivery after the failover')
-      const deliveredMs = performance.now() - startedAt
-      await annotate(
-        `streams behind Sentinel: failover in ${failoverMs.toFixed(0)} ms; first publish after it took ${publishedMs.toFixed(0)} ms, delivered to group and fan-out by ${deliveredMs.toFixed(0)} ms`,
-      )
+      const sentinel_ = { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName }
+      const figures = await throughFailover({ sentinel: sentinel_, keyPrefix: uniquePrefix('sentinel') }, () => sentinel.killMasterAndWaitForFailover())
+      await annotate(`streams behind Sentinel: failover in ${figures}`)
     } finally {
       await sentinel.stop()
     }

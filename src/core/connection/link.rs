@@ -107,13 +107,7 @@ impl Target {
                     .map(Link::Managed)
             }
             Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
-            Self::Sentinel(sentinels) => {
-                let master = sentinels.master().await?;
-                let link = master
-                    .get_multiplexed_async_connection_with_config(direct)
-                    .await?;
-                Ok(Link::Master(link))
-            }
+            Self::Sentinel(sentinels) => sentinels.connect(direct).await.map(Link::Master),
         }
     }
 
@@ -145,13 +139,7 @@ impl Target {
                     .await
                     .map(Link::Direct)
             }
-            Self::Sentinel(sentinels) => {
-                let master = sentinels.master().await?;
-                let link = master
-                    .get_multiplexed_async_connection_with_config(config)
-                    .await?;
-                Ok(Link::Master(link))
-            }
+            Self::Sentinel(sentinels) => sentinels.connect(config).await.map(Link::Master),
         }
     }
 }

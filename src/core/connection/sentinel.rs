@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{Client, ConnectionAddr, RedisResult};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisResult};
 use tokio::task::AbortHandle;
 
 use super::link::{redact_all, refused_tls, seeds};
@@ -124,15 +125,23 @@ impl Sentinels {
         })
     }
 
-    /// A client of the master the sentinels name now.
-    pub(super) async fn master(&self) -> RedisResult<Client> {
+    /// A connection to the master the sentinels name now.
+    pub(super) async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
         self.watch();
-        self.client.lock().await.async_get_client().await
+        let master = self.client.lock().await.async_get_client().await?;
+        master
+            .get_multiplexed_async_connection_with_config(config)
+            .await
     }
 
-    /// Whether a sentinel announced a new master since the last time this was asked.
+    /// Whether a sentinel announced a new master since the last time this was asked. Asked
+    /// on every call: a plain read, a write only when there was an announcement.
     pub(super) fn switched(&self) -> bool {
-        self.watched.switched.swap(false, Ordering::AcqRel)
+        let switched = &self.watched.switched;
+        switched.load(Ordering::Acquire) && switched.swap(false, Ordering::AcqRel)
     }
 
     /// Stops the watcher.
