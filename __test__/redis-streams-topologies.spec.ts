@@ -1,11 +1,12 @@
 // RedisStreamsPubSub beyond one server. On a local Redis Cluster (3 masters, 3 replicas) each
 // topic is its own stream key, so topics spread over the masters: groups, fan-out, deliveries
-// held until settled, reclaim and clearTopic work on every node, blocking reads never hold up lease calls, and delivery
-// resumes after a master dies. Behind Sentinel, subscriptions follow the master through a
-// failover.
+// held until settled (Mastra's own PullTransport too), reclaim and clearTopic work on every
+// node, blocking reads never hold up lease calls, and delivery resumes after a master dies.
+// Behind Sentinel, subscriptions follow the master through a failover.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import type { Event } from '@mastra/core/events'
+import { PullTransport } from '@mastra/core/worker'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
@@ -200,6 +201,38 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     }
     expect(slowest).toBeLessThan(BLOCK_MS / 4)
     expect(inbox.events).toEqual([])
+  })
+
+  it("Mastra's PullTransport, two consumers of one group: each job whose step acks 3 × reclaimIdleMs after its callback returned is handled exactly once", async () => {
+    const prefix = uniquePrefix('pull-transport')
+    const tuning = { keyPrefix: prefix, reclaimIdleMs: 300, reclaimIntervalMs: 100, blockMs: 100, maxInFlight: 5 }
+    const handled = new Map<number, number[]>()
+    const transports: PullTransport[] = []
+    try {
+      for (let c = 0; c < 2; c++) {
+        const transport = new PullTransport({ pubsub: open(tuning), group: 'mastra-orchestration' })
+        transports.push(transport)
+        await transport.start({
+          route: async (event: Event, ack?: () => Promise<void>) => {
+            handled.set(numberOf(event), [...(handled.get(numberOf(event)) ?? []), c])
+            await sleep(900)
+            await ack?.()
+          },
+        })
+      }
+      const publisher = open({ keyPrefix: prefix })
+      await Promise.all(Array.from({ length: 20 }, (_, i) => publisher.publish('workflows', ev(i + 1))))
+      const node = await nodeOf(prefix, 'workflows')
+      const deadline = Date.now() + 20_000
+      while ((handled.size < 20 || (await pendingCount(node, `${prefix}:workflows`, 'mastra-orchestration')) > 0) && Date.now() < deadline) await sleep(50)
+      await sleep(1_200) // four reclaim idle periods: time for any second hand-out
+      expect([...handled.keys()].sort((a, b) => a - b)).toEqual(Array.from({ length: 20 }, (_, i) => i + 1))
+      expect([...handled].filter(([, by]) => by.length > 1)).toEqual([])
+      expect(new Set([...handled.values()].flat()).size, 'both consumers took jobs').toBe(2)
+      expect(await pendingCount(node, `${prefix}:workflows`, 'mastra-orchestration')).toBe(0)
+    } finally {
+      await Promise.allSettled(transports.map((t) => t.stop({ drainTimeout: 0 })))
+    }
   })
 
   it('a master killed: publishing and both kinds of delivery resume once its replica is promoted', async ({ annotate }) => {
