@@ -281,6 +281,12 @@ export interface RedisLeaseProviderOptions {
    */
   replicaTimeoutMs?: number
   /**
+   * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
+   * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
+   * acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+   */
+  fencingTokens?: boolean
+  /**
    * CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
    * roots).
    */
@@ -354,6 +360,12 @@ export interface RedisStreamsOptions {
    * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
    */
   replicaTimeoutMs?: number
+  /**
+   * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
+   * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
+   * acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+   */
+  fencingTokens?: boolean
   /**
    * CA, client certificate and key for a `rediss://` URL, for every connection. Default:
    * none (the platform's roots).

@@ -258,6 +258,12 @@ describe('release, renew, transfer and acquire fired together', () => {
     await check(annotate, await concurrentRounds({ providers, rounds: ROUNDS, label: 'concurrent-redis', readOwner: redisOwner(prefix) }))
   })
 
+  it('RedisLeaseProvider without fencing tokens (plain SET NX acquires, refreshes sent again as the script): the same', async ({ annotate }) => {
+    const prefix = `concurrent-plain:${RUN}`
+    const providers = [0, 1].map(() => closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens: false })))
+    await check(annotate, await concurrentRounds({ providers, rounds: ROUNDS, label: 'concurrent-plain', readOwner: redisOwner(prefix) }))
+  })
+
   it('RedisStreamsPubSub’s lease methods (two instances): the same', async ({ annotate }) => {
     const prefix = `concurrent-streams:${RUN}`
     const providers = [0, 1].map(() => closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix })))

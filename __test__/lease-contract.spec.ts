@@ -23,4 +23,12 @@ describe('against a real redis-server', () => {
     'RedisLeaseProvider',
     (limits) => new RedisLeaseProvider({ url: server!.url, keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
   )
+  // Without fencing tokens an acquire is a plain SET NX, and the scripts leave the token
+  // key out: the same contract, without a token on a grant.
+  describeLeaseContract(
+    'RedisLeaseProvider without fencing tokens',
+    (limits) =>
+      new RedisLeaseProvider({ url: server!.url, keyPrefix: `test:${randomUUID()}`, fencingTokens: false, ...(limits as object) }),
+    { tokens: false },
+  )
 })

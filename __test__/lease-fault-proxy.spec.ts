@@ -48,8 +48,8 @@ async function proxyTo(s: RedisServer): Promise<FaultProxy> {
   return proxy
 }
 
-function leases(url: string, keyPrefix: string): RedisLeaseProvider {
-  const p = new RedisLeaseProvider({ url, keyPrefix, connectTimeoutMs: TIMEOUT, commandTimeoutMs: TIMEOUT })
+function leases(url: string, keyPrefix: string, options: { fencingTokens?: boolean } = {}): RedisLeaseProvider {
+  const p = new RedisLeaseProvider({ url, keyPrefix, connectTimeoutMs: TIMEOUT, commandTimeoutMs: TIMEOUT, ...options })
   cleanups.push(() => p.close())
   return p
 }
@@ -64,6 +64,7 @@ const newPrefix = () => `fp:${randomUUID().slice(0, 8)}`
 async function warmScripts(p: Lease) {
   const key = `warm-up:${randomUUID()}`
   await p.acquireLease(key, 'w', 1_000)
+  await p.acquireLease(key, 'w', 1_000) // a refresh: the script, even without fencing tokens
   await p.renewLease(key, 'w', 1_000)
   await p.transferLease(key, 'w', 'w2', 1_000)
   await p.releaseLease(key, 'w2')
@@ -195,10 +196,11 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     // Not vacuous: all five ran twice, on both sides of the reset.
     const calls1 = await redis.commandCalls()
     const ran = (c: string) => (calls1[c] ?? 0) - (calls0[c] ?? 0)
-    // (commandstats counts the GETs inside the scripts too: every lease call reads its lease
-    // key once; the acquire, a refresh, also reads its token, and so does the transfer's
-    // second run, which finds its own id there and answers true again.)
-    expect({ scripts: ran('evalsha'), calls: ran('get') }).toEqual({ scripts: 2 * 4, calls: 2 * inFlight.length + 2 + 1 })
+    // (commandstats counts the commands inside the scripts too: every lease call but the
+    // acquire reads its lease key with a GET, the acquire with its SET NX GET; the acquire, a
+    // refresh, also reads its token, and so does the transfer's second run, which finds its
+    // own id there and answers true again.)
+    expect({ scripts: ran('evalsha'), reads: ran('get') }).toEqual({ scripts: 2 * 4, reads: 2 * (inFlight.length - 1) + 2 + 1 })
     // The reset came after Redis ran them: the transfer and the release took effect.
     expect(await redis.cli('GET', `${prefix}:lease:mid-2`)).toBe('next')
     expect(await redis.cli('GET', `${prefix}:lease:mid-3`)).toBe(null)
@@ -257,8 +259,10 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     }
     const stats = proxy.stats()
     const commands1 = await redis.commandCalls()
-    // Every lease call runs exactly one GET (the scripts' own included): calls Redis ran.
-    const executed = (commands1.get ?? 0) - (commands0.get ?? 0)
+    // Every lease call runs exactly one GET or one SET (the scripts' own included: an
+    // acquire reads with SET NX GET): calls Redis ran.
+    const again = (c: string) => (commands1[c] ?? 0) - (commands0[c] ?? 0)
+    const executed = again('get') + again('set')
     await annotate(
       `resets: ${rounds} rounds of 72 calls, ${stats.faults.resets} connections reset, ` +
         `${resolved} answers checked, ${rejected} coded rejections, ${wrong.length} wrong answers, ` +
@@ -278,6 +282,41 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     expect(stats.faults.resets).toBeGreaterThanOrEqual(rounds / 2)
     // The intruders never took a key.
     for (let i = 0; i < keys; i++) expect(await redis.cli('GET', `${prefix}:lease:k${i}`)).toBe(owner(i))
+  })
+
+  it('without fencing tokens: plain acquires in flight at a reset (a claim, a refresh, a refusal) answer the truth when sent again', async () => {
+    const redis = await server()
+    const proxy = await proxyTo(redis)
+    const prefix = newPrefix()
+    const p = leases(proxy.url, prefix, { fencingTokens: false })
+    await redis.cli('SET', `${prefix}:lease:held`, 'H', 'PX', LONG)
+    await warmScripts(p)
+    const before = proxy.stats().faults.droppedReplies
+    proxy.dropReplies({ keepStream: true })
+    const calls0 = await redis.commandCalls()
+    // The claim's first run took the key: sent again, its SET NX finds its own owner and
+    // the script refreshes, so it answers true as the first run would have.
+    const inFlight: Array<[string, Promise<unknown>, unknown]> = [
+      ['claim', p.acquireLease('free', 'X', LONG), { acquired: true, owner: 'X' }],
+      ['refresh', p.acquireLease('held', 'H', LONG), { acquired: true, owner: 'H' }],
+      ['refusal', p.acquireLease('held', 'intruder', LONG), { acquired: false, owner: 'H' }],
+    ]
+    const checks = Promise.all(
+      inFlight.map(async ([name, call, expected]) => {
+        const r = await settleWithin(call, BOUND + 1_000)
+        expect(r.status === 'fulfilled' ? r.value : `rejected: ${String(r.reason)}`, `${name} in flight at the reset`).toEqual(expected)
+      }),
+    )
+    await untilDropped(proxy, before, inFlight.length)
+    expect(proxy.reset(), 'the provider’s connection was reset').toBeGreaterThanOrEqual(1)
+    proxy.pass()
+    await checks
+    // Not vacuous: the three SETs ran on both sides of the reset; the script only after it,
+    // for the claim and the refresh (the first run's reply never came back to ask for it).
+    const calls1 = await redis.commandCalls()
+    expect((calls1.evalsha ?? 0) - (calls0.evalsha ?? 0)).toBe(2)
+    expect(await redis.cli('GET', `${prefix}:lease:free`)).toBe('X')
+    expect(Number(await redis.cli('PTTL', `${prefix}:lease:free`))).toBeGreaterThan(LONG - 5_000)
   })
 
   it('a delay above commandTimeoutMs rejects every call with ERR_LEASE_TIMEOUT in time; below it, calls succeed with their own answers', async () => {

@@ -130,6 +130,68 @@ describe('tokens against Redis itself', () => {
   })
 })
 
+describe('without fencing tokens (fencingTokens: false)', () => {
+  it.skipIf(EXTERNAL_REDIS)('a claim and a refusal are one plain SET NX each, and only a refresh runs the acquire script', async () => {
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `plain:${RUN}`, fencingTokens: false }))
+    const key = uniqueKey()
+    const scriptsAndSets = async () => {
+      const calls = await server.commandCalls()
+      return { evalsha: calls.evalsha ?? 0, set: calls.set ?? 0 }
+    }
+    let before = await scriptsAndSets()
+    const step = async <T>(call: () => Promise<T>, expected: { evalsha: number; set: number }): Promise<T> => {
+      const answer = await call()
+      const after = await scriptsAndSets()
+      expect({ evalsha: after.evalsha - before.evalsha, set: after.set - before.set }).toEqual(expected)
+      before = after
+      return answer
+    }
+    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 0, set: 1 })).toEqual({ acquired: true, owner: 'A' })
+    expect(await step(() => p.acquireLease(key, 'B', 60_000), { evalsha: 0, set: 1 })).toEqual({ acquired: false, owner: 'A' })
+    // The plain SET found A holding: the script refreshes (its SET NX GET counts as a set).
+    await server.cli('PEXPIRE', `plain:${RUN}:lease:${key}`, 1_000)
+    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 1, set: 2 })).toEqual({ acquired: true, owner: 'A' })
+    expect(Number(await server.cli('PTTL', `plain:${RUN}:lease:${key}`))).toBeGreaterThan(59_000)
+    expect(await p.getLease(key)).toEqual({ owner: 'A', token: undefined, ttlMs: expect.any(Number) })
+    // Nothing but the lease key: no token key, no counter.
+    expect(await server.cli('KEYS', `plain:${RUN}:*`)).toEqual([`plain:${RUN}:lease:${key}`])
+  })
+
+  it('a fleet mixing providers with and without tokens never shows one grant the token of another, and tokens only grow', async () => {
+    const prefix = `mixed:${RUN}:${randomUUID().slice(0, 8)}`
+    const fenced = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const plain = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens: false }))
+    const key = uniqueKey()
+    const first = await fenced.acquireLease(key, 'A', 60_000)
+    expect(first.token).toEqual(expect.any(Number))
+    // A plain transfer hands the lease on without a token: B must not read as holding A's.
+    expect(await plain.transferLease(key, 'A', 'B', 60_000)).toBe(true)
+    expect(await fenced.getLease(key)).toEqual({ owner: 'B', token: undefined, ttlMs: expect.any(Number) })
+    // B asks the fenced provider: a refresh that gives the lease a token, greater than A's.
+    const b = await fenced.acquireLease(key, 'B', 60_000)
+    expect(b.token).toBeGreaterThan(first.token!)
+    expect((await fenced.getLease(key))!.token).toBe(b.token)
+    // A plain release removes the token with the lease; a plain claim then has none.
+    await plain.releaseLease(key, 'B')
+    expect(await plain.acquireLease(key, 'C', 60_000)).toEqual({ acquired: true, owner: 'C' })
+    expect(await fenced.getLease(key)).toEqual({ owner: 'C', token: undefined, ttlMs: expect.any(Number) })
+    await plain.releaseLease(key, 'C')
+    const d = await fenced.acquireLease(key, 'D', 60_000)
+    expect(d.token).toBeGreaterThan(b.token!)
+    // A plain renew leaves the token key to expire first: the lease then has none, never a stale one.
+    expect(await plain.renewLease(key, 'D', 60_000)).toBe(true)
+    await server.cli('PEXPIRE', `${prefix}:lease:${key}`, 60_000)
+    expect((await fenced.getLease(key))!.token).toBe(d.token)
+  })
+
+  it("RedisStreamsPubSub's leases take the option too", async () => {
+    const p = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: `plain-streams:${RUN}`, fencingTokens: false }))
+    const key = uniqueKey()
+    expect(await p.acquireLease(key, 'A', 60_000)).toEqual({ acquired: true, owner: 'A' })
+    expect(await p.getLease(key)).toEqual({ owner: 'A', token: undefined, ttlMs: expect.any(Number) })
+  })
+})
+
 describe.skipIf(EXTERNAL_REDIS)('a holder frozen past its TTL, with a resource that checks tokens', () => {
   it('loses no write of a current holder and takes no write of the holder that resumed', async ({ annotate }) => {
     const TTL = 500

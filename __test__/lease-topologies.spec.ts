@@ -35,6 +35,11 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
     "RedisStreamsPubSub's leases",
     (limits) => new RedisStreamsPubSub({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
   )
+  describeLeaseContract(
+    'RedisLeaseProvider without fencing tokens',
+    (limits) => new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, fencingTokens: false, ...(limits as object) }),
+    { tokens: false },
+  )
 
   it("a lease's key, its token key and its slot's counter share one hash slot, whatever the key holds", async () => {
     const prefix = `slots:${randomUUID().slice(0, 8)}`

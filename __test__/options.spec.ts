@@ -240,7 +240,7 @@ describe('streams arguments are checked as lease keys are', () => {
   })
 })
 
-describe('cluster, sentinel and minReplicas', () => {
+describe('cluster, sentinel, minReplicas and fencingTokens', () => {
   const NODES = ['redis://127.0.0.1:7000', 'redis://127.0.0.1:7001']
   const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
 
@@ -267,6 +267,9 @@ describe('cluster, sentinel and minReplicas', () => {
       [{ minReplicas: '1' }, TypeError, /minReplicas/],
       [{ replicaTimeoutMs: 100 }, TypeError, /replicaTimeoutMs without minReplicas/],
       [{ minReplicas: 1, replicaTimeoutMs: 2_000, commandTimeoutMs: 2_000 }, RangeError, /must be shorter than commandTimeoutMs/],
+      [{ fencingTokens: 'false' }, TypeError, /fencingTokens must be a boolean, got string/],
+      [{ fencingTokens: 0 }, TypeError, /fencingTokens must be a boolean, got number/],
+      [{ fencingToken: false }, TypeError, /fencingToken.*did you mean fencingTokens\?/],
     ] as Array<[AnyOptions, typeof TypeError, RegExp]>) {
       const err = expectThrow(() => make(options), cls, 'ERR_LEASE_INVALID_OPTION')
       expect(err.message, JSON.stringify(options)).toMatch(message)
@@ -275,8 +278,8 @@ describe('cluster, sentinel and minReplicas', () => {
     }
   })
 
-  it('MemoryLeaseProvider has no cluster, sentinel or minReplicas', () => {
-    for (const option of ['cluster', 'sentinel', 'minReplicas']) {
+  it('MemoryLeaseProvider has no cluster, sentinel, minReplicas or fencingTokens', () => {
+    for (const option of ['cluster', 'sentinel', 'minReplicas', 'fencingTokens']) {
       expectThrow(() => classes.MemoryLeaseProvider({ [option]: 1 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
     }
   })
@@ -285,6 +288,7 @@ describe('cluster, sentinel and minReplicas', () => {
     for (const make of Object.values(redisClasses)) {
       await kept(make({ cluster: { nodes: NODES, username: 'u', password: 'p' }, minReplicas: 1, replicaTimeoutMs: 200 })).close()
       await kept(make({ sentinel: { nodes: NODES, masterName: 'm', username: 'u', password: 'p', database: 2 }, minReplicas: 2 })).close()
+      await kept(make({ cluster: { nodes: NODES }, fencingTokens: false })).close()
     }
   })
 })

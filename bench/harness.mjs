@@ -118,6 +118,6 @@ export const verdict = (r) => (r.ratio == null ? 'n/a' : !r.valid ? 'INVALID' : 
 export function printRatios(ratios, width = 80) {
   console.log(`\n${'ratio (throughput)'.padEnd(width)}${'ratio'.padStart(8)}${'target'.padStart(9)}  result`);
   for (const r of ratios) {
-    console.log(`${r.check.padEnd(width)}${(r.ratio == null ? '-' : `${r.ratio.toFixed(2)}x`).padStart(8)}${(r.target == null ? '' : `≥${r.target.toFixed(2)}x`).padStart(9)}  ${verdict(r)}`);
+    console.log(`${r.check.padEnd(width)}${(r.ratio == null ? '-' : `${r.ratio.toFixed(2)}x`).padStart(8)}${(r.target == null ? '' : `${r.atMost ? '≤' : '≥'}${r.target.toFixed(2)}x`).padStart(9)}  ${verdict(r)}`);
   }
 }

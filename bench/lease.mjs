@@ -1,5 +1,6 @@
-// Lease benchmark: mastra-lease (Rust/napi) vs node-redis peers, redis-benchmark and Mastra's
-// in-memory EventEmitterPubSub. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
+// Lease benchmark: mastra-lease (Rust/napi) vs node-redis, ioredis and Valkey GLIDE sending the
+// same scripts, Mastra's algorithm on node-redis, redis-benchmark and Mastra's in-memory
+// EventEmitterPubSub. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count; REDIS_URL=redis://... uses an existing server;
 // BENCH_NATIVE=/abs/path.js loads another build instead of ../index.js.
 import { execFile } from 'node:child_process';
@@ -8,6 +9,8 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { promisify } from 'node:util';
 import { createClient } from 'redis';
+import IORedis from 'ioredis';
+import { GlideClient } from '@valkey/valkey-glide';
 import { EventEmitterPubSub } from '@mastra/core/events';
 import { hr, SCALE, setupRedis, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
 
@@ -80,6 +83,28 @@ class MastraAlgorithm {
   }
   async close() { await this.c.close(); }
 }
+// Peers 3 and 4: the same acquire EVALSHA through ioredis and through Valkey GLIDE (a Rust core
+// behind a Node binding, like ours), for the acquire workloads.
+class IoRedisAcquire {
+  constructor(prefix) { this.c = new IORedis(url, { lazyConnect: false }); this.k = new NodeRedisOneRT(null, prefix); }
+  async acquireLease(key, owner, ttl) {
+    const [ok, cur, token] = await this.c.evalsha(SHA.acquire, 3, ...this.k.keys(key), owner, String(ttl));
+    return ok === 1 ? { acquired: true, owner: cur, token } : { acquired: false, owner: cur ?? undefined };
+  }
+  async close() { this.c.disconnect(); }
+}
+class GlideAcquire {
+  constructor(client, prefix) { this.c = client; this.k = new NodeRedisOneRT(null, prefix); }
+  static async connect(prefix) {
+    const { hostname, port: p } = new URL(url);
+    return new GlideAcquire(await GlideClient.createClient({ addresses: [{ host: hostname, port: Number(p || 6379) }] }), prefix);
+  }
+  async acquireLease(key, owner, ttl) {
+    const [ok, cur, token] = await this.c.customCommand(['EVALSHA', SHA.acquire, '3', ...this.k.keys(key), owner, String(ttl)]);
+    return ok === 1 ? { acquired: true, owner: String(cur), token } : { acquired: false, owner: cur == null ? undefined : String(cur) };
+  }
+  async close() { this.c.close(); }
+}
 async function nodeRedis(Cls, prefix) {
   const c = createClient({ url });
   c.on('error', (e) => console.error(`${prefix} redis error`, e));
@@ -96,12 +121,18 @@ try {
 } catch (e) { native = null; nativeError = e; }
 
 const OURS = 'mastra-lease (ours)', NR = 'node-redis 1-RT evalSha', MASTRA = 'Mastra alg. on node-redis';
+const IO = 'ioredis 1-RT evalsha', GLIDE = 'Valkey GLIDE 1-RT EVALSHA';
+const PLAIN = 'mastra-lease, no tokens';
 const OURS_MEM = 'MemoryLeaseProvider (ours)', EE = 'EventEmitterPubSub';
 const redisC = {}, memC = {};
 if (native) redisC[OURS] = new native.RedisLeaseProvider({ url, keyPrefix: `${PREFIX}:ours` });
+if (native) redisC[PLAIN] = new native.RedisLeaseProvider({ url, keyPrefix: `${PREFIX}:plain`, fencingTokens: false });
 redisC[NR] = await nodeRedis(NodeRedisOneRT, `${PREFIX}:nr`);
 redisC[MASTRA] = await nodeRedis(MastraAlgorithm, `${PREFIX}:mastra`);
-const prefixOf = { [OURS]: `${PREFIX}:ours`, [NR]: `${PREFIX}:nr`, [MASTRA]: `${PREFIX}:mastra` };
+const acquireC = { ...redisC, [IO]: new IoRedisAcquire(`${PREFIX}:io`), [GLIDE]: await GlideAcquire.connect(`${PREFIX}:glide`) };
+delete acquireC[MASTRA];
+delete acquireC[PLAIN];
+const prefixOf = { [OURS]: `${PREFIX}:ours`, [PLAIN]: `${PREFIX}:plain`, [NR]: `${PREFIX}:nr`, [MASTRA]: `${PREFIX}:mastra`, [IO]: `${PREFIX}:io`, [GLIDE]: `${PREFIX}:glide` };
 if (native) memC[OURS_MEM] = new native.MemoryLeaseProvider();
 memC[EE] = new EventEmitterPubSub();
 
@@ -219,13 +250,12 @@ async function redisBenchmark() {
 if (!native) console.warn(`!! native build not loadable, benchmarking peers only: ${nativeError?.message}`);
 await cleanup();
 console.log(`node ${process.version}, redis ${redisVersion} at ${url}, ${cpus().length} CPUs, scale ${SCALE}`);
-const onlyNR = Object.fromEntries(Object.entries(redisC).filter(([k]) => k !== MASTRA));
 const W = [];
-W.push(await runWorkload(acquireDistinct(1, n(50_000)), onlyNR));
-W.push(await runWorkload(acquireDistinct(64, n(200_000)), onlyNR));
+W.push(await runWorkload(acquireDistinct(1, n(50_000)), acquireC));
+W.push(await runWorkload(acquireDistinct(64, n(200_000)), acquireC));
 let rb = null;
 try { rb = await redisBenchmark(); } catch (e) { console.warn(`!! redis-benchmark failed: ${e.message}`); }
-const w256 = await runWorkload(acquireDistinct(256, n(200_000)), onlyNR);
+const w256 = await runWorkload(acquireDistinct(256, n(200_000)), acquireC);
 if (rb) { // once before and once after the 256 run; keep the best
   const rb2 = await redisBenchmark();
   rb = { ...(rb2.opsPerSec > rb.opsPerSec ? rb2 : rb), bad: rb.bad + rb2.bad };
@@ -237,15 +267,28 @@ W.push(await runWorkload(contended(64, n(150_000)), redisC));
 W.push(await runWorkload(lifecycle(1, n(100_000), true), memC));
 W.push(await runWorkload(lifecycle(64, n(100_000), true), memC));
 
+// Redis CPU per call, ours / the peer's: lower is better, at most `target`.
+function cpuRow(w, ours, peer, target) {
+  const a = w.results[ours], b = w.results[peer];
+  const ratio = a?.serverUsPerCall && b?.serverUsPerCall ? a.serverUsPerCall / b.serverUsPerCall : null;
+  const valid = !!(a && b && !a.bad && !b.bad);
+  return { check: `${w.label} @${w.inFlight}: Redis CPU per call, ${ours.replace(' (ours)', '')} / ${peer}`, ratio, target, atMost: true,
+    pass: ratio == null ? null : valid && ratio <= target, valid };
+}
+
 // ---------- report --------------------------------------------------------------------------
 printResults(W);
 const [a1, a64, a256, lc, ct, m1, m64] = W;
+// Targets: issue 14's table.
 const ratios = [
-  ratioRow(a1, OURS, NR, 1.0), ratioRow(a64, OURS, NR, 1.5), ratioRow(a256, OURS, NR, null),
-  ratioRow(a256, OURS, 'redis-benchmark -P256 -c4', 0.85),
-  ratioRow(lc, OURS, MASTRA, 1.5), ratioRow(lc, OURS, NR, null),
-  ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, OURS, NR, null),
-  ratioRow(m1, OURS_MEM, EE, 0.9), ratioRow(m64, OURS_MEM, EE, 0.9), // "≈ match": within 10%
+  ratioRow(a1, OURS, NR, 0.85), ratioRow(a1, OURS, IO, null), ratioRow(a1, OURS, GLIDE, 1.8),
+  ratioRow(a64, OURS, NR, 1.4), ratioRow(a64, OURS, IO, 1.5), ratioRow(a64, OURS, GLIDE, 2.0),
+  ratioRow(a256, OURS, NR, null), ratioRow(a256, OURS, IO, null), ratioRow(a256, OURS, GLIDE, null),
+  ratioRow(a256, OURS, 'redis-benchmark -P256 -c4', 0.95),
+  ratioRow(lc, OURS, MASTRA, 1.3), ratioRow(lc, PLAIN, MASTRA, 1.3), ratioRow(lc, OURS, NR, null),
+  cpuRow(lc, OURS, MASTRA, 1.0), cpuRow(lc, PLAIN, MASTRA, 1.0),
+  ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, PLAIN, MASTRA, null), ratioRow(ct, OURS, NR, null),
+  ratioRow(m1, OURS_MEM, EE, 0.5), ratioRow(m64, OURS_MEM, EE, 0.5),
 ];
 printRatios(ratios);
 
@@ -260,17 +303,12 @@ for (const w of W.slice(0, 5)) {
     first = false;
   }
 }
-const ceiling = lc.results[MASTRA]?.serverUsPerCall / lc.results[OURS]?.serverUsPerCall;
-if (Number.isFinite(ceiling)) {
-  console.log(`\nlifecycle @64: per call, Redis spends ${(1 / ceiling).toFixed(2)}x as much CPU on ours (a Lua acquire with a fencing token) ` +
-    `as on Mastra's algorithm (a plain SET NX, no token); where Redis is the bottleneck, ours reaches at most ${ceiling.toFixed(2)}x its throughput`);
-}
 const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
   scale: SCALE, native: !!native, nativeError: nativeError?.message, workloads: W, ratios };
 writeFileSync(new URL('./results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
 console.log('\nwrote bench/results.json');
 
-for (const c of [...Object.values(redisC), ...Object.values(memC)]) await c.close?.();
+for (const c of new Set([...Object.values(redisC), ...Object.values(acquireC), ...Object.values(memC)])) await c.close?.();
 await shutdown();
 const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
 process.exit(!native || invalid ? 1 : 0);

@@ -90,7 +90,7 @@ impl RedisStreamsTransport {
             |options::Streams {
                  transport: mut options,
                  limits,
-                 replication,
+                 grants,
                  logger,
              }| {
                 let key_prefix = options.key_prefix.clone();
@@ -107,7 +107,7 @@ impl RedisStreamsTransport {
                 }
                 let mut store =
                     RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
-                store.set_replication(replication);
+                store.set_grants(grants);
                 Ok((pubsub, store, limits))
             },
         );

@@ -1,33 +1,43 @@
 -- Claim a lease, or refresh it for the owner that already holds it.
 -- KEYS[1]  the lease key (<keyPrefix>:lease:<key>), a string holding the owner
--- KEYS[2]  the lease's token key (<keyPrefix>:fence:{<tag>}:<key>), same expiry, holding
---          "<token>" or "<token>:<transfer id>"
--- KEYS[3]  the slot's token counter (<keyPrefix>:fence:{<tag>}), never expires
+-- KEYS[2]  with fencing tokens: the lease's token key (<keyPrefix>:fence:{<tag>}:<key>), same
+--          expiry, holding "<token>", "<token>:<transfer id>" or, after a transfer without
+--          tokens, ":<transfer id>"
+-- KEYS[3]  with fencing tokens: the slot's token counter (<keyPrefix>:fence:{<tag>}), never
+--          expires
 -- ARGV[1]  owner
 -- ARGV[2]  ttl in milliseconds (validated by the caller: 1..maxTtlMs)
--- Returns  {1, owner, token} when the caller holds the lease afterwards,
---          {0, holder, false} when another owner holds it.
+-- Returns  {1, owner, token} when the caller holds the lease afterwards (token false without
+--          fencing tokens), {0, holder, false} when another owner holds it.
 -- Atomically: the read of the holder and the write that claims or refreshes the key happen
 -- as one step, so two owners can never both be told they hold it. A claim takes the next
 -- token of the counter, so it is greater than every token granted before for the key; a
--- refresh keeps the lease's token (and gives one to a lease that has none: one written by
--- another client).
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then
-  return {0, holder, false}
-end
-local token
-if holder then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  token = redis.call('GET', KEYS[2])
-end
-if token then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-else
+-- refresh keeps the lease's token (and gives one to a lease that has none: one granted
+-- without tokens, or written by another client).
+local holder = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if type(holder) == 'table' then
+  -- Before Redis 7.0, SET takes NX or GET, not both (any other error comes back below).
+  holder = redis.call('GET', KEYS[1])
   if not holder then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   end
-  token = redis.call('INCR', KEYS[3])
-  redis.call('SET', KEYS[2], token, 'PX', ARGV[2])
 end
-return {1, ARGV[1], tonumber(string.match(token, '^%d+'))}
+if holder and holder ~= ARGV[1] then
+  return {0, holder, false}
+end
+if holder then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if #KEYS == 1 then
+  return {1, ARGV[1], false}
+end
+local fence = holder and redis.call('GET', KEYS[2])
+local token = fence and string.match(fence, '^%d+')
+if token then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+else
+  -- A transfer's id stays, so the same transfer sent again still finds it.
+  token = redis.call('INCR', KEYS[3])
+  redis.call('SET', KEYS[2], token .. (fence or ''), 'PX', ARGV[2])
+end
+return {1, ARGV[1], tonumber(token)}

@@ -1,8 +1,8 @@
 -- Read a live lease whole: its owner, its token and the time it has left.
 -- KEYS[1]  the lease key
 -- KEYS[2]  the lease's token key
--- Returns  {owner, pttl, token} (token false when the lease has none: one written by
---          another client), or false when no lease is live.
+-- Returns  {owner, pttl, token} (token false when the lease has none: one granted without
+--          fencing tokens, or written by another client), or false when no lease is live.
 -- Atomically: the three reads see one moment, so the token is the owner's.
 local owner = redis.call('GET', KEYS[1])
 if not owner then

@@ -5,8 +5,13 @@
 //! its fencing token lives beside it, in the same hash slot (`keys.rs`). Redis decides
 //! expiry. Scripts are sent by SHA (EVALSHA) and loaded again transparently when Redis
 //! answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+//!
+//! Without fencing tokens an acquire is one plain `SET key owner NX PX ttl GET`, what costs
+//! Redis least; only when it finds the caller already holding the lease (a refresh), or on a
+//! server that refuses the form (before 7.0), is the acquire script sent after it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,10 +33,29 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// Input limits.
     pub limits: Limits,
+    /// How grants are written: with fencing tokens or not, confirmed by replicas or not.
+    pub grants: Grants,
+}
+
+/// How the writes that grant or move a lease are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grants {
+    /// Every grant takes a fencing token (default). Without, a lease is its one key and an
+    /// acquire a plain `SET NX`: about half Redis's work per grant.
+    pub fencing_tokens: bool,
     /// Failover-safe grants: a write that grants or moves a lease (acquire, renew,
     /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
     /// round trip). Default none.
     pub replication: Option<Replication>,
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Self {
+            fencing_tokens: true,
+            replication: None,
+        }
+    }
 }
 
 /// How many replicas must confirm a lease write, and how long to wait for them.
@@ -47,7 +71,7 @@ impl Default for RedisOptions {
             connection: ConnectionOptions::default(),
             key_prefix: "mastra:topic".to_owned(),
             limits: Limits::default(),
-            replication: None,
+            grants: Grants::default(),
         }
     }
 }
@@ -59,7 +83,10 @@ pub struct RedisStore {
     connection: Arc<Connection>,
     layout: Layout,
     limits: Limits,
-    replication: Option<Replication>,
+    grants: Grants,
+    /// `false` once the server refused `SET NX GET` (before Redis 7.0): acquires then go as
+    /// the script.
+    plain_acquire: AtomicBool,
 }
 
 impl RedisStore {
@@ -68,14 +95,14 @@ impl RedisStore {
         let connection = Connection::new(&options.connection, Subject::LeaseProvider)?;
         let mut store =
             Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)?;
-        store.replication = options.replication;
+        store.grants = options.grants;
         Ok(store)
     }
 
-    /// Asks `replication.replicas` replicas to confirm every lease write (see
-    /// [`RedisOptions::replication`]).
-    pub fn set_replication(&mut self, replication: Option<Replication>) {
-        self.replication = replication;
+    /// Writes grants with or without fencing tokens, confirmed by replicas or not (see
+    /// [`Grants`]).
+    pub fn set_grants(&mut self, grants: Grants) {
+        self.grants = grants;
     }
 
     /// A store on an existing connection (the one a streams transport writes through, so
@@ -103,7 +130,8 @@ impl RedisStore {
             connection,
             layout: Layout::new(&key_prefix),
             limits,
-            replication: None,
+            grants: Grants::default(),
+            plain_acquire: AtomicBool::new(true),
         })
     }
 
@@ -113,7 +141,8 @@ impl RedisStore {
     }
 
     /// Executes a batch of calls in one round trip: every call with good arguments becomes
-    /// one command (EVALSHA of its script, or GET) in one pipelined write. Each call gets
+    /// one command (EVALSHA of its script, GET, or SET NX for an acquire without tokens) in
+    /// one pipelined write. Each call gets
     /// its own answer or error; the whole batch is bounded by the command timeout. On a
     /// cluster, a pipeline may hold one hash slot's keys only: the batch goes as one pipeline
     /// per slot, all at once.
@@ -183,7 +212,7 @@ impl RedisStore {
                         .map(|(&i, reply)| {
                             let answer = decode(&calls[i].call, reply)
                                 .map_err(|e| self.connection.classify_reply(e))?;
-                            match (self.replication, confirmed) {
+                            match (self.grants.replication, confirmed) {
                                 (Some(wanted), Some(confirmed))
                                     if answer.granted() && confirmed < wanted.replicas =>
                                 {
@@ -209,87 +238,115 @@ impl RedisStore {
         answers
     }
 
-    /// Sends the calls at `sent` as one pipeline and reads their replies. Scripts Redis does
-    /// not know (NOSCRIPT, after a restart or SCRIPT FLUSH) are loaded and the calls that
-    /// did not run are sent again in a second round trip, invisibly to callers.
+    /// Sends the calls at `sent` as one pipeline and reads their replies. A call whose reply
+    /// asks for another command goes again in a second pipeline, invisibly to callers: a
+    /// script Redis does not know (NOSCRIPT, after a restart or SCRIPT FLUSH) is loaded first,
+    /// and a plain acquire that found its owner already holding the lease, or that the server
+    /// refused, goes as the acquire script. At most three passes (the script sent in the
+    /// second may itself be unknown).
     ///
-    /// With [`RedisOptions::replication`], a pipeline holding a lease write ends with `WAIT`:
-    /// the second value answered is how many replicas confirmed the writes before it.
+    /// With [`Grants::replication`], a pipeline holding a lease write ends with `WAIT`: the
+    /// second value answered is how many replicas confirmed the writes before it.
     async fn round_trip(
         &self,
         calls: &[Sent],
         sent: &[usize],
         budget: Duration,
     ) -> Result<(Vec<Value>, Option<u32>)> {
-        let wait = self
-            .replication
-            .filter(|_| sent.iter().any(|&i| calls[i].call.grants()));
+        let wait = self.grants.replication;
         self.connection
             .run_within(budget, |mut connection| async move {
-                let mut pipe = redis::pipe();
-                for &i in sent {
-                    self.encode(&calls[i], &mut pipe);
-                }
-                append_wait(&mut pipe, wait);
-                let mut replies = connection
-                    .send_packed_commands(&pipe, 0, pipe.len())
-                    .await?;
-                let mut confirmed = match wait {
-                    Some(_) => replies.pop().map(confirmations),
-                    None => None,
-                };
-                // A script call answered NOSCRIPT did not run. To keep the batch's order, the
-                // retry also repeats the reads after the first one (reads are safe to
-                // repeat), so a read never reports a state from before a write preceding it.
-                let Some(first) = replies.iter().position(is_noscript) else {
-                    return Ok((replies, confirmed));
-                };
-                let missing: Vec<usize> = (first..replies.len())
-                    .filter(|&j| is_noscript(&replies[j]) || lua(&calls[sent[j]].call).is_none())
-                    .collect();
-                let mut retry = redis::pipe();
-                let mut loaded: Vec<&'static str> = Vec::new();
-                for &j in &missing {
-                    if let Some(lua) = lua(&calls[sent[j]].call) {
-                        if !loaded.contains(&lua.source) {
-                            retry.cmd("SCRIPT").arg("LOAD").arg(lua.source);
-                            loaded.push(lua.source);
+                let mut replies: Vec<Value> = Vec::with_capacity(sent.len());
+                let mut scripted = vec![false; sent.len()];
+                let mut plain = vec![false; sent.len()];
+                let mut pending: Vec<usize> = (0..sent.len()).collect();
+                let mut load: Vec<&'static Lua> = Vec::new();
+                let mut confirmed = None;
+                for pass in 0..3 {
+                    let mut pipe = redis::pipe();
+                    for lua in &load {
+                        pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+                    }
+                    for &j in &pending {
+                        plain[j] = self.encode(&calls[sent[j]], scripted[j], &mut pipe);
+                    }
+                    // One WAIT covers every write sent before it on the connection.
+                    let wait_now =
+                        wait.filter(|_| pending.iter().any(|&j| calls[sent[j]].call.grants()));
+                    append_wait(&mut pipe, wait_now);
+                    let mut answers = connection
+                        .send_packed_commands(&pipe, 0, pipe.len())
+                        .await?;
+                    if wait_now.is_some() {
+                        confirmed = answers.pop().map(confirmations);
+                    }
+                    // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that
+                    // follows: the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
+                    let refused = answers
+                        .drain(..load.len())
+                        .find(|reply| matches!(reply, Value::ServerError(_)));
+                    load.clear();
+                    let mut again = Vec::new();
+                    for (&j, mut reply) in pending.iter().zip(answers) {
+                        let call = &calls[sent[j]].call;
+                        if is_noscript(&reply) {
+                            match &refused {
+                                Some(load_error) => reply = load_error.clone(),
+                                None => {
+                                    let lua = lua(call).expect("only scripts answer NOSCRIPT");
+                                    if !load.iter().any(|l| std::ptr::eq(*l, lua)) {
+                                        load.push(lua);
+                                    }
+                                    again.push(j);
+                                }
+                            }
+                        } else if plain[j] && self.acquire_again(call, &reply) {
+                            scripted[j] = true;
+                            again.push(j);
+                        }
+                        if pass == 0 {
+                            replies.push(reply);
+                        } else {
+                            replies[j] = reply;
                         }
                     }
-                }
-                for &j in &missing {
-                    self.encode(&calls[sent[j]], &mut retry);
-                }
-                // The writes sent again need confirming too; one WAIT covers every write
-                // sent before it on the connection.
-                let wait_again =
-                    wait.filter(|_| missing.iter().any(|&j| calls[sent[j]].call.grants()));
-                append_wait(&mut retry, wait_again);
-                let mut again = connection
-                    .send_packed_commands(&retry, 0, retry.len())
-                    .await?;
-                if wait_again.is_some() {
-                    confirmed = again.pop().map(confirmations);
-                }
-                // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
-                // the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
-                let refused = again
-                    .drain(..loaded.len())
-                    .find(|reply| matches!(reply, Value::ServerError(_)));
-                for (&j, reply) in missing.iter().zip(again) {
-                    replies[j] = match &refused {
-                        Some(load_error) if is_noscript(&reply) => load_error.clone(),
-                        _ => reply,
-                    };
+                    // To keep the batch's order, the reads after the first call sent again
+                    // go again too (reads are safe to repeat), so a read never reports a
+                    // state from before a write preceding it.
+                    let Some(&first) = again.first() else { break };
+                    pending = (first..sent.len())
+                        .filter(|j| again.contains(j) || lua(&calls[sent[*j]].call).is_none())
+                        .collect();
                 }
                 Ok((replies, confirmed))
             })
             .await
     }
 
-    /// Appends the one command that performs a call.
-    fn encode(&self, sent: &Sent, pipe: &mut Pipeline) {
+    /// Whether a plain acquire's reply asks for the acquire script: the owner already holds
+    /// the lease (a refresh), or the server refused `SET NX GET` (before Redis 7.0; every
+    /// later acquire then goes as the script).
+    fn acquire_again(&self, call: &Call, reply: &Value) -> bool {
+        let Call::Acquire { owner, .. } = call else {
+            return false;
+        };
+        match reply {
+            Value::BulkString(holder) => holder == owner.as_bytes(),
+            Value::ServerError(err) if err.details().is_some_and(|d| d.contains("syntax")) => {
+                self.plain_acquire.store(false, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends the one command that performs a call; `scripted`: an acquire goes as its
+    /// script even without fencing tokens. `true` when it went as a plain acquire.
+    fn encode(&self, sent: &Sent, scripted: bool, pipe: &mut Pipeline) -> bool {
         let call = &sent.call;
+        // With tokens, a lease's scripts take its token key (and the counter where a token is
+        // taken); without, only what they need of them.
+        let tokens = self.grants.fencing_tokens;
         match call {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
@@ -299,11 +356,21 @@ impl RedisStore {
             Call::Lease { key } => {
                 self.evalsha(pipe, call, key, 2);
             }
+            Call::Acquire { key, owner, ttl_ms }
+                if !tokens && !scripted && self.plain_acquire.load(Ordering::Relaxed) =>
+            {
+                // Answers nil when it claimed the key, else the holder (and writes nothing).
+                let cmd = pipe.cmd("SET").arg(self.layout.lease(key)).arg(owner);
+                cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
+                return true;
+            }
             Call::Acquire { key, owner, ttl_ms } => {
-                self.evalsha(pipe, call, key, 3).arg(owner).arg(*ttl_ms);
+                let n = if tokens { 3 } else { 1 };
+                self.evalsha(pipe, call, key, n).arg(owner).arg(*ttl_ms);
             }
             Call::Renew { key, owner, ttl_ms } => {
-                self.evalsha(pipe, call, key, 2).arg(owner).arg(*ttl_ms);
+                let n = if tokens { 2 } else { 1 };
+                self.evalsha(pipe, call, key, n).arg(owner).arg(*ttl_ms);
             }
             Call::Release { key, owner } => {
                 self.evalsha(pipe, call, key, 2).arg(owner);
@@ -314,10 +381,12 @@ impl RedisStore {
                 to,
                 ttl_ms,
             } => {
-                let cmd = self.evalsha(pipe, call, key, 3).arg(from).arg(to);
+                let n = if tokens { 3 } else { 2 };
+                let cmd = self.evalsha(pipe, call, key, n).arg(from).arg(to);
                 cmd.arg(*ttl_ms).arg(&sent.id);
             }
         }
+        false
     }
 
     /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its token,
@@ -377,7 +446,8 @@ fn lua(call: &Call) -> Option<&'static Lua> {
 /// call's error alone.
 fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
     Ok(match call {
-        Call::Acquire { .. } => {
+        // The acquire script's answer.
+        Call::Acquire { .. } if matches!(reply, Value::Array(_)) => {
             let (acquired, holder, token): (i64, Vec<u8>, Option<u64>) = parse(reply)?;
             Answer::Grant(Grant {
                 acquired: acquired == 1,
@@ -385,6 +455,20 @@ fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
                 token: token.filter(|_| acquired == 1),
             })
         }
+        // A plain `SET NX GET`'s: nil when it claimed the key, else the other holder (the
+        // caller's own goes as the script).
+        Call::Acquire { owner, .. } => match parse::<Option<Vec<u8>>>(reply)? {
+            None => Answer::Grant(Grant {
+                acquired: true,
+                owner: Some(owner.clone()),
+                token: None,
+            }),
+            Some(holder) => Answer::Grant(Grant {
+                acquired: false,
+                owner: Some(text(holder)),
+                token: None,
+            }),
+        },
         Call::Owner { .. } => Answer::Owner(parse::<Option<Vec<u8>>>(reply)?.map(text)),
         Call::Lease { .. } => {
             let lease: Option<(Vec<u8>, i64, Option<u64>)> = parse(reply)?;

@@ -1,22 +1,25 @@
--- Hand a held lease from one owner to another with a fresh TTL and a new token.
+-- Hand a held lease from one owner to another with a fresh TTL (and, with fencing tokens, a
+-- new token).
 -- KEYS[1]  the lease key
 -- KEYS[2]  the lease's token key: "<token>", or "<token>:<transfer id>" after a transfer
--- KEYS[3]  the slot's token counter
+--          (":<transfer id>" without fencing tokens)
+-- KEYS[3]  with fencing tokens: the slot's token counter
 -- ARGV[1]  fromOwner
 -- ARGV[2]  toOwner
 -- ARGV[3]  ttl in milliseconds
 -- ARGV[4]  this transfer's id, the same on every send of it
 -- Returns  1 when toOwner now holds the lease, 0 when fromOwner no longer held it.
 -- Atomically: the key is overwritten in place, never deleted, so no other owner can claim
--- it in between. The new holder gets the counter's next token, so a resource that checks
--- tokens refuses the old holder's late writes. The token key remembers the transfer's id:
--- the same transfer run again (its reply was lost with a connection, or a cluster client
--- sent it again after a redirect) finds it and answers 1 again, refreshing the TTL; any
--- other transfer that finds toOwner already holding the lease answers 0.
+-- it in between. With tokens, the new holder gets the counter's next token, so a resource
+-- that checks tokens refuses the old holder's late writes. The token key remembers the
+-- transfer's id, tokens or not: the same transfer run again (its reply was lost with a
+-- connection, or a cluster client sent it again after a reconnect) finds it and answers 1
+-- again, refreshing the TTL; any other transfer that finds toOwner already holding the lease
+-- answers 0.
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  local token = redis.call('INCR', KEYS[3])
+  local token = #KEYS > 2 and redis.call('INCR', KEYS[3]) or ''
   redis.call('SET', KEYS[2], token .. ':' .. ARGV[4], 'PX', ARGV[3])
   return 1
 end

@@ -11,7 +11,7 @@ mod types;
 use std::time::Duration;
 
 use super::js::{self, Env, Value};
-use crate::core::lease::redis::Replication;
+use crate::core::lease::redis::Grants;
 use crate::core::lease::TTL_CEILING_MS;
 use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
 use crate::core::{Error, Limits, RedisOptions};
@@ -55,12 +55,12 @@ pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
 pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
     let options = Options::new(env, value, "RedisLeaseProvider")?;
     let connection = options.connection()?;
-    let replication = options.replication(connection.command_timeout)?;
+    let grants = options.grants(connection.command_timeout)?;
     let read = RedisOptions {
         connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or_else(default_prefix),
         limits: options.limits()?,
-        replication,
+        grants,
     };
     let logger = options.logger()?;
     options.finish()?;
@@ -71,9 +71,9 @@ pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option
 pub struct Streams {
     /// The transport's options, without the logger.
     pub transport: StreamsOptions,
-    /// The lease store's limits and failover-safe grants.
+    /// The lease store's limits, and how it writes grants.
     pub limits: Limits,
-    pub replication: Option<Replication>,
+    pub grants: Grants,
     /// The logger object, if any.
     pub logger: Option<Value>,
 }
@@ -87,7 +87,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
         .whole("maxStreamLength", 0, MAX_COUNT)?
         .unwrap_or(d.max_len);
     let connection = options.connection()?;
-    let replication = options.replication(connection.command_timeout)?;
+    let grants = options.grants(connection.command_timeout)?;
     let transport = StreamsOptions {
         connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or(d.key_prefix),
@@ -126,7 +126,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
     Ok(Streams {
         transport,
         limits,
-        replication,
+        grants,
         logger,
     })
 }

@@ -163,6 +163,18 @@ impl Options {
         }
     }
 
+    pub(super) fn flag(&self, name: &'static str) -> Read<Option<bool>> {
+        match self.get(name)? {
+            Some((value, ValueType::napi_boolean)) => Ok(Some(js::bool_value(self.env, value))),
+            Some((_, kind)) => Err(Error::option(
+                InputErrorKind::Type,
+                format!("{name} must be a boolean, got {}", type_name(kind)),
+            )
+            .into()),
+            None => Ok(None),
+        }
+    }
+
     pub(super) fn string(&self, name: &'static str) -> Read<Option<String>> {
         match self.get(name)? {
             Some((value, kind)) => self.text(value, kind, name).map(Some),

@@ -119,6 +119,10 @@ pub struct RedisLeaseProviderOptions {
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
     pub replica_timeout_ms: Option<f64>,
+    /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
+    /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
+    /// acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+    pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
     /// roots).
     #[napi(ts_type = "TlsOptions")]
@@ -179,6 +183,10 @@ pub struct RedisStreamsOptions {
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
     pub replica_timeout_ms: Option<f64>,
+    /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
+    /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
+    /// acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+    pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL, for every connection. Default:
     /// none (the platform's roots).
     #[napi(ts_type = "TlsOptions")]
