@@ -195,7 +195,8 @@ export interface LeaseGrant {
   /**
    * When `acquired`: the lease's fencing token, a safe integer greater than every token
    * granted before for the key (a refresh by the holder keeps it). Hand it to the
-   * resource the lease guards, which refuses writes carrying a lower one.
+   * resource the lease guards, which refuses writes carrying a lower one. Absent with
+   * `fencingTokens: false`.
    */
   token?: number
 }
@@ -205,8 +206,8 @@ export interface LeaseState {
   /** The holder. */
   owner: string
   /**
-   * Its fencing token (absent for a lease another client wrote, until its holder
-   * acquires it through this package).
+   * Its fencing token (absent for a lease granted without one, with `fencingTokens:
+   * false` or by another client, until its holder acquires it with tokens).
    */
   token?: number
   /** Milliseconds left before it expires. */
@@ -283,7 +284,8 @@ export interface RedisLeaseProviderOptions {
   /**
    * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
    * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-   * acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+   * acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
+   * use the same.
    */
   fencingTokens?: boolean
   /**
@@ -363,7 +365,8 @@ export interface RedisStreamsOptions {
   /**
    * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
    * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-   * acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+   * acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
+   * use the same.
    */
   fencingTokens?: boolean
   /**

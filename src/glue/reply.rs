@@ -88,7 +88,8 @@ pub struct LeaseGrant {
     pub owner: Option<String>,
     /// When `acquired`: the lease's fencing token, a safe integer greater than every token
     /// granted before for the key (a refresh by the holder keeps it). Hand it to the
-    /// resource the lease guards, which refuses writes carrying a lower one.
+    /// resource the lease guards, which refuses writes carrying a lower one. Absent with
+    /// `fencingTokens: false`.
     pub token: Option<f64>,
 }
 
@@ -97,8 +98,8 @@ pub struct LeaseGrant {
 pub struct LeaseState {
     /// The holder.
     pub owner: String,
-    /// Its fencing token (absent for a lease another client wrote, until its holder
-    /// acquires it through this package).
+    /// Its fencing token (absent for a lease granted without one, with `fencingTokens:
+    /// false` or by another client, until its holder acquires it with tokens).
     pub token: Option<f64>,
     /// Milliseconds left before it expires.
     pub ttl_ms: f64,

@@ -121,7 +121,8 @@ pub struct RedisLeaseProviderOptions {
     pub replica_timeout_ms: Option<f64>,
     /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
     /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-    /// acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+    /// acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
+    /// use the same.
     pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
     /// roots).
@@ -185,7 +186,8 @@ pub struct RedisStreamsOptions {
     pub replica_timeout_ms: Option<f64>,
     /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
     /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-    /// acquire a plain `SET NX`, which costs Redis about half as much; a fleet must agree.
+    /// acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
+    /// use the same.
     pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL, for every connection. Default:
     /// none (the platform's roots).
