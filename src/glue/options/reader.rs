@@ -163,6 +163,7 @@ impl Options {
         }
     }
 
+    /// A boolean option; anything else (a string `"false"`, a number) is refused.
     pub(super) fn flag(&self, name: &'static str) -> Read<Option<bool>> {
         match self.get(name)? {
             Some((value, ValueType::napi_boolean)) => Ok(Some(js::bool_value(self.env, value))),
