@@ -112,6 +112,27 @@ describe('tokens against Redis itself', () => {
     expect((await p.getLease(key))!.token).toBe(grant.token)
   })
 
+  it('a lease Mastra’s own backend moved or granted again never reads with the token of the grant before', async () => {
+    const prefix = `fence-foreign-move:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const key = uniqueKey()
+    const leaseKey = `${prefix}:lease:${key}`
+    const a = await p.acquireLease(key, 'A', 60_000)
+    // Mastra's backend transfers by overwriting the lease key alone: B must not read as
+    // holding A's token, and B's refresh through us takes a greater one.
+    await server.cli('SET', leaseKey, 'B', 'PX', 60_000)
+    expect(await p.getLease(key)).toEqual({ owner: 'B', token: undefined, ttlMs: expect.any(Number) })
+    const b = await p.acquireLease(key, 'B', 60_000)
+    expect(b.token).toBeGreaterThan(a.token!)
+    expect((await p.getLease(key))!.token).toBe(b.token)
+    // Its release deletes the lease key alone; C then claims through it.
+    await server.cli('DEL', leaseKey)
+    await server.cli('SET', leaseKey, 'C', 'PX', 60_000)
+    expect(await p.getLease(key)).toEqual({ owner: 'C', token: undefined, ttlMs: expect.any(Number) })
+    expect(await p.transferLease(key, 'C', 'D', 60_000)).toBe(true)
+    expect((await p.getLease(key))!.token).toBeGreaterThan(b.token!)
+  })
+
   it.skipIf(EXTERNAL_REDIS)('tokens keep growing across a kill -9 and restart with appendonly yes and appendfsync always', async () => {
     const durable = stopLater(await startRedis({ args: ['--appendonly', 'yes', '--appendfsync', 'always'] }))
     const prefix = `fence-durable:${RUN}`

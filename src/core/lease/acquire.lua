@@ -1,8 +1,8 @@
 -- Claim a lease, or refresh it for the owner that already holds it.
 -- KEYS[1]  the lease key (<keyPrefix>:lease:<key>), a string holding the owner
 -- KEYS[2]  with fencing tokens: the lease's token key (<keyPrefix>:fence:{<tag>}:<key>), same
---          expiry, holding "<token>", "<token>:<transfer id>" or, after a transfer without
---          tokens, ":<transfer id>"
+--          expiry, holding "<token>:<transfer id>:<holder>" (the id empty but after a
+--          transfer, the token empty after a transfer without tokens)
 -- KEYS[3]  with fencing tokens: the slot's token counter (<keyPrefix>:fence:{<tag>}), never
 --          expires
 -- ARGV[1]  owner
@@ -12,8 +12,9 @@
 -- Atomically: the read of the holder and the write that claims or refreshes the key happen
 -- as one step, so two owners can never both be told they hold it. A claim takes the next
 -- token of the counter, so it is greater than every token granted before for the key; a
--- refresh keeps the lease's token (and gives one to a lease that has none: one granted
--- without tokens, or written by another client).
+-- refresh keeps the lease's token. A token key naming another holder is a leftover of a grant
+-- written without it (by Mastra's own backend, which moves or frees the lease key alone): the
+-- refresh then takes a new token, as it does for a lease without one.
 local holder = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if type(holder) == 'table' then
   -- Before Redis 7.0, SET takes NX or GET, not both (any other error comes back below).
@@ -31,13 +32,19 @@ end
 if #KEYS == 1 then
   return {1, ARGV[1], false}
 end
+local token, id, named
 local fence = holder and redis.call('GET', KEYS[2])
-local token = fence and string.match(fence, '^%d+')
-if token then
+if fence then
+  token, id, named = string.match(fence, '^(%d*):([^:]*):(.*)$')
+end
+if named ~= ARGV[1] then
+  token, id = nil, ''
+end
+if token and token ~= '' then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 else
   -- A transfer's id stays, so the same transfer sent again still finds it.
   token = redis.call('INCR', KEYS[3])
-  redis.call('SET', KEYS[2], token .. (fence or ''), 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], token .. ':' .. id .. ':' .. ARGV[1], 'PX', ARGV[2])
 end
 return {1, ARGV[1], tonumber(token)}

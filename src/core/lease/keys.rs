@@ -1,7 +1,9 @@
 //! Where a lease lives in Redis: its key, its fencing token, and the counter tokens come from.
 //!
 //! - `<keyPrefix>:lease:<key>`: the owner, with a PX expiry. Mastra's own backend's layout.
-//! - `<keyPrefix>:fence:{<tag>}:<key>`: the token of the live lease, with the same expiry.
+//! - `<keyPrefix>:fence:{<tag>}:<key>`: the token of the live lease, with the same expiry, as
+//!   `<token>:<transfer id>:<holder>`; naming its holder, it is never read as the token of a
+//!   grant another client wrote to the lease key alone.
 //! - `<keyPrefix>:fence:{<tag>}`: the counter every token of that hash slot comes from; it
 //!   never expires, so a token is greater than every one granted before for the key.
 //!

@@ -2,11 +2,19 @@
 -- KEYS[1]  the lease key
 -- KEYS[2]  the lease's token key
 -- Returns  {owner, pttl, token} (token false when the lease has none: one granted without
---          fencing tokens, or written by another client), or false when no lease is live.
+--          fencing tokens, or by another client), or false when no lease is live.
 -- Atomically: the three reads see one moment, so the token is the owner's.
 local owner = redis.call('GET', KEYS[1])
 if not owner then
   return false
 end
-local token = redis.call('GET', KEYS[2])
-return {owner, redis.call('PTTL', KEYS[1]), token and tonumber(string.match(token, '^%d+')) or false}
+-- A token key naming another holder is a leftover of a grant written without it.
+local fence = redis.call('GET', KEYS[2])
+local token, _, named
+if fence then
+  token, _, named = string.match(fence, '^(%d*):([^:]*):(.*)$')
+end
+if named ~= owner or token == '' then
+  token = nil
+end
+return {owner, redis.call('PTTL', KEYS[1]), token and tonumber(token) or false}

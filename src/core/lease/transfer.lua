@@ -1,8 +1,8 @@
 -- Hand a held lease from one owner to another with a fresh TTL (and, with fencing tokens, a
 -- new token).
 -- KEYS[1]  the lease key
--- KEYS[2]  the lease's token key: "<token>", or "<token>:<transfer id>" after a transfer
---          (":<transfer id>" without fencing tokens)
+-- KEYS[2]  the lease's token key: "<token>:<transfer id>:<holder>" (the token empty without
+--          fencing tokens)
 -- KEYS[3]  with fencing tokens: the slot's token counter
 -- ARGV[1]  fromOwner
 -- ARGV[2]  toOwner
@@ -20,12 +20,16 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   local token = #KEYS > 2 and redis.call('INCR', KEYS[3]) or ''
-  redis.call('SET', KEYS[2], token .. ':' .. ARGV[4], 'PX', ARGV[3])
+  redis.call('SET', KEYS[2], token .. ':' .. ARGV[4] .. ':' .. ARGV[2], 'PX', ARGV[3])
   return 1
 end
 if current == ARGV[2] then
   local fence = redis.call('GET', KEYS[2])
-  if fence and string.match(fence, ':(.*)$') == ARGV[4] then
+  local _, id, named
+  if fence then
+    _, id, named = string.match(fence, '^(%d*):([^:]*):(.*)$')
+  end
+  if id == ARGV[4] and named == ARGV[2] then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     redis.call('PEXPIRE', KEYS[2], ARGV[3])
     return 1
