@@ -52,6 +52,13 @@ export declare class MemoryLeaseProvider {
    * After a transfer, the new holder learns its fencing token here.
    */
   getLease(key: string): Promise<LeaseState | undefined>
+  /**
+   * What this provider's lease calls came to since it was made (closed or not):
+   * calls per method, rejections per error code, grants (acquires that left the
+   * caller holding the lease, transfers), refusals (acquires answered with another
+   * owner) and lost leases (renewals answered `false`). For a health endpoint.
+   */
+  stats(): LeaseStats
 }
 
 /**
@@ -105,6 +112,13 @@ export declare class RedisLeaseProvider {
    * After a transfer, the new holder learns its fencing token here.
    */
   getLease(key: string): Promise<LeaseState | undefined>
+  /**
+   * What this provider's lease calls came to since it was made (closed or not):
+   * calls per method, rejections per error code, grants (acquires that left the
+   * caller holding the lease, transfers), refusals (acquires answered with another
+   * owner) and lost leases (renewals answered `false`). For a health endpoint.
+   */
+  stats(): LeaseStats
 }
 
 /** Mastra's PubSub over Redis Streams, in Rust. Used through `RedisStreamsPubSub`. */
@@ -186,6 +200,16 @@ export interface ClusterOptions {
   password?: string
 }
 
+/** Calls made per lease method. */
+export interface LeaseCalls {
+  acquireLease: number
+  getLeaseOwner: number
+  getLease: number
+  releaseLease: number
+  renewLease: number
+  transferLease: number
+}
+
 /** What `acquireLease` resolves to. */
 export interface LeaseGrant {
   /** `true` when the caller holds the lease after the call. */
@@ -212,6 +236,20 @@ export interface LeaseState {
   token?: number
   /** Milliseconds left before it expires. */
   ttlMs: number
+}
+
+/** What `stats()` returns: a provider's lease calls since it was made. */
+export interface LeaseStats {
+  /** Calls made per method, rejected ones included. */
+  calls: LeaseCalls
+  /** Rejected calls per error code (`ERR_LEASE_TIMEOUT`, `ERR_LEASE_INVALID_KEY`, ...). */
+  errors: Record<string, number>
+  /** Acquires that left the caller holding the lease, and transfers that moved it. */
+  granted: number
+  /** Acquires answered with another owner. */
+  refused: number
+  /** Renewals answered `false`: the caller had lost the lease. */
+  lost: number
 }
 
 /** Options of `new MemoryLeaseProvider(options?)`. */

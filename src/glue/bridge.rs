@@ -12,6 +12,7 @@ use super::inbox::Inbox;
 use super::js::{Deferred, Env, Value};
 use super::reply::{guarded, Reply};
 use super::turn::Outbox;
+use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, LeaseStore};
 
 /// The most calls sent as one pipeline.
@@ -28,29 +29,32 @@ fn pipeline_size(n: usize) -> usize {
     }
 }
 
-/// One provider's outbox, the store its calls run on, and its way back.
+/// One provider's outbox, the store its calls run on, its way back, and its counters.
 pub struct Bridge<S> {
     store: Arc<S>,
     inbox: Arc<Inbox>,
     /// Calls made since the last flush, waiting for the end of this turn of JavaScript.
-    outbox: Outbox<(Deferred, Call)>,
+    outbox: Outbox<(Deferred, Operation, Call)>,
+    stats: Arc<Stats>,
 }
 
 impl<S: LeaseStore + 'static> Bridge<S> {
-    /// A bridge to `store`, with a fresh inbox.
-    pub fn new(env: Env, store: Arc<S>) -> napi::Result<Arc<Self>> {
+    /// A bridge to `store`, with a fresh inbox, counting its calls' outcomes in `stats`.
+    pub fn new(env: Env, store: Arc<S>, stats: Arc<Stats>) -> napi::Result<Arc<Self>> {
         Ok(Arc::new(Self {
             store,
             inbox: Inbox::new(env)?,
             outbox: Outbox::default(),
+            stats,
         }))
     }
 
     /// On the JavaScript thread: queues `call` and answers its promise. The first call of a
     /// turn schedules the flush that sends the whole turn's calls together.
-    pub fn submit(self: &Arc<Self>, env: Env, call: Call) -> Value {
+    pub fn submit(self: &Arc<Self>, env: Env, operation: Operation, call: Call) -> Value {
         let (deferred, promise) = self.inbox.promise(env);
-        self.outbox.push(env, (deferred, call), self, Self::flush);
+        self.outbox
+            .push(env, (deferred, operation, call), self, Self::flush);
         promise
     }
 
@@ -59,13 +63,20 @@ impl<S: LeaseStore + 'static> Bridge<S> {
     /// run, while Redis still works on the rest, instead of everyone waiting for the last
     /// reply of one big batch.
     fn flush(self: &Arc<Self>) {
-        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _)| d) else {
+        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _, _)| d) else {
             return;
         };
         let size = pipeline_size(batch.len());
         let mut batch = batch.into_iter().peekable();
         while batch.peek().is_some() {
-            let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.by_ref().take(size).unzip();
+            let mut deferreds = Vec::with_capacity(size);
+            let mut operations = Vec::with_capacity(size);
+            let mut calls = Vec::with_capacity(size);
+            for (deferred, operation, call) in batch.by_ref().take(size) {
+                deferreds.push(deferred);
+                operations.push(operation);
+                calls.push(call);
+            }
             let bridge = self.clone();
             runtime.spawn(async move {
                 let count = calls.len();
@@ -75,6 +86,9 @@ impl<S: LeaseStore + 'static> Bridge<S> {
                 answers.resize_with(count, || {
                     Err(Error::Internal("a call went unanswered".into()))
                 });
+                for (&operation, answer) in operations.iter().zip(&answers) {
+                    bridge.stats.record(operation, answer.as_ref());
+                }
                 let outcomes = deferreds
                     .into_iter()
                     .zip(answers)

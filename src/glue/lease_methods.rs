@@ -3,9 +3,9 @@
 //! Each checks its arguments (`args.rs`) and hands the call to its class's `submit`, which
 //! answers a closed provider or bad input at once and runs the rest in the class's store.
 
-/// Adds `acquireLease`, `getLeaseOwner`, `releaseLease`, `renewLease`, `transferLease` and
-/// `getLease` to a `#[napi]` class that has `fn submit(&self, env, call: Result<Call>) ->
-/// Unknown`.
+/// Adds `acquireLease`, `getLeaseOwner`, `releaseLease`, `renewLease`, `transferLease`,
+/// `getLease` and `stats` to a `#[napi]` class that has `fn submit(&self, env, operation,
+/// call: Result<Call>) -> Unknown` and a `stats: Arc<Stats>` field.
 macro_rules! lease_methods {
     ($class:ident) => {
         #[napi]
@@ -26,10 +26,8 @@ macro_rules! lease_methods {
                 ttl_ms: Unknown<'env>,
             ) -> Unknown<'env> {
                 let e = env.raw();
-                self.submit(
-                    env,
-                    args::acquire_lease(e, key.raw(), owner.raw(), ttl_ms.raw()),
-                )
+                let call = args::acquire_lease(e, key.raw(), owner.raw(), ttl_ms.raw());
+                self.submit(env, Operation::AcquireLease, call)
             }
 
             /// The owner holding a live lease on `key`, or `undefined`.
@@ -43,7 +41,8 @@ macro_rules! lease_methods {
                 env: &'env Env,
                 key: Unknown<'env>,
             ) -> Unknown<'env> {
-                self.submit(env, args::get_lease_owner(env.raw(), key.raw()))
+                let call = args::get_lease_owner(env.raw(), key.raw());
+                self.submit(env, Operation::GetLeaseOwner, call)
             }
 
             /// Releases the lease if `owner` holds it; otherwise does nothing.
@@ -58,7 +57,8 @@ macro_rules! lease_methods {
                 key: Unknown<'env>,
                 owner: Unknown<'env>,
             ) -> Unknown<'env> {
-                self.submit(env, args::release_lease(env.raw(), key.raw(), owner.raw()))
+                let call = args::release_lease(env.raw(), key.raw(), owner.raw());
+                self.submit(env, Operation::ReleaseLease, call)
             }
 
             /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`;
@@ -76,10 +76,8 @@ macro_rules! lease_methods {
                 ttl_ms: Unknown<'env>,
             ) -> Unknown<'env> {
                 let e = env.raw();
-                self.submit(
-                    env,
-                    args::renew_lease(e, key.raw(), owner.raw(), ttl_ms.raw()),
-                )
+                let call = args::renew_lease(e, key.raw(), owner.raw(), ttl_ms.raw());
+                self.submit(env, Operation::RenewLease, call)
             }
 
             /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically
@@ -101,7 +99,7 @@ macro_rules! lease_methods {
                 let (e, ttl_ms) = (env.raw(), ttl_ms.raw());
                 let call =
                     args::transfer_lease(e, key.raw(), from_owner.raw(), to_owner.raw(), ttl_ms);
-                self.submit(env, call)
+                self.submit(env, Operation::TransferLease, call)
             }
 
             /// The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
@@ -112,7 +110,20 @@ macro_rules! lease_methods {
                 ts_return_type = "Promise<LeaseState | undefined>"
             )]
             pub fn get_lease<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
-                self.submit(env, args::get_lease(env.raw(), key.raw()))
+                self.submit(
+                    env,
+                    Operation::GetLease,
+                    args::get_lease(env.raw(), key.raw()),
+                )
+            }
+
+            /// What this provider's lease calls came to since it was made (closed or not):
+            /// calls per method, rejections per error code, grants (acquires that left the
+            /// caller holding the lease, transfers), refusals (acquires answered with another
+            /// owner) and lost leases (renewals answered `false`). For a health endpoint.
+            #[napi(catch_unwind)]
+            pub fn stats(&self) -> LeaseStats {
+                LeaseStats::from(self.stats.snapshot())
             }
         }
     };

@@ -13,9 +13,10 @@ use super::args;
 use super::js;
 use super::lease_methods::lease_methods;
 use super::options;
-use super::reply::{catching, resolved, settled, Reply};
+use super::reply::{catching, resolved, settled, LeaseStats, Reply};
 use super::tsfn::Tsfn;
 use super::{runtime, unknown};
+use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, MemoryStore, Result, Subject};
 
 /// How often expired leases nobody touches are swept out of memory.
@@ -31,6 +32,7 @@ const SWEEP_CHUNK: usize = 10_000;
 #[napi]
 pub struct MemoryLeaseProvider {
     store: Option<Arc<MemoryStore>>,
+    stats: Arc<Stats>,
 }
 
 #[napi]
@@ -49,7 +51,10 @@ impl MemoryLeaseProvider {
             Ok(store)
         });
         match built {
-            Ok(store) => Ok(Self { store: Some(store) }),
+            Ok(store) => Ok(Self {
+                store: Some(store),
+                stats: Arc::default(),
+            }),
             Err(err) => {
                 err.throw(raw);
                 Err(napi::Error::from_status(napi::Status::PendingException))
@@ -76,12 +81,18 @@ impl MemoryLeaseProvider {
     }
 
     /// Answers a checked call on the spot; a closed provider or bad input is answered too.
-    fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
+    fn submit<'env>(
+        &self,
+        env: &'env Env,
+        operation: Operation,
+        call: Result<Call>,
+    ) -> Unknown<'env> {
         let outcome = match &self.store {
             None => Err(Error::Closed(Subject::LeaseProvider)),
-            Some(store) => call.and_then(|call| catching(|| store.apply(&call).map(Reply::Answer))),
+            Some(store) => call.and_then(|call| catching(|| store.apply(&call))),
         };
-        unknown(env, settled(env.raw(), outcome))
+        self.stats.record(operation, outcome.as_ref());
+        unknown(env, settled(env.raw(), outcome.map(Reply::Answer)))
     }
 }
 

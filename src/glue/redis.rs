@@ -11,8 +11,9 @@ use super::bridge::Bridge;
 use super::lease_methods::lease_methods;
 use super::log::JsLog;
 use super::options;
-use super::reply::{resolved, settled};
+use super::reply::{resolved, settled, LeaseStats};
 use super::{runtime, unknown};
+use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, RedisStore, Result, Subject};
 
 /// Leases in Redis, one atomic Lua script and one round trip per call.
@@ -26,6 +27,7 @@ pub struct RedisLeaseProvider {
     bridge: Option<Arc<Bridge<RedisStore>>>,
     /// What its calls after `close()` say is closed.
     subject: Subject,
+    stats: Arc<Stats>,
 }
 
 #[napi]
@@ -55,10 +57,14 @@ impl RedisLeaseProvider {
                 Ok(store)
             });
         match store {
-            Ok(store) => Ok(Self {
-                bridge: Some(Bridge::new(raw, Arc::new(store))?),
-                subject: Subject::LeaseProvider,
-            }),
+            Ok(store) => {
+                let stats = Arc::<Stats>::default();
+                Ok(Self {
+                    bridge: Some(Bridge::new(raw, Arc::new(store), stats.clone())?),
+                    subject: Subject::LeaseProvider,
+                    stats,
+                })
+            }
             Err(err) => {
                 err.throw(raw);
                 Err(napi::Error::from_status(napi::Status::PendingException))
@@ -69,9 +75,11 @@ impl RedisLeaseProvider {
     /// A provider over a store that already exists (the one sharing a streams transport's
     /// connection): its calls after `close()` say the streams pubsub is closed.
     pub(super) fn over(env: &Env, store: Arc<RedisStore>) -> napi::Result<Self> {
+        let stats = Arc::<Stats>::default();
         Ok(Self {
-            bridge: Some(Bridge::new(env.raw(), store)?),
+            bridge: Some(Bridge::new(env.raw(), store, stats.clone())?),
             subject: Subject::StreamsPubSub,
+            stats,
         })
     }
 
@@ -84,12 +92,21 @@ impl RedisLeaseProvider {
     }
 
     /// Hands a checked call to the bridge; a closed provider or bad input is answered at once.
-    fn submit<'env>(&self, env: &'env Env, call: Result<Call>) -> Unknown<'env> {
+    fn submit<'env>(
+        &self,
+        env: &'env Env,
+        operation: Operation,
+        call: Result<Call>,
+    ) -> Unknown<'env> {
         let e = env.raw();
+        let refused = |err: Error| {
+            self.stats.record(operation, Err(&err));
+            settled(e, Err(err))
+        };
         let promise = match (&self.bridge, call) {
-            (None, _) => settled(e, Err(Error::Closed(self.subject))),
-            (Some(_), Err(err)) => settled(e, Err(err)),
-            (Some(bridge), Ok(call)) => bridge.submit(e, call),
+            (None, _) => refused(Error::Closed(self.subject)),
+            (Some(_), Err(err)) => refused(err),
+            (Some(bridge), Ok(call)) => bridge.submit(e, operation, call),
         };
         unknown(env, promise)
     }

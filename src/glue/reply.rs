@@ -104,3 +104,55 @@ pub struct LeaseState {
     /// Milliseconds left before it expires.
     pub ttl_ms: f64,
 }
+
+/// Calls made per lease method.
+#[napi_derive::napi(object)]
+pub struct LeaseCalls {
+    pub acquire_lease: f64,
+    pub get_lease_owner: f64,
+    pub get_lease: f64,
+    pub release_lease: f64,
+    pub renew_lease: f64,
+    pub transfer_lease: f64,
+}
+
+/// What `stats()` returns: a provider's lease calls since it was made.
+#[napi_derive::napi(object)]
+pub struct LeaseStats {
+    /// Calls made per method, rejected ones included.
+    pub calls: LeaseCalls,
+    /// Rejected calls per error code (`ERR_LEASE_TIMEOUT`, `ERR_LEASE_INVALID_KEY`, ...).
+    #[napi(ts_type = "Record<string, number>")]
+    pub errors: std::collections::HashMap<String, f64>,
+    /// Acquires that left the caller holding the lease, and transfers that moved it.
+    pub granted: f64,
+    /// Acquires answered with another owner.
+    pub refused: f64,
+    /// Renewals answered `false`: the caller had lost the lease.
+    pub lost: f64,
+}
+
+impl From<crate::core::lease::stats::Snapshot> for LeaseStats {
+    fn from(s: crate::core::lease::stats::Snapshot) -> Self {
+        let [acquire_lease, get_lease_owner, get_lease, release_lease, renew_lease, transfer_lease] =
+            s.calls.map(|n| n as f64);
+        Self {
+            calls: LeaseCalls {
+                acquire_lease,
+                get_lease_owner,
+                get_lease,
+                release_lease,
+                renew_lease,
+                transfer_lease,
+            },
+            errors: s
+                .errors
+                .into_iter()
+                .map(|(code, n)| (code.to_owned(), n as f64))
+                .collect(),
+            granted: s.granted as f64,
+            refused: s.refused as f64,
+            lost: s.lost as f64,
+        }
+    }
+}

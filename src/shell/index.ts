@@ -6,7 +6,9 @@ import '../../platform-check.cjs'
 export { MemoryLeaseProvider, RedisLeaseProvider } from '../../index.js'
 export type {
   LeaseGrant,
+  LeaseCalls,
   LeaseState,
+  LeaseStats,
   MemoryLeaseProviderOptions,
   RedisLeaseProviderOptions,
   RedisStreamsOptions,

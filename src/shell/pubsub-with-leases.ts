@@ -1,10 +1,19 @@
 import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
-import type { LeaseGrant, LeaseState } from '../../index.js'
+import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
 
-/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`. */
-type FencingLeaseProvider = LeaseProvider & { getLease(key: string): Promise<LeaseState | undefined> }
+/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`. */
+type FencingLeaseProvider = LeaseProvider & {
+  getLease(key: string): Promise<LeaseState | undefined>
+  stats(): LeaseStats
+}
+
+/** The error for a method only this package's lease providers have. */
+function unsupported(method: string): TypeError {
+  const error = new TypeError(`${method}: the lease provider has none (it is not a mastra-lease provider)`)
+  return Object.assign(error, { code: 'ERR_LEASE_UNSUPPORTED' })
+}
 
 /**
  * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods, `getLease`, and
@@ -31,11 +40,18 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
    */
   getLease(key: string): Promise<LeaseState | undefined> {
     const leases = this.leases as Partial<FencingLeaseProvider>
-    if (typeof leases.getLease !== 'function') {
-      const error = new TypeError('getLease: the lease provider has none (it is not a mastra-lease provider)')
-      return Promise.reject(Object.assign(error, { code: 'ERR_LEASE_UNSUPPORTED' }))
-    }
+    if (typeof leases.getLease !== 'function') return Promise.reject(unsupported('getLease'))
     return leases.getLease(key)
+  }
+
+  /**
+   * What the lease provider's calls came to since it was made (see `RedisLeaseProvider`'s
+   * `stats()`); throws `ERR_LEASE_UNSUPPORTED` when it is not one of this package's.
+   */
+  stats(): LeaseStats {
+    const leases = this.leases as Partial<FencingLeaseProvider>
+    if (typeof leases.stats !== 'function') throw unsupported('stats')
+    return leases.stats()
   }
 
   getLeaseOwner(key: string): Promise<string | undefined> {

@@ -6,6 +6,7 @@ pub mod memory;
 #[cfg(test)]
 mod props;
 pub mod redis;
+pub mod stats;
 
 use std::future::Future;
 

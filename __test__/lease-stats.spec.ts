@@ -1,0 +1,113 @@
+// stats(): what a provider's lease calls came to since it was made, counted the same way by
+// every provider: calls per method (rejected ones included), rejections per error code,
+// grants, refusals and lost leases. Closing does not reset it; a frozen Redis shows up as
+// ERR_LEASE_TIMEOUT.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import { randomUUID } from 'node:crypto'
+
+import { EventEmitterPubSub } from '@mastra/core/events'
+import { beforeAll, describe, expect, it } from 'vitest'
+
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type LeaseStats } from '../dist/esm/index.js'
+import { expectRejection } from './helpers/lease.js'
+import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+
+leaseSuite()
+
+let server: RedisServer
+beforeAll(async () => {
+  server = stopLater(await startRedis())
+})
+
+type Counted = {
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<unknown>
+  getLeaseOwner(key: string): Promise<unknown>
+  getLease(key: string): Promise<unknown>
+  releaseLease(key: string, owner: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
+  transferLease(key: string, from: string, to: string, ttlMs: number): Promise<boolean>
+  stats(): LeaseStats
+  close(): Promise<void>
+}
+
+const providers: Array<[string, () => Counted]> = [
+  ['MemoryLeaseProvider', () => new MemoryLeaseProvider()],
+  ['RedisLeaseProvider', () => new RedisLeaseProvider({ url: server.url, keyPrefix: `stats:${RUN}` })],
+  ['RedisStreamsPubSub', () => new RedisStreamsPubSub({ url: server.url, keyPrefix: `stats-streams:${RUN}` })],
+  ['withLeases(…, RedisLeaseProvider)', () => {
+    const leases = new RedisLeaseProvider({ url: server.url, keyPrefix: `stats-with:${RUN}` })
+    const pubsub = withLeases(new EventEmitterPubSub(), leases)
+    const closeTransport = pubsub.close.bind(pubsub)
+    return Object.assign(pubsub, { close: async () => { await closeTransport(); await leases.close() } })
+  }],
+]
+
+const calls = (counts: Partial<LeaseStats['calls']>): LeaseStats['calls'] => ({
+  acquireLease: 0, getLeaseOwner: 0, getLease: 0, releaseLease: 0, renewLease: 0, transferLease: 0, ...counts,
+})
+
+describe.each(providers)('%s', (_name, make) => {
+  it('counts every call once, with how it ended, and keeps counting after close', async () => {
+    const p = make()
+    const key = `stats-${randomUUID().slice(0, 8)}\u0000thread`
+    expect(p.stats()).toEqual({ calls: calls({}), errors: {}, granted: 0, refused: 0, lost: 0 })
+
+    await p.acquireLease(key, 'A', 60_000) // granted
+    await p.acquireLease(key, 'B', 60_000) // refused
+    await p.renewLease(key, 'A', 60_000)
+    expect(await p.renewLease(key, 'B', 60_000)).toBe(false) // lost
+    await p.getLeaseOwner(key)
+    await p.getLease(key)
+    await p.transferLease(key, 'A', 'C', 60_000) // granted
+    await p.releaseLease(key, 'C')
+    await expectRejection(() => p.acquireLease('', 'A', 60_000), RangeError, 'ERR_LEASE_INVALID_KEY')
+    await expectRejection(() => p.renewLease(key, 'A', -1), RangeError, 'ERR_LEASE_INVALID_TTL')
+    await expectRejection(() => p.renewLease(key, 'A', 0.5), RangeError, 'ERR_LEASE_INVALID_TTL')
+    expect(p.stats()).toEqual({
+      calls: calls({ acquireLease: 3, getLeaseOwner: 1, getLease: 1, releaseLease: 1, renewLease: 4, transferLease: 1 }),
+      errors: { ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2 },
+      granted: 2,
+      refused: 1,
+      lost: 1,
+    })
+
+    await p.close()
+    await expectRejection(() => p.getLeaseOwner(key), Error, 'ERR_LEASE_CLOSED')
+    const after = p.stats()
+    expect(after.calls.getLeaseOwner).toBe(2)
+    expect(after.errors).toEqual({ ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2, ERR_LEASE_CLOSED: 1 })
+  })
+})
+
+describe('stats() where Redis fails', () => {
+  it.skipIf(EXTERNAL_REDIS)('a frozen server: the calls that time out are counted under ERR_LEASE_TIMEOUT, never as refusals or lost leases', async () => {
+    const frozen = stopLater(await startRedis())
+    const p = closing(new RedisLeaseProvider({ url: frozen.url, keyPrefix: `stats-frozen:${RUN}`, commandTimeoutMs: 300 }))
+    await p.acquireLease('k', 'A', 60_000)
+    frozen.freeze()
+    try {
+      await Promise.all([
+        expectRejection(() => p.renewLease('k', 'A', 60_000), Error, 'ERR_LEASE_TIMEOUT'),
+        expectRejection(() => p.acquireLease('k', 'B', 60_000), Error, 'ERR_LEASE_TIMEOUT'),
+      ])
+    } finally {
+      frozen.thaw()
+    }
+    expect(p.stats()).toEqual({
+      calls: calls({ acquireLease: 2, renewLease: 1 }),
+      errors: { ERR_LEASE_TIMEOUT: 2 },
+      granted: 1,
+      refused: 0,
+      lost: 0,
+    })
+  })
+
+  it("withLeases over a provider that is not this package's: stats() throws ERR_LEASE_UNSUPPORTED", () => {
+    const foreign = new EventEmitterPubSub()
+    const pubsub = withLeases(new EventEmitterPubSub(), foreign as never)
+    expect(() => pubsub.stats()).toThrow(TypeError)
+    expect(() => pubsub.stats()).toThrow(expect.objectContaining({ code: 'ERR_LEASE_UNSUPPORTED' }))
+  })
+})

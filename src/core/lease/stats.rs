@@ -1,0 +1,122 @@
+//! What a provider's lease calls came to since it was made: calls per operation, errors per
+//! code, grants, refusals and renewals that found the lease lost. For a health endpoint that
+//! has no OpenTelemetry; counting costs a few relaxed atomic adds per call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::Answer;
+use crate::core::{lock, Error};
+
+/// A lease method, in the order [`Snapshot::calls`] counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    AcquireLease,
+    GetLeaseOwner,
+    GetLease,
+    ReleaseLease,
+    RenewLease,
+    TransferLease,
+}
+
+/// The counters of one provider.
+#[derive(Debug, Default)]
+pub struct Stats {
+    calls: [AtomicU64; 6],
+    granted: AtomicU64,
+    refused: AtomicU64,
+    lost: AtomicU64,
+    /// Calls that rejected, per error code, in the order the codes first came.
+    errors: Mutex<Vec<(&'static str, u64)>>,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Calls made, per operation (in [`Operation`]'s order), rejected ones included.
+    pub calls: [u64; 6],
+    /// Grants: acquires that left the caller holding the lease, and transfers that moved it.
+    pub granted: u64,
+    /// Acquires answered with another owner.
+    pub refused: u64,
+    /// Renewals answered `false`: the caller had lost the lease.
+    pub lost: u64,
+    /// Rejected calls per error code.
+    pub errors: Vec<(&'static str, u64)>,
+}
+
+impl Stats {
+    /// Counts one call of `operation` and how it ended.
+    pub fn record(&self, operation: Operation, outcome: Result<&Answer, &Error>) {
+        self.calls[operation as usize].fetch_add(1, Ordering::Relaxed);
+        let counter = match outcome {
+            Ok(Answer::Grant(grant)) if grant.acquired => &self.granted,
+            Ok(Answer::Grant(_)) => &self.refused,
+            Ok(Answer::Transferred(true)) => &self.granted,
+            Ok(Answer::Renewed(false)) => &self.lost,
+            Ok(_) => return,
+            Err(err) => {
+                let code = err.code();
+                let mut errors = lock(&self.errors);
+                match errors.iter_mut().find(|(c, _)| *c == code) {
+                    Some((_, n)) => *n += 1,
+                    None => errors.push((code, 1)),
+                }
+                return;
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            calls: std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed)),
+            granted: self.granted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            errors: lock(&self.errors).clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::lease::Grant;
+
+    #[test]
+    fn every_call_is_counted_once_with_how_it_ended() {
+        let stats = Stats::default();
+        let grant = |acquired| {
+            Answer::Grant(Grant {
+                acquired,
+                owner: Some("a".into()),
+                token: None,
+            })
+        };
+        stats.record(Operation::AcquireLease, Ok(&grant(true)));
+        stats.record(Operation::AcquireLease, Ok(&grant(false)));
+        stats.record(Operation::RenewLease, Ok(&Answer::Renewed(false)));
+        stats.record(Operation::RenewLease, Ok(&Answer::Renewed(true)));
+        stats.record(Operation::TransferLease, Ok(&Answer::Transferred(true)));
+        stats.record(
+            Operation::GetLeaseOwner,
+            Err(&Error::Timeout(Default::default())),
+        );
+        stats.record(
+            Operation::ReleaseLease,
+            Err(&Error::Timeout(Default::default())),
+        );
+        assert_eq!(
+            stats.snapshot(),
+            Snapshot {
+                calls: [2, 1, 0, 1, 2, 1],
+                granted: 2,
+                refused: 1,
+                lost: 1,
+                errors: vec![("ERR_LEASE_TIMEOUT", 2)],
+            }
+        );
+    }
+}
