@@ -24,6 +24,11 @@ export declare class MemoryLeaseProvider {
    * `ERR_LEASE_CLOSED`. Idempotent.
    */
   close(): Promise<void>
+  /**
+   * Resolves 0 (milliseconds: there is no server to reach), or rejects with
+   * `ERR_LEASE_CLOSED` once closed; the same health check as `RedisLeaseProvider`'s.
+   */
+  ping(): Promise<number>
   /** Leases resident in memory, expired ones not yet swept included (0 once closed). */
   get size(): number
   /**
@@ -86,6 +91,12 @@ export declare class RedisLeaseProvider {
    * still settle. Idempotent. Leases stay in Redis until they expire or are released.
    */
   close(): Promise<void>
+  /**
+   * A round trip to Redis (`PING`), connecting if need be: resolves how long it took, in
+   * milliseconds; rejects like a lease call (`ERR_LEASE_TIMEOUT` within
+   * `commandTimeoutMs`, `ERR_LEASE_CONNECTION`, `ERR_LEASE_CLOSED`, ...). For a health check.
+   */
+  ping(): Promise<number>
   /**
    * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
    * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the

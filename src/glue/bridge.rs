@@ -49,6 +49,20 @@ impl<S: LeaseStore + 'static> Bridge<S> {
         }))
     }
 
+    /// The store the calls run on.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// On the JavaScript thread: a promise settled by `work`, run on the runtime.
+    pub fn spawn(
+        &self,
+        env: Env,
+        work: impl std::future::Future<Output = super::reply::Outcome> + Send + 'static,
+    ) -> Value {
+        self.inbox.spawn(env, work)
+    }
+
     /// On the JavaScript thread: queues `call` and answers its promise. The first call of a
     /// turn schedules the flush that sends the whole turn's calls together.
     pub fn submit(self: &Arc<Self>, env: Env, operation: Operation, call: Call) -> Value {

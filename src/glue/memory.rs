@@ -72,6 +72,17 @@ impl MemoryLeaseProvider {
         unknown(env, resolved(env.raw()))
     }
 
+    /// Resolves 0 (milliseconds: there is no server to reach), or rejects with
+    /// `ERR_LEASE_CLOSED` once closed; the same health check as `RedisLeaseProvider`'s.
+    #[napi(catch_unwind, ts_return_type = "Promise<number>")]
+    pub fn ping<'env>(&self, env: &'env Env) -> Unknown<'env> {
+        let outcome = match &self.store {
+            None => Err(Error::Closed(Subject::LeaseProvider)),
+            Some(_) => Ok(Reply::Number(0.0)),
+        };
+        unknown(env, settled(env.raw(), outcome))
+    }
+
     /// Leases resident in memory, expired ones not yet swept included (0 once closed).
     #[napi(getter, catch_unwind)]
     pub fn size(&self) -> u32 {

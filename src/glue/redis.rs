@@ -11,7 +11,7 @@ use super::bridge::Bridge;
 use super::lease_methods::lease_methods;
 use super::log::JsLog;
 use super::options;
-use super::reply::{resolved, settled, LeaseStats};
+use super::reply::{resolved, settled, LeaseStats, Reply};
 use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, RedisStore, Result, Subject};
@@ -89,6 +89,25 @@ impl RedisLeaseProvider {
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         self.bridge = None;
         unknown(env, resolved(env.raw()))
+    }
+
+    /// A round trip to Redis (`PING`), connecting if need be: resolves how long it took, in
+    /// milliseconds; rejects like a lease call (`ERR_LEASE_TIMEOUT` within
+    /// `commandTimeoutMs`, `ERR_LEASE_CONNECTION`, `ERR_LEASE_CLOSED`, ...). For a health check.
+    #[napi(catch_unwind, ts_return_type = "Promise<number>")]
+    pub fn ping<'env>(&self, env: &'env Env) -> Unknown<'env> {
+        let e = env.raw();
+        let promise = match &self.bridge {
+            None => settled(e, Err(Error::Closed(self.subject))),
+            Some(bridge) => {
+                let store = bridge.store().clone();
+                bridge.spawn(e, async move {
+                    let took = store.connection().ping().await?;
+                    Ok(Reply::Number(took.as_secs_f64() * 1000.0))
+                })
+            }
+        };
+        unknown(env, promise)
     }
 
     /// Hands a checked call to the bridge; a closed provider or bad input is answered at once.

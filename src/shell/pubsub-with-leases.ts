@@ -3,10 +3,11 @@ import type { LeaseProvider } from '@mastra/core/events'
 
 import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
 
-/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`. */
+/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
 type FencingLeaseProvider = LeaseProvider & {
   getLease(key: string): Promise<LeaseState | undefined>
   stats(): LeaseStats
+  ping(): Promise<number>
 }
 
 /** The error for a method only this package's lease providers have. */
@@ -42,6 +43,17 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     const leases = this.leases as Partial<FencingLeaseProvider>
     if (typeof leases.getLease !== 'function') return Promise.reject(unsupported('getLease'))
     return leases.getLease(key)
+  }
+
+  /**
+   * A round trip to the lease provider's Redis, in milliseconds (0 in memory), settling
+   * within `commandTimeoutMs`; rejects with `ERR_LEASE_UNSUPPORTED` when the provider is not
+   * one of this package's.
+   */
+  ping(): Promise<number> {
+    const leases = this.leases as Partial<FencingLeaseProvider>
+    if (typeof leases.ping !== 'function') return Promise.reject(unsupported('ping'))
+    return leases.ping()
   }
 
   /**

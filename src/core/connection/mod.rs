@@ -202,6 +202,23 @@ impl Connection {
         self.timeout
     }
 
+    /// A round trip to the server (`PING`; on a cluster, to one of its nodes), connecting if
+    /// need be: how long it took. Settles within the command timeout, as every call does; a
+    /// server that cannot be reached, or refuses the command, is the call's error.
+    pub async fn ping(&self) -> Result<Duration> {
+        let started = std::time::Instant::now();
+        let mut replies = self
+            .run_within(self.timeout, |mut link| async move {
+                let mut pipe = redis::pipe();
+                pipe.cmd("PING");
+                link.send_packed_commands(&pipe, 0, 1).await
+            })
+            .await?;
+        let reply = replies.pop().unwrap_or(Value::Nil);
+        parse::<String>(reply).map_err(|err| self.classify_reply(err))?;
+        Ok(started.elapsed())
+    }
+
     /// Whether a key's hash slot decides the node a command goes to (a Redis Cluster): a
     /// pipeline must then hold the keys of one slot only.
     pub fn is_cluster(&self) -> bool {

@@ -1,7 +1,7 @@
-// stats(): what a provider's lease calls came to since it was made, counted the same way by
-// every provider: calls per method (rejected ones included), rejections per error code,
-// grants, refusals and lost leases. Closing does not reset it; a frozen Redis shows up as
-// ERR_LEASE_TIMEOUT.
+// The health-check methods. stats(): what a provider's lease calls came to since it was made,
+// counted the same way by every provider: calls per method (rejected ones included),
+// rejections per error code, grants, refusals and lost leases. Closing does not reset it; a
+// frozen Redis shows up as ERR_LEASE_TIMEOUT. ping(): a round trip, bounded like every call.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { randomUUID } from 'node:crypto'
@@ -29,6 +29,7 @@ type Counted = {
   renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
   transferLease(key: string, from: string, to: string, ttlMs: number): Promise<boolean>
   stats(): LeaseStats
+  ping(): Promise<number>
   close(): Promise<void>
 }
 
@@ -81,7 +82,42 @@ describe.each(providers)('%s', (_name, make) => {
   })
 })
 
-describe('stats() where Redis fails', () => {
+describe.each(providers)('%s: ping()', (name, make) => {
+  it('resolves the round trip in milliseconds, counts as no lease call, and rejects with ERR_LEASE_CLOSED once closed', async () => {
+    const p = make()
+    const took = await p.ping()
+    expect(typeof took).toBe('number')
+    if (name === 'MemoryLeaseProvider') expect(took).toBe(0)
+    else expect(took).toBeGreaterThan(0)
+    expect(took).toBeLessThan(2_000)
+    expect(Object.values(p.stats().calls).every((n) => n === 0)).toBe(true)
+    await p.close()
+    await expectRejection(() => p.ping(), Error, 'ERR_LEASE_CLOSED')
+  })
+})
+
+describe('where Redis fails', () => {
+  it.skipIf(EXTERNAL_REDIS)('ping() on a frozen server rejects with ERR_LEASE_TIMEOUT within commandTimeoutMs, and answers again once thawed', async () => {
+    const frozen = stopLater(await startRedis())
+    const p = closing(new RedisLeaseProvider({ url: frozen.url, keyPrefix: `ping-frozen:${RUN}`, commandTimeoutMs: 300 }))
+    await p.ping()
+    frozen.freeze()
+    const started = performance.now()
+    try {
+      await expectRejection(() => p.ping(), Error, 'ERR_LEASE_TIMEOUT')
+    } finally {
+      frozen.thaw()
+    }
+    expect(performance.now() - started).toBeLessThan(300 + 700)
+    expect(await p.ping()).toBeGreaterThan(0)
+  })
+
+  it('ping() to nothing listening rejects with ERR_LEASE_CONNECTION or ERR_LEASE_TIMEOUT, never resolves', async () => {
+    const p = closing(new RedisLeaseProvider({ url: 'redis://127.0.0.1:1', commandTimeoutMs: 300, connectTimeoutMs: 200 }))
+    const error = await p.ping().then(() => undefined, (err: { code?: string }) => err)
+    expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT']).toContain(error?.code)
+  })
+
   it.skipIf(EXTERNAL_REDIS)('a frozen server: the calls that time out are counted under ERR_LEASE_TIMEOUT, never as refusals or lost leases', async () => {
     const frozen = stopLater(await startRedis())
     const p = closing(new RedisLeaseProvider({ url: frozen.url, keyPrefix: `stats-frozen:${RUN}`, commandTimeoutMs: 300 }))
@@ -104,10 +140,11 @@ describe('stats() where Redis fails', () => {
     })
   })
 
-  it("withLeases over a provider that is not this package's: stats() throws ERR_LEASE_UNSUPPORTED", () => {
+  it("withLeases over a provider that is not this package's: stats() throws and ping() rejects with ERR_LEASE_UNSUPPORTED", async () => {
     const foreign = new EventEmitterPubSub()
     const pubsub = withLeases(new EventEmitterPubSub(), foreign as never)
     expect(() => pubsub.stats()).toThrow(TypeError)
     expect(() => pubsub.stats()).toThrow(expect.objectContaining({ code: 'ERR_LEASE_UNSUPPORTED' }))
+    await expectRejection(() => pubsub.ping(), TypeError, 'ERR_LEASE_UNSUPPORTED')
   })
 })
