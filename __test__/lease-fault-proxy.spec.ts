@@ -70,6 +70,24 @@ async function warmScripts(p: Lease) {
   await p.releaseLease(key, 'w2')
 }
 
+/**
+ * With the proxy dropping replies: waits until the calls of `inFlight` ran in Redis, resets
+ * the connection under them and heals the proxy. Each must then answer `expected`, what its
+ * first run made true, within the bound timed from the moment the calls were made.
+ */
+async function resetUnder(proxy: FaultProxy, droppedBefore: number, inFlight: Array<[string, Promise<unknown>, unknown]>) {
+  const checks = Promise.all(
+    inFlight.map(async ([name, call, expected]) => {
+      const r = await settleWithin(call, BOUND + 1_000)
+      expect(r.status === 'fulfilled' ? r.value : `rejected: ${String(r.reason)}`, `${name} in flight at the reset`).toEqual(expected)
+    }),
+  )
+  await untilDropped(proxy, droppedBefore, inFlight.length)
+  expect(proxy.reset(), 'the provider’s connection was reset').toBeGreaterThanOrEqual(1)
+  proxy.pass()
+  await checks
+}
+
 /** `promise` rejects with one of `codes` within `bound` ms: never a value, never hanging. */
 async function expectCodedRejection(label: string, promise: Promise<unknown>, codes: string[], bound = BOUND) {
   const r = await settleWithin(promise, bound + 3_000)
@@ -182,17 +200,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
       ['releaseLease', p.releaseLease('mid-3', held(3)), undefined],
       ['getLeaseOwner', p.getLeaseOwner('mid-0'), held(0)],
     ]
-    // Timed from the moment the calls were made.
-    const checks = Promise.all(
-      inFlight.map(async ([name, call, expected]) => {
-        const r = await settleWithin(call, BOUND + 1_000)
-        expect(r.status === 'fulfilled' ? r.value : `rejected: ${String(r.reason)}`, `${name} in flight at the reset`).toEqual(expected)
-      }),
-    )
-    await untilDropped(proxy, before, inFlight.length)
-    expect(proxy.reset(), 'the provider’s connection was reset').toBeGreaterThanOrEqual(1)
-    proxy.pass()
-    await checks
+    await resetUnder(proxy, before, inFlight)
     // Not vacuous: all five ran twice, on both sides of the reset.
     const calls1 = await redis.commandCalls()
     const ran = (c: string) => (calls1[c] ?? 0) - (calls0[c] ?? 0)
@@ -301,16 +309,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
       ['refresh', p.acquireLease('held', 'H', LONG), { acquired: true, owner: 'H' }],
       ['refusal', p.acquireLease('held', 'intruder', LONG), { acquired: false, owner: 'H' }],
     ]
-    const checks = Promise.all(
-      inFlight.map(async ([name, call, expected]) => {
-        const r = await settleWithin(call, BOUND + 1_000)
-        expect(r.status === 'fulfilled' ? r.value : `rejected: ${String(r.reason)}`, `${name} in flight at the reset`).toEqual(expected)
-      }),
-    )
-    await untilDropped(proxy, before, inFlight.length)
-    expect(proxy.reset(), 'the provider’s connection was reset').toBeGreaterThanOrEqual(1)
-    proxy.pass()
-    await checks
+    await resetUnder(proxy, before, inFlight)
     // Not vacuous: the three SETs ran on both sides of the reset; the script only after it,
     // for the claim and the refresh (the first run's reply never came back to ask for it).
     const calls1 = await redis.commandCalls()

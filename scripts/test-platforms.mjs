@@ -151,8 +151,8 @@ function registryNode(spec) {
 }
 
 /**
- * The command that runs the npm registry's Windows Node under wine, in a wine prefix of its own
- * under target/ that reports Windows 10 (Node refuses older).
+ * The command line that runs the npm registry's Windows Node under wine, in a wine prefix of
+ * its own under target/ that reports Windows 10 (Node refuses older).
  */
 function wineNode() {
   if (spawnSync('wine', ['--version']).status !== 0) throw new Error('wine is not installed (apt-get install wine wine64)')
@@ -185,8 +185,7 @@ BOOL WINAPI ProcessPrng(PBYTE data, SIZE_T length) {
     )
     sh('x86_64-w64-mingw32-gcc', ['-shared', '-O2', '-o', shim, source, '-ladvapi32'])
   }
-  Object.assign(process.env, { WINEPREFIX: prefix, WINEDEBUG: '-all' })
-  return ['wine', node]
+  return ['env', `WINEPREFIX=${prefix}`, 'WINEDEBUG=-all', 'wine', node]
 }
 
 const port = await freePort()

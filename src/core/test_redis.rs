@@ -59,6 +59,17 @@ impl Server {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Calls of `command` so far, from `INFO commandstats` (commands scripts ran included).
+    pub fn calls(&self, command: &str) -> u64 {
+        let stats = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     /// Sends a signal (`-STOP` freezes the server, `-CONT` thaws it).
     pub fn signal(&self, signal: &str) {
         Command::new("kill")

@@ -292,17 +292,6 @@ fn untokened(server: &Server) -> RedisStore {
     store
 }
 
-/// Calls per command, from `INFO commandstats`.
-fn calls(server: &Server, command: &str) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 #[tokio::test]
 async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the_script_for_good() {
     let server = Server::start("lease-plain-fallback");
@@ -311,7 +300,7 @@ async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the
         store.execute_one(acquire("k", "a", 10_000)).await.unwrap(),
         grant(true, "a", None)
     );
-    assert_eq!(calls(&server, "evalsha"), 0, "a claim is one plain SET");
+    assert_eq!(server.calls("evalsha"), 0, "a claim is one plain SET");
     // What a server before Redis 7.0 answers to SET with both NX and GET.
     let refused = redis::parse_redis_value(b"-ERR syntax error\r\n").unwrap();
     assert!(store.acquire_again(&acquire("j", "b", 10_000), &refused));
@@ -324,8 +313,8 @@ async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the
         grant(false, "b", None)
     );
     // Every acquire now goes as the script (the first met NOSCRIPT and went again).
-    assert_eq!(calls(&server, "evalsha"), 3);
-    assert_eq!(calls(&server, "set"), 1 + 2);
+    assert_eq!(server.calls("evalsha"), 3);
+    assert_eq!(server.calls("set"), 1 + 2);
     // Any other error is the call's own, and changes nothing.
     let wrong_type = redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n").unwrap();
     assert!(!untokened(&server).acquire_again(&acquire("j", "b", 10_000), &wrong_type));

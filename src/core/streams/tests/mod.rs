@@ -150,14 +150,3 @@ async fn eventually(ms: u64, what: &str, mut done: impl FnMut() -> bool) {
 fn clients(server: &Server) -> usize {
     server.cli(&["CLIENT", "LIST"]).lines().count() - 1
 }
-
-/// Calls of `command` so far, from `INFO commandstats`.
-fn calls(server: &Server, command: &str) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}

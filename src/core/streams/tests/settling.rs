@@ -189,9 +189,9 @@ async fn ack_all_sends_one_xack_per_consumer() {
         }
     }
     assert_eq!(batch[0].ack().await, Settled::Acked); // the first settle counts
-    let before = calls(&server, "xack");
+    let before = server.calls("xack");
     let answers = Delivery::ack_all(&batch).await;
-    assert_eq!(calls(&server, "xack") - before, 2, "one XACK per group");
+    assert_eq!(server.calls("xack") - before, 2, "one XACK per group");
     assert_eq!(answers[0], Settled::Already);
     assert!(
         answers[1..].iter().all(|a| *a == Settled::Acked),
