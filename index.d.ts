@@ -10,63 +10,6 @@
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
 /**
- * Leases in this process's memory: correct for one process (all its async callers and
- * `worker_threads` that share the object), not across processes.
- *
- * Same five methods as `RedisLeaseProvider`; calls are answered on the spot, with no
- * thread hop. Time is a monotonic clock, so wall-clock changes never move a deadline.
- */
-export declare class MemoryLeaseProvider {
-  /** Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options. */
-  constructor(options?: MemoryLeaseProviderOptions | undefined | null)
-  /**
-   * Drops every lease and stops taking calls; later calls reject with
-   * `ERR_LEASE_CLOSED`. Idempotent.
-   */
-  close(): Promise<void>
-  /**
-   * Resolves 0 (milliseconds: there is no server to reach), or rejects with
-   * `ERR_LEASE_CLOSED` once closed; the same health check as `RedisLeaseProvider`'s.
-   */
-  ping(): Promise<number>
-  /** Leases resident in memory, expired ones not yet swept included (0 once closed). */
-  get size(): number
-  /**
-   * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-   * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
-   * lease's fencing token), or `{ acquired: false, owner: holder }`.
-   */
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant>
-  /** The owner holding a live lease on `key`, or `undefined`. */
-  getLeaseOwner(key: string): Promise<string | undefined>
-  /** Releases the lease if `owner` holds it; otherwise does nothing. */
-  releaseLease(key: string, owner: string): Promise<void>
-  /**
-   * Extends the lease to `ttlMs` from now if `owner` still holds it: `true`;
-   * `false` when it was lost. Never brings an expired lease back.
-   */
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
-  /**
-   * Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically
-   * and without the key ever being free: `true`; `false` when `fromOwner` no longer
-   * held it.
-   */
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
-  /**
-   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
-   * After a transfer, the new holder learns its fencing token here.
-   */
-  getLease(key: string): Promise<LeaseState | undefined>
-  /**
-   * What this provider's lease calls came to since it was made (closed or not):
-   * calls per method, rejections per error code, grants (acquires that left the
-   * caller holding the lease, transfers), refusals (acquires answered with another
-   * owner) and lost leases (renewals answered `false`). For a health endpoint.
-   */
-  stats(): LeaseStats
-}
-
-/**
  * Leases in Redis, one atomic Lua script and one round trip per call.
  *
  * Has exactly the five methods of Mastra's `LeaseProvider`, so `isLeaseProvider()` from
@@ -271,6 +214,25 @@ export interface MemoryLeaseProviderOptions {
   maxOwnerBytes?: number
   /** Longest TTL accepted, in milliseconds. Default 86 400 000 (one day). */
   maxTtlMs?: number
+}
+
+/**
+ * Makes a table of leases in this process's memory, enforcing `options`' limits, and answers
+ * an object of functions bound to it: the lease calls (`acquireLease`, ...), `close`,
+ * `ping`, `size` and `stats`. Each answers synchronously or throws the coded error the
+ * provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
+ */
+export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | undefined | null): {
+  acquireLease(key: string, owner: string, ttlMs: number): number | string
+  getLeaseOwner(key: string): string | undefined
+  getLease(key: string): LeaseState | undefined
+  releaseLease(key: string, owner: string): void
+  renewLease(key: string, owner: string, ttlMs: number): boolean
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): boolean
+  close(): void
+  ping(): number
+  size(): number
+  stats(): LeaseStats
 }
 
 /**

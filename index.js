@@ -835,6 +835,6 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
-module.exports.MemoryLeaseProvider = nativeBinding.MemoryLeaseProvider
 module.exports.RedisLeaseProvider = nativeBinding.RedisLeaseProvider
 module.exports.RedisStreamsTransport = nativeBinding.RedisStreamsTransport
+module.exports.memoryLeaseTable = nativeBinding.memoryLeaseTable

@@ -10,7 +10,7 @@ import path from 'node:path'
 
 import { beforeAll, describe, expect, it, type TestContext } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider } from '../dist/esm/index.js'
 import { monotonicNow } from './helpers/lease-history.js'
 import { LeaseChild, leaseInRedis, leaseSuite, msBetween, msToNs, RUN, stopLater, tempDirs, timed, untilMono, type Grant, type Timed } from './helpers/lease-runs.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'

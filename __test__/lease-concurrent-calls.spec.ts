@@ -5,8 +5,7 @@ import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, whi
 
 import { beforeAll, describe, expect, it, type TestContext } from 'vitest'
 
-import { RedisStreamsPubSub } from '../dist/esm/index.js'
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { bindLeases, checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseLike, type LeaseOperation } from './helpers/lease-history.js'
 import { closing, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'

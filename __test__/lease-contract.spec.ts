@@ -3,7 +3,7 @@
 import { randomUUID } from 'node:crypto'
 import { afterAll, beforeAll, describe } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider } from '../dist/esm/index.js'
 import { describeLeaseContract } from './helpers/lease-contract.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'
 

@@ -9,8 +9,7 @@ import { randomUUID } from 'node:crypto'
 
 import { beforeAll, describe, expect, it } from 'vitest'
 
-import { RedisStreamsPubSub } from '../dist/esm/index.js'
-import { MemoryLeaseProvider, RedisLeaseProvider, type LeaseState } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type LeaseState } from '../dist/esm/index.js'
 import { sleep } from './helpers/lease.js'
 import { closing, LeaseChild, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'

@@ -22,8 +22,7 @@ import { randomUUID } from 'node:crypto'
 import fc from 'fast-check'
 import { afterEach, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
-import { RedisStreamsPubSub } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import type { LeaseApi } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 

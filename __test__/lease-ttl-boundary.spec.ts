@@ -6,7 +6,7 @@ import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, whi
 
 import { beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider } from '../dist/esm/index.js'
 import { bindLeases, checkLeaseHistory, describeOverlaps, recordLeases, type HistoryReport, type LeaseLike, type LeaseOperation } from './helpers/lease-history.js'
 import { closing, leaseInRedis, leaseSuite, msBetween, msToNs, RUN, stopLater, timed, untilMono } from './helpers/lease-runs.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'

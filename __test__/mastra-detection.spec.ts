@@ -3,7 +3,7 @@
 import { isLeaseProvider, type LeaseProvider } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider } from '../dist/esm/index.js'
 import { LEASE_METHODS, uniqueKey } from './helpers/lease.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'
 

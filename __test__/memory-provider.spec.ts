@@ -6,7 +6,7 @@ import path from 'node:path'
 
 import { afterEach, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider } from '../index.js'
+import { MemoryLeaseProvider } from '../dist/esm/index.js'
 import { sleep, uniqueKey } from './helpers/lease.js'
 
 const LONG = 60_000

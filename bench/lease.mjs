@@ -2,7 +2,7 @@
 // same scripts, Mastra's algorithm on node-redis, redis-benchmark and Mastra's in-memory
 // EventEmitterPubSub. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count; REDIS_URL=redis://... uses an existing server;
-// BENCH_NATIVE=/abs/path.js loads another build instead of ../index.js.
+// BENCH_PACKAGE=/abs/path.js loads another build of the package instead of ../dist/cjs/index.js.
 import { execFile } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -114,9 +114,9 @@ async function nodeRedis(Cls, prefix) {
 
 let native = null, nativeError = null;
 try {
-  native = createRequire(import.meta.url)(process.env.BENCH_NATIVE ?? '../index.js');
+  native = createRequire(import.meta.url)(process.env.BENCH_PACKAGE ?? '../dist/cjs/index.js');
   if (typeof native.RedisLeaseProvider !== 'function' || typeof native.MemoryLeaseProvider !== 'function') {
-    throw new Error('index.js does not export RedisLeaseProvider and MemoryLeaseProvider');
+    throw new Error('the package does not export RedisLeaseProvider and MemoryLeaseProvider');
   }
 } catch (e) { native = null; nativeError = e; }
 

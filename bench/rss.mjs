@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { EventEmitterPubSub } from '@mastra/core/events';
 import { SCALE, setupRedis } from './harness.mjs';
 
-const native = createRequire(import.meta.url)(process.env.BENCH_NATIVE ?? '../index.js');
+const native = createRequire(import.meta.url)(process.env.BENCH_PACKAGE ?? '../dist/cjs/index.js');
 const TOTAL = Math.max(2_000_000, Math.round(10_000_000 * SCALE));
 const SAMPLES = [100_000, 1_000_000, TOTAL];
 const IN_FLIGHT = 64;

@@ -29,3 +29,6 @@ pub use glue::options::{
     RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 pub use glue::reply::{LeaseGrant, LeaseState};
+// The in-memory table's constructor is a plain function; the rlib exports it so it stays
+// reachable in test builds, where napi-derive registers nothing.
+pub use glue::memory::memory_lease_table;

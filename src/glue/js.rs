@@ -12,6 +12,10 @@ use crate::core::{Error, ErrorClass};
 
 pub type Env = sys::napi_env;
 pub type Value = sys::napi_value;
+/// A function N-API calls: what `napi_create_function` takes.
+pub type Callback = unsafe extern "C" fn(Env, sys::napi_callback_info) -> Value;
+/// What runs when the garbage collector frees an object: what `napi_add_finalizer` takes.
+pub type Finalizer = unsafe extern "C" fn(Env, *mut std::ffi::c_void, *mut std::ffi::c_void);
 
 /// A promise's resolver, carried through other threads as an opaque token and used only
 /// back on the JavaScript thread that made it.
@@ -42,17 +46,21 @@ pub enum StringError {
 /// instead of silently becoming U+FFFD. Short strings take one N-API call.
 pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     const STACK: usize = 256;
-    let mut stack = [0u16; STACK];
+    // Not zeroed first: N-API writes the units it reports, and only those are read.
+    let mut stack = std::mem::MaybeUninit::<[u16; STACK]>::uninit();
     let mut copied = 0usize;
     // SAFETY: the buffer holds STACK units; N-API writes at most STACK - 1 plus a NUL.
     let status = unsafe {
-        sys::napi_get_value_string_utf16(env, value, stack.as_mut_ptr(), STACK, &mut copied)
+        let buffer = stack.as_mut_ptr().cast::<u16>();
+        sys::napi_get_value_string_utf16(env, value, buffer, STACK, &mut copied)
     };
     if status != sys::Status::napi_ok {
         return Err(StringError::Unreadable);
     }
     if copied < STACK - 1 {
-        return String::from_utf16(&stack[..copied]).map_err(|_| StringError::LoneSurrogate);
+        // SAFETY: N-API wrote the first `copied` units (fewer than STACK).
+        let units = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u16>(), copied) };
+        return String::from_utf16(units).map_err(|_| StringError::LoneSurrogate);
     }
     // Possibly truncated: ask for the length and read it whole.
     let mut len = 0usize;
@@ -254,6 +262,61 @@ pub fn number_value(env: Env, value: f64) -> Value {
     // SAFETY: plain value creation on the JavaScript thread.
     unsafe { sys::napi_create_double(env, value, &mut out) };
     out
+}
+
+/// A new empty object.
+pub fn object(env: Env) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain object creation on the JavaScript thread.
+    unsafe { sys::napi_create_object(env, &mut out) };
+    out
+}
+
+/// Sets `object[name] = value`.
+pub fn set_property(env: Env, object: Value, name: &std::ffi::CStr, value: Value) {
+    // SAFETY: object and value are live values of this environment; name is NUL-terminated.
+    unsafe { sys::napi_set_named_property(env, object, name.as_ptr(), value) };
+}
+
+/// A function named `name` that runs `callback` with `data` (read back by [`callback_args`]);
+/// `finalize` runs with `data` once the function is garbage-collected.
+pub fn function(
+    env: Env,
+    name: &std::ffi::CStr,
+    callback: Callback,
+    data: *mut std::ffi::c_void,
+    finalize: Finalizer,
+) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: name is NUL-terminated (length -1 says so); data stays valid until `finalize`.
+    unsafe {
+        sys::napi_create_function(env, name.as_ptr(), -1, Some(callback), data, &mut out);
+        sys::napi_add_finalizer(
+            env,
+            out,
+            data,
+            Some(finalize),
+            ptr::null_mut(),
+            ptr::null_mut(),
+        );
+    }
+    out
+}
+
+/// Inside a [`function`]'s callback: its `data`, and its first `N` arguments (`undefined`
+/// for those not passed).
+pub fn callback_args<const N: usize>(
+    env: Env,
+    info: sys::napi_callback_info,
+) -> (*mut std::ffi::c_void, [Value; N]) {
+    let mut args = [ptr::null_mut(); N];
+    let mut count = N;
+    let mut data = ptr::null_mut();
+    let this = ptr::null_mut();
+    // SAFETY: info is the current call's; args holds `count` slots, which N-API fills
+    // (with `undefined` past the arguments given).
+    unsafe { sys::napi_get_cb_info(env, info, &mut count, args.as_mut_ptr(), this, &mut data) };
+    (data, args)
 }
 
 /// A JavaScript array holding `items`.

@@ -1,125 +1,309 @@
-//! `MemoryLeaseProvider`: leases in this process's memory, the embedded default.
+//! `memoryLeaseTable()`: the in-memory store behind the shell's `MemoryLeaseProvider`.
+//!
+//! Its functions answer on the spot, with no thread hop, and synchronously: the shell makes
+//! the promise and the `acquireLease` object in JavaScript, where both cost a fraction of
+//! what they cost through N-API. They are plain functions bound to their table (not class
+//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping: together about
+//! three quarters of an in-memory call (measured in `docs/benchmarks.md`).
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use napi::bindgen_prelude::{Env, Unknown};
-use napi::JsValue;
+use napi::bindgen_prelude::{Env, ToNapiValue, Unknown};
+use napi::{sys, JsValue};
 use napi_derive::napi;
 
 use super::args;
-use super::js;
-use super::lease_methods::lease_methods;
+use super::js::{self, Value};
 use super::options;
-use super::reply::{catching, resolved, settled, LeaseStats, Reply};
+use super::reply::{catching, LeaseStats};
 use super::tsfn::Tsfn;
 use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
-use crate::core::{Call, Error, MemoryStore, Result, Subject};
+use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};
 
 /// How often expired leases nobody touches are swept out of memory.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// Leases reclaimed per hold of the table's lock during a sweep.
 const SWEEP_CHUNK: usize = 10_000;
 
-/// Leases in this process's memory: correct for one process (all its async callers and
-/// `worker_threads` that share the object), not across processes.
-///
-/// Same five methods as `RedisLeaseProvider`; calls are answered on the spot, with no
-/// thread hop. Time is a monotonic clock, so wall-clock changes never move a deadline.
-#[napi]
-pub struct MemoryLeaseProvider {
-    store: Option<Arc<MemoryStore>>,
-    stats: Arc<Stats>,
+/// What the functions of one table share: the leases, the counters `stats()` reads, and
+/// whether `close()` was called.
+struct Table {
+    store: MemoryStore,
+    stats: Stats,
+    closed: AtomicBool,
 }
 
-#[napi]
-impl MemoryLeaseProvider {
-    /// Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options.
-    #[napi(
-        constructor,
-        ts_args_type = "options?: MemoryLeaseProviderOptions | undefined | null"
-    )]
-    pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
-        let raw = env.raw();
-        let built = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
-            let store = Arc::new(MemoryStore::new(limits));
-            let node = NodeThread::new(raw).map_err(|e| Error::Internal(e.reason))?;
-            runtime()?.spawn(sweep(Arc::downgrade(&store), node));
-            Ok(store)
+/// Makes a table of leases in this process's memory, enforcing `options`' limits, and answers
+/// an object of functions bound to it: the lease calls (`acquireLease`, ...), `close`,
+/// `ping`, `size` and `stats`. Each answers synchronously or throws the coded error the
+/// provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
+#[napi(
+    catch_unwind,
+    ts_args_type = "options?: MemoryLeaseProviderOptions | undefined | null",
+    ts_return_type = "{
+  acquireLease(key: string, owner: string, ttlMs: number): number | string
+  getLeaseOwner(key: string): string | undefined
+  getLease(key: string): LeaseState | undefined
+  releaseLease(key: string, owner: string): void
+  renewLease(key: string, owner: string, ttlMs: number): boolean
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): boolean
+  close(): void
+  ping(): number
+  size(): number
+  stats(): LeaseStats
+}"
+)]
+pub fn memory_lease_table<'env>(
+    env: &'env Env,
+    options: Option<Unknown<'env>>,
+) -> napi::Result<Unknown<'env>> {
+    let raw = env.raw();
+    let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
+        let table = Arc::new(Table {
+            store: MemoryStore::new(limits),
+            stats: Stats::default(),
+            closed: AtomicBool::new(false),
         });
-        match built {
-            Ok(store) => Ok(Self {
-                store: Some(store),
-                stats: Arc::default(),
-            }),
-            Err(err) => {
-                err.throw(raw);
-                Err(napi::Error::from_status(napi::Status::PendingException))
+        let node = NodeThread::new(raw).map_err(|e| Error::Internal(e.reason))?;
+        runtime()?.spawn(sweep(Arc::downgrade(&table), node));
+        Ok(table)
+    });
+    match made {
+        Ok(table) => Ok(unknown(env, functions(raw, &table))),
+        Err(err) => {
+            err.throw(raw);
+            Err(napi::Error::from_status(napi::Status::PendingException))
+        }
+    }
+}
+
+/// The object of functions, each holding the table alive for as long as it lives itself.
+fn functions(env: js::Env, table: &Arc<Table>) -> Value {
+    const FUNCTIONS: [(&CStr, js::Callback); 10] = [
+        (c"acquireLease", acquire_lease),
+        (c"getLeaseOwner", get_lease_owner),
+        (c"getLease", get_lease),
+        (c"releaseLease", release_lease),
+        (c"renewLease", renew_lease),
+        (c"transferLease", transfer_lease),
+        (c"close", close),
+        (c"ping", ping),
+        (c"size", size),
+        (c"stats", stats),
+    ];
+    let object = js::object(env);
+    for (name, callback) in FUNCTIONS {
+        let data = Arc::into_raw(Arc::clone(table)).cast_mut().cast();
+        let function = js::function(env, name, callback, data, release_table);
+        js::set_property(env, object, name, function);
+    }
+    object
+}
+
+/// The finalizer of each function: gives back its hold on the table.
+unsafe extern "C" fn release_table(_env: js::Env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: data is the `Arc::into_raw` made for this function in `functions`, and a
+    // finalizer runs once.
+    drop(unsafe { Arc::from_raw(data.cast::<Table>().cast_const()) });
+}
+
+/// One lease call: reads the `N` arguments, runs the call on the table and counts it, then
+/// answers with `answer`'s value or throws the call's coded error.
+///
+/// # Safety
+/// `info` is the callback info of a call to a function made by `functions`.
+unsafe fn lease_call<const N: usize>(
+    env: js::Env,
+    info: sys::napi_callback_info,
+    operation: Operation,
+    read: impl FnOnce(js::Env, [Value; N]) -> Result<Call>,
+    answer: impl FnOnce(js::Env, Answer) -> Value,
+) -> Value {
+    // SAFETY: as this function's contract says.
+    let (table, args) = unsafe { bound::<N>(env, info) };
+    let outcome = catching(|| {
+        if table.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed(Subject::LeaseProvider));
+        }
+        table.store.apply(&read(env, args)?)
+    });
+    table.stats.record(operation, outcome.as_ref());
+    match outcome {
+        Ok(outcome) => answer(env, outcome),
+        Err(err) => {
+            js::throw(env, &err, None);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// The table a function was made for, and its first `N` arguments.
+///
+/// # Safety
+/// As [`lease_call`]'s.
+unsafe fn bound<'a, const N: usize>(
+    env: js::Env,
+    info: sys::napi_callback_info,
+) -> (&'a Table, [Value; N]) {
+    let (data, args) = js::callback_args::<N>(env, info);
+    // SAFETY: data is the table pointer `functions` gave this function, kept alive until the
+    // function's finalizer runs, which cannot happen while it is being called.
+    (unsafe { &*data.cast::<Table>() }, args)
+}
+
+/// `acquireLease(key, owner, ttlMs)`: the fencing token (a number) when granted, the holder
+/// (a string) when refused; the shell makes `{ acquired, owner, token }` of it.
+unsafe extern "C" fn acquire_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key, owner, ttl]: [Value; 3]| args::acquire_lease(env, key, owner, ttl);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe {
+        lease_call(env, info, Operation::AcquireLease, read, |env, answer| {
+            match answer {
+                Answer::Grant(grant) if grant.acquired => {
+                    // A memory grant always has a token (tokens start at 1).
+                    js::number_value(env, grant.token.unwrap_or(0) as f64)
+                }
+                Answer::Grant(grant) => js::string_or_undefined(env, grant.owner.as_deref()),
+                _ => unreachable_answer(env),
             }
-        }
-    }
-
-    /// Drops every lease and stops taking calls; later calls reject with
-    /// `ERR_LEASE_CLOSED`. Idempotent.
-    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
-        if let Some(store) = self.store.take() {
-            store.clear();
-        }
-        unknown(env, resolved(env.raw()))
-    }
-
-    /// Resolves 0 (milliseconds: there is no server to reach), or rejects with
-    /// `ERR_LEASE_CLOSED` once closed; the same health check as `RedisLeaseProvider`'s.
-    #[napi(catch_unwind, ts_return_type = "Promise<number>")]
-    pub fn ping<'env>(&self, env: &'env Env) -> Unknown<'env> {
-        let outcome = match &self.store {
-            None => Err(Error::Closed(Subject::LeaseProvider)),
-            Some(_) => Ok(Reply::Number(0.0)),
-        };
-        unknown(env, settled(env.raw(), outcome))
-    }
-
-    /// Leases resident in memory, expired ones not yet swept included (0 once closed).
-    #[napi(getter, catch_unwind)]
-    pub fn size(&self) -> u32 {
-        self.store.as_ref().map_or(0, |store| {
-            u32::try_from(store.resident()).unwrap_or(u32::MAX)
         })
     }
+}
 
-    /// Answers a checked call on the spot; a closed provider or bad input is answered too.
-    fn submit<'env>(
-        &self,
-        env: &'env Env,
-        operation: Operation,
-        call: Result<Call>,
-    ) -> Unknown<'env> {
-        let outcome = match &self.store {
-            None => Err(Error::Closed(Subject::LeaseProvider)),
-            Some(store) => call.and_then(|call| catching(|| store.apply(&call))),
-        };
-        self.stats.record(operation, outcome.as_ref());
-        unknown(env, settled(env.raw(), outcome.map(Reply::Answer)))
+/// `getLeaseOwner(key)`: the holder, or `undefined`.
+unsafe extern "C" fn get_lease_owner(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key]: [Value; 1]| args::get_lease_owner(env, key);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe {
+        lease_call(
+            env,
+            info,
+            Operation::GetLeaseOwner,
+            read,
+            |env, answer| match answer {
+                Answer::Owner(owner) => js::string_or_undefined(env, owner.as_deref()),
+                _ => unreachable_answer(env),
+            },
+        )
     }
 }
 
-lease_methods!(MemoryLeaseProvider);
+/// `getLease(key)`: `{ owner, token, ttlMs }`, or `undefined`.
+unsafe extern "C" fn get_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key]: [Value; 1]| args::get_lease(env, key);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe {
+        lease_call(
+            env,
+            info,
+            Operation::GetLease,
+            read,
+            |env, answer| match answer {
+                Answer::Lease(Some(lease)) => {
+                    js::lease(env, &lease.owner, lease.token, lease.ttl_ms)
+                }
+                Answer::Lease(None) => js::undefined(env),
+                _ => unreachable_answer(env),
+            },
+        )
+    }
+}
 
-/// Sweeps expired leases out of `store` until it is dropped. After a sweep that removed many,
+/// `releaseLease(key, owner)`: `undefined`.
+unsafe extern "C" fn release_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key, owner]: [Value; 2]| args::release_lease(env, key, owner);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe {
+        lease_call(env, info, Operation::ReleaseLease, read, |env, _| {
+            js::undefined(env)
+        })
+    }
+}
+
+/// `renewLease(key, owner, ttlMs)`: whether the owner still held the lease.
+unsafe extern "C" fn renew_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key, owner, ttl]: [Value; 3]| args::renew_lease(env, key, owner, ttl);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe { lease_call(env, info, Operation::RenewLease, read, done) }
+}
+
+/// `transferLease(key, fromOwner, toOwner, ttlMs)`: whether the lease moved.
+unsafe extern "C" fn transfer_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read =
+        |env, [key, from, to, ttl]: [Value; 4]| args::transfer_lease(env, key, from, to, ttl);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe { lease_call(env, info, Operation::TransferLease, read, done) }
+}
+
+/// The answer of a renewal or a transfer: `true` or `false`.
+fn done(env: js::Env, answer: Answer) -> Value {
+    match answer {
+        Answer::Renewed(done) | Answer::Transferred(done) => js::boolean(env, done),
+        _ => unreachable_answer(env),
+    }
+}
+
+/// What a function answers for an answer its call cannot have: `undefined` rather than a
+/// panic (the store answers each call with its own kind).
+fn unreachable_answer(env: js::Env) -> Value {
+    js::undefined(env)
+}
+
+/// `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.
+unsafe extern "C" fn close(env: js::Env, info: sys::napi_callback_info) -> Value {
+    // SAFETY: called by N-API for a function made by `functions`.
+    let (table, []) = unsafe { bound::<0>(env, info) };
+    if !table.closed.swap(true, Ordering::Relaxed) {
+        table.store.clear();
+    }
+    js::undefined(env)
+}
+
+/// `ping()`: 0 (milliseconds: there is no server to reach); throws `ERR_LEASE_CLOSED` once
+/// closed.
+unsafe extern "C" fn ping(env: js::Env, info: sys::napi_callback_info) -> Value {
+    // SAFETY: called by N-API for a function made by `functions`.
+    let (table, []) = unsafe { bound::<0>(env, info) };
+    if table.closed.load(Ordering::Relaxed) {
+        js::throw(env, &Error::Closed(Subject::LeaseProvider), None);
+        return ptr::null_mut();
+    }
+    js::number_value(env, 0.0)
+}
+
+/// `size()`: leases resident, expired ones not yet swept included (0 once closed).
+unsafe extern "C" fn size(env: js::Env, info: sys::napi_callback_info) -> Value {
+    // SAFETY: called by N-API for a function made by `functions`.
+    let (table, []) = unsafe { bound::<0>(env, info) };
+    js::number_value(env, table.store.resident() as f64)
+}
+
+/// `stats()`: the table's counters (see `LeaseStats`).
+unsafe extern "C" fn stats(env: js::Env, info: sys::napi_callback_info) -> Value {
+    // SAFETY: called by N-API for a function made by `functions`.
+    let (table, []) = unsafe { bound::<0>(env, info) };
+    let stats = LeaseStats::from(table.stats.snapshot());
+    // SAFETY: a plain object conversion on the JavaScript thread.
+    unsafe { LeaseStats::to_napi_value(env, stats) }.unwrap_or(ptr::null_mut())
+}
+
+/// Sweeps expired leases out of `table` until it is dropped. After a sweep that removed many,
 /// the memory they held goes back to the system: the leases were made on Node's thread and
 /// freed on this one, and the allocator returns such memory only when the thread that owns it
 /// collects (see `crate::give_back_memory`).
-async fn sweep(store: Weak<MemoryStore>, node: NodeThread) {
+async fn sweep(table: Weak<Table>, node: NodeThread) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         every.tick().await;
-        let Some(store) = store.upgrade() else {
+        let Some(table) = table.upgrade() else {
             return;
         };
+        let store = &table.store;
         let before = store.resident();
         while store.reclaim_expired(SWEEP_CHUNK) == SWEEP_CHUNK {
             tokio::task::yield_now().await;
@@ -147,7 +331,7 @@ impl NodeThread {
 
 unsafe extern "C" fn give_back_on_node(
     _env: js::Env,
-    _callback: js::Value,
+    _callback: Value,
     _context: *mut c_void,
     _data: *mut c_void,
 ) {

@@ -5,7 +5,6 @@ mod args;
 mod bridge;
 mod inbox;
 mod js;
-mod lease_methods;
 mod log;
 pub mod memory;
 pub mod options;

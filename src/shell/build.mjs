@@ -12,3 +12,10 @@ for (const [config, dir, type] of [
   execFileSync(process.execPath, [tsc, '-p', config], { stdio: 'inherit' })
   writeFileSync(`${dir}/package.json`, JSON.stringify({ type }) + '\n')
 }
+// One MemoryLeaseProvider class whichever way the package is loaded, as RedisLeaseProvider
+// (the binding's own) is: the ESM build re-exports the CommonJS one, so a provider made
+// through `require` passes `instanceof` against the class from `import`, and back.
+writeFileSync(
+  'dist/esm/memory-lease-provider.js',
+  "export { MemoryLeaseProvider } from '../cjs/memory-lease-provider.js'\n",
+)

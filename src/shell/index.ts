@@ -1,9 +1,11 @@
-// mastra-lease: the package's public entry. The native providers come straight from the
-// Rust binding (the top-level index.js that `napi build` generates, the same path from these
-// sources and from dist/esm or dist/cjs); `withLeases` puts them behind a Mastra PubSub.
+// mastra-lease: the package's public entry. RedisLeaseProvider comes straight from the Rust
+// binding (the top-level index.js that `napi build` generates, the same path from these
+// sources and from dist/esm or dist/cjs); MemoryLeaseProvider wraps the binding's in-memory
+// table; `withLeases` puts either behind a Mastra PubSub.
 // First: a plain error, not the loader's, when this platform has no binary.
 import '../../platform-check.cjs'
-export { MemoryLeaseProvider, RedisLeaseProvider } from '../../index.js'
+export { RedisLeaseProvider } from '../../index.js'
+export { MemoryLeaseProvider } from './memory-lease-provider.js'
 export type {
   LeaseGrant,
   LeaseCalls,

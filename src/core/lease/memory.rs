@@ -28,7 +28,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Table {
-    leases: HashMap<Arc<str>, Lease>,
+    /// foldhash rather than std's SipHash: a third of the cost per lookup, and still seeded
+    /// per process, so keys cannot be chosen to collide.
+    leases: HashMap<Arc<str>, Lease, foldhash::fast::RandomState>,
     /// Every deadline ever set, earliest first. An entry is stale when its lease was renewed,
     /// transferred or released since; stale entries are skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
