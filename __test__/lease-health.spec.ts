@@ -13,6 +13,7 @@ import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases
 import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { recordingLogger } from './helpers/streams.js'
 
 leaseSuite()
 
@@ -138,6 +139,45 @@ describe('where Redis fails', () => {
       refused: 0,
       lost: 0,
     })
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('a frozen server: failing lease calls warn the logger once with their code, later failures of the burst are debug notes counting them; bad input and a closed provider are not reported', async () => {
+    for (const make of [
+      (url: string, logger: ReturnType<typeof recordingLogger>) => new RedisLeaseProvider({ url, keyPrefix: `warn-frozen:${RUN}`, commandTimeoutMs: 300, logger }),
+      (url: string, logger: ReturnType<typeof recordingLogger>) => new RedisStreamsPubSub({ url, keyPrefix: `warn-frozen-streams:${RUN}`, commandTimeoutMs: 300, logger }),
+    ]) {
+      const frozen = stopLater(await startRedis())
+      const logger = recordingLogger()
+      const p = make(frozen.url, logger)
+      const reported = () => logger.lines.filter((l) => l.message.includes('lease calls'))
+      await p.acquireLease('k', 'A', 60_000)
+      await expectRejection(() => p.acquireLease('', 'A', 60_000), RangeError, 'ERR_LEASE_INVALID_KEY')
+      frozen.freeze()
+      try {
+        await expectRejection(() => p.renewLease('k', 'A', 60_000), Error, 'ERR_LEASE_TIMEOUT')
+        await Promise.all([
+          expectRejection(() => p.acquireLease('k', 'B', 60_000), Error, 'ERR_LEASE_TIMEOUT'),
+          expectRejection(() => p.releaseLease('k', 'A'), Error, 'ERR_LEASE_TIMEOUT'),
+        ])
+      } finally {
+        frozen.thaw()
+      }
+      expect(await p.getLeaseOwner('k')).toBe('A')
+      await p.close()
+      await expectRejection(() => p.getLeaseOwner('k'), Error, 'ERR_LEASE_CLOSED')
+      expect(reported()).toEqual([
+        {
+          level: 'warn',
+          message: expect.stringMatching(/lease calls are failing.*counts a failed acquireLease as acquired/),
+          fields: expect.objectContaining({ code: 'ERR_LEASE_TIMEOUT', operation: 'renewLease', key: 'k', failedCalls: 1 }),
+        },
+        {
+          level: 'debug',
+          message: expect.stringContaining('lease calls failed'),
+          fields: expect.objectContaining({ code: 'ERR_LEASE_TIMEOUT', operation: 'acquireLease', failedCalls: 2 }),
+        },
+      ])
+    }
   })
 
   it("withLeases over a provider that is not this package's: stats() throws and ping() rejects with ERR_LEASE_UNSUPPORTED", async () => {

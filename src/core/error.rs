@@ -138,6 +138,23 @@ impl Error {
         }
     }
 
+    /// Whether the call failed in Redis or on the way to it (not for bad input or a closed
+    /// object): a failure Mastra swallows, counting a failed `acquireLease` as acquired.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::InvalidArgument { .. }
+            | Self::InvalidOption { .. }
+            | Self::InvalidStreamsArgument { .. }
+            | Self::Closed(_) => false,
+            Self::Timeout(_)
+            | Self::Connection(_)
+            | Self::Auth(_)
+            | Self::Replication { .. }
+            | Self::Server(_)
+            | Self::Internal(_) => true,
+        }
+    }
+
     /// The JavaScript error class this error becomes.
     pub fn class(&self) -> ErrorClass {
         match self {

@@ -68,9 +68,14 @@ impl Throttle {
     /// The level this occurrence gets, and how many occurrences the warning stands for
     /// (itself and those since the last warning).
     pub fn level(&self) -> (Level, u64) {
+        self.level_of(1)
+    }
+
+    /// [`Throttle::level`] for `n` occurrences at once.
+    pub fn level_of(&self, n: u64) -> (Level, u64) {
         let mut state = crate::core::lock(&self.0);
         let now = Instant::now();
-        state.since += 1;
+        state.since += n;
         let warn = state
             .last_warning
             .is_none_or(|last| now.duration_since(last) >= WARN_INTERVAL);

@@ -24,7 +24,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue, RedisResult, Value};
 
 use crate::core::error::{Error, Result, Subject};
 use crate::core::lock;
-use crate::core::log::Logger;
+use crate::core::log::{Logger, Notice};
 
 pub use link::Link;
 use link::Target;
@@ -229,6 +229,13 @@ impl Connection {
     /// read (no extra command). The first logger set stays.
     pub fn set_logger(&self, logger: Arc<dyn Logger>) {
         let _ = self.setup.logger.set(logger);
+    }
+
+    /// Reports `notice` to the logger, if one is set.
+    pub fn notice(&self, notice: Notice) {
+        if let Some(logger) = self.setup.logger.get() {
+            logger.log(notice);
+        }
     }
 
     /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not

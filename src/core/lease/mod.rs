@@ -96,6 +96,18 @@ impl Answer {
 }
 
 impl Call {
+    /// The lease method that makes this call.
+    pub fn operation(&self) -> stats::Operation {
+        match self {
+            Call::Acquire { .. } => stats::Operation::AcquireLease,
+            Call::Owner { .. } => stats::Operation::GetLeaseOwner,
+            Call::Lease { .. } => stats::Operation::GetLease,
+            Call::Release { .. } => stats::Operation::ReleaseLease,
+            Call::Renew { .. } => stats::Operation::RenewLease,
+            Call::Transfer { .. } => stats::Operation::TransferLease,
+        }
+    }
+
     /// The lease key the call is about.
     pub fn key(&self) -> &str {
         match self {

@@ -16,11 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Pipeline, Value};
+use serde_json::Value as Json;
 
 use super::keys::{self, Layout};
 use super::{Answer, Call, Grant, Lease, LeaseStore, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
+use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts::{self, Lua};
 
 /// How to reach Redis and where the leases live there.
@@ -87,6 +89,8 @@ pub struct RedisStore {
     /// `false` once the server refused `SET NX GET` (before Redis 7.0): acquires then go as
     /// the script.
     plain_acquire: AtomicBool,
+    /// Calls that failed in Redis or on the way, since the last warning about them.
+    failures: Throttle,
 }
 
 impl RedisStore {
@@ -132,6 +136,7 @@ impl RedisStore {
             limits,
             grants: Grants::default(),
             plain_acquire: AtomicBool::new(true),
+            failures: Throttle::default(),
         })
     }
 
@@ -181,12 +186,51 @@ impl RedisStore {
                 answers[i] = Some(result);
             }
         }
-        answers
+        let answers: Vec<Result<Answer>> = answers
             .into_iter()
             .map(|answer| {
                 answer.unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
             })
-            .collect()
+            .collect();
+        self.report_failures(&calls, &answers);
+        answers
+    }
+
+    /// Tells the logger when calls failed in Redis or on the way: Mastra swallows those
+    /// failures (a failed `acquireLease` counts as acquired), so without this nobody would
+    /// know leases are failing open. A warning the first time and at most every 30 s (with
+    /// how many calls failed since), debug notes in between.
+    fn report_failures(&self, calls: &[Sent], answers: &[Result<Answer>]) {
+        let mut failed = calls
+            .iter()
+            .zip(answers)
+            .filter_map(|(sent, answer)| match answer {
+                Err(err) if err.is_unavailable() => Some((&sent.call, err)),
+                _ => None,
+            });
+        let Some((call, err)) = failed.next() else {
+            return;
+        };
+        let count = 1 + failed.count() as u64;
+        let (level, since) = self.failures.level_of(count);
+        let message = match level {
+            Level::Warn => {
+                "mastra-lease: lease calls are failing, and Mastra counts a failed acquireLease as \
+                 acquired: until Redis answers again, more than one process may run the same thread"
+            }
+            Level::Debug => "mastra-lease: lease calls failed",
+        };
+        self.connection.notice(Notice::new(
+            level,
+            message,
+            &[
+                ("code", Json::from(err.code())),
+                ("err", Json::from(err.full_message())),
+                ("operation", Json::from(call.operation().name())),
+                ("key", Json::from(call.key())),
+                ("failedCalls", Json::from(since)),
+            ],
+        ));
     }
 
     /// Sends the calls at `group` as one pipeline, once more when the connection broke under

@@ -19,6 +19,20 @@ pub enum Operation {
     TransferLease,
 }
 
+impl Operation {
+    /// The method's JavaScript name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::AcquireLease => "acquireLease",
+            Operation::GetLeaseOwner => "getLeaseOwner",
+            Operation::GetLease => "getLease",
+            Operation::ReleaseLease => "releaseLease",
+            Operation::RenewLease => "renewLease",
+            Operation::TransferLease => "transferLease",
+        }
+    }
+}
+
 /// The counters of one provider.
 #[derive(Debug, Default)]
 pub struct Stats {
