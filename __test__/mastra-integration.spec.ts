@@ -29,7 +29,7 @@ import { InMemoryServerCache } from '@mastra/core/cache'
 import { CachingPubSub, EventEmitterPubSub, isLeaseProvider, PubSub, UnixSocketPubSub, type LeaseProvider } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider, withLeases, type LeasedPubSub, type RedisLeaseProviderOptions } from '../dist/esm/index.js'
+import { leaseChannel, MemoryLeaseProvider, RedisLeaseProvider, withLeases, type LeaseCallContext, type LeasedPubSub, type RedisLeaseProviderOptions } from '../dist/esm/index.js'
 import { createMockModel } from './fixtures/mock-model.mjs'
 import { recordingLeases, type LeaseCall, type RecordingLeases } from './fixtures/recording-leases.mjs'
 import { MASTRA_MIN_NODE, NODE, nodeAtLeast } from './helpers/mastra-node.js'
@@ -125,7 +125,9 @@ describe('mastra-lease inside Mastra', () => {
       expect(isLeaseProvider(mastra.pubsub)).toBe(true)
       const unwrap: unknown = Reflect.get(mastra.pubsub, 'getLeaseProvider')
       expect(typeof unwrap).toBe('function')
-      expect((unwrap as () => unknown).call(mastra.pubsub)).toBe(leases)
+      // The runtime prefers it to the pubsub's own methods: it answers the pubsub itself (the
+      // Proxy's target), so Mastra's lease calls still pass through withLeases and are traced.
+      expect((unwrap as () => unknown).call(mastra.pubsub)).toBe(leased)
     })
 
     it("CachingPubSub's getLeaseProvider() surfaces withLeases(...), and nothing for a transport that cannot lease", async () => {
@@ -233,6 +235,40 @@ describe('mastra-lease inside Mastra', () => {
         }
       },
     )
+
+    it('a subscriber to the mastra-lease:lease channel sees the run take the thread lease as its runId and release it, each call with its result', async () => {
+      const provider = new MemoryLeaseProvider()
+      const { model, open } = heldModel()
+      open()
+      const agent = new Agent({ id: 'assistant', name: 'assistant', instructions: 'Answer briefly.', model })
+      const mastra = new Mastra({ agents: { assistant: agent }, pubsub: withLeases(new EventEmitterPubSub(), provider), logger: false })
+      const seen: Array<LeaseCallContext & { event: string }> = []
+      const subscribers = {
+        start() {},
+        end() {},
+        asyncStart() {},
+        asyncEnd: (context: LeaseCallContext) => void seen.push({ event: 'asyncEnd', ...context }),
+        error: (context: LeaseCallContext) => void seen.push({ event: 'error', ...context }),
+      }
+      leaseChannel.subscribe(subscribers)
+      const thread = newThread()
+      try {
+        const output = await mastra.getAgent('assistant').stream('hello', { memory: { resource: thread.resourceId, thread: thread.threadId } })
+        expect(await within(output.text, 10_000, 'the run to finish')).toBe('hello from the mock model')
+        await pollFor(() => provider.getLeaseOwner(threadKey(thread)), undefined)
+        await pollFor(async () => seen.some((m) => m.operation === 'releaseLease'), true)
+        const key = threadKey(thread)
+        expect(seen.find((m) => m.operation === 'acquireLease')).toEqual({
+          event: 'asyncEnd', operation: 'acquireLease', key, owner: output.runId, ttlMs: THREAD_LEASE_TTL_MS,
+          result: { acquired: true, owner: output.runId, token: expect.any(Number) },
+        })
+        expect(seen.filter((m) => m.operation === 'releaseLease')).toEqual([{ event: 'asyncEnd', operation: 'releaseLease', key, owner: output.runId, result: undefined }])
+        expect(seen.filter((m) => m.event === 'error')).toEqual([])
+      } finally {
+        leaseChannel.unsubscribe(subscribers)
+        await provider.close()
+      }
+    })
   })
 
   describe('three processes signalling one thread at once', () => {

@@ -6,6 +6,7 @@
 import { execFile } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { readFileSync, writeFileSync } from 'node:fs';
+import { tracingChannel } from 'node:diagnostics_channel';
 import { cpus } from 'node:os';
 import { promisify } from 'node:util';
 import { createClient } from 'redis';
@@ -124,6 +125,8 @@ const OURS = 'mastra-lease (ours)', NR = 'node-redis 1-RT evalSha', MASTRA = 'Ma
 const IO = 'ioredis 1-RT evalsha', GLIDE = 'Valkey GLIDE 1-RT EVALSHA';
 const PLAIN = 'mastra-lease, no tokens';
 const OURS_MEM = 'MemoryLeaseProvider (ours)', EE = 'EventEmitterPubSub';
+// The same provider while something subscribes to the lease channel (doing nothing with it).
+const OURS_TRACED = 'MemoryLeaseProvider, traced';
 const redisC = {}, memC = {};
 if (native) redisC[OURS] = new native.RedisLeaseProvider({ url, keyPrefix: `${PREFIX}:ours` });
 if (native) redisC[PLAIN] = new native.RedisLeaseProvider({ url, keyPrefix: `${PREFIX}:plain`, fencingTokens: false });
@@ -134,6 +137,9 @@ delete acquireC[MASTRA];
 delete acquireC[PLAIN];
 const prefixOf = { [OURS]: `${PREFIX}:ours`, [PLAIN]: `${PREFIX}:plain`, [NR]: `${PREFIX}:nr`, [MASTRA]: `${PREFIX}:mastra`, [IO]: `${PREFIX}:io`, [GLIDE]: `${PREFIX}:glide` };
 if (native) memC[OURS_MEM] = new native.MemoryLeaseProvider();
+if (native) memC[OURS_TRACED] = new native.MemoryLeaseProvider();
+const leaseChannel = tracingChannel('mastra-lease:lease');
+const IDLE_SUBSCRIBER = { start() {}, end() {}, asyncStart() {}, asyncEnd() {}, error() {} };
 memC[EE] = new EventEmitterPubSub();
 
 // ---------- harness -------------------------------------------------------------------------
@@ -156,9 +162,11 @@ async function measure(wl, name, p, units) {
     }
   };
   const cpu0 = wl.memory ? 0 : await serverCpu();
+  if (name === OURS_TRACED) leaseChannel.subscribe(IDLE_SUBSCRIBER);
   const t0 = hr();
   await Promise.all(Array.from({ length: wl.inFlight }, (_, w) => worker(w)));
   const secs = Number(hr() - t0) / 1e9;
+  if (name === OURS_TRACED) leaseChannel.unsubscribe(IDLE_SUBSCRIBER);
   // Redis's own main-thread CPU for this run: its cost per call, and how busy it was.
   const serverUs = wl.memory ? null : ((await serverCpu()) - cpu0) * 1e6;
   if (wl.verify) ctx.bad += await wl.verify(ctx, name);
@@ -289,6 +297,7 @@ const ratios = [
   cpuRow(lc, OURS, MASTRA, 1.0), cpuRow(lc, PLAIN, MASTRA, 1.0),
   ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, PLAIN, MASTRA, null), ratioRow(ct, OURS, NR, null),
   ratioRow(m1, OURS_MEM, EE, 0.5), ratioRow(m64, OURS_MEM, EE, 0.5),
+  ratioRow(m1, OURS_TRACED, OURS_MEM, null), ratioRow(m64, OURS_TRACED, OURS_MEM, null),
 ];
 printRatios(ratios);
 

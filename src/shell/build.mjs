@@ -12,10 +12,12 @@ for (const [config, dir, type] of [
   execFileSync(process.execPath, [tsc, '-p', config], { stdio: 'inherit' })
   writeFileSync(`${dir}/package.json`, JSON.stringify({ type }) + '\n')
 }
-// One MemoryLeaseProvider class whichever way the package is loaded, as RedisLeaseProvider
-// (the binding's own) is: the ESM build re-exports the CommonJS one, so a provider made
-// through `require` passes `instanceof` against the class from `import`, and back.
-writeFileSync(
-  'dist/esm/memory-lease-provider.js',
-  "export { MemoryLeaseProvider } from '../cjs/memory-lease-provider.js'\n",
-)
+// One class per provider whichever way the package is loaded, as the binding's own are: the
+// ESM build re-exports the CommonJS ones, so a provider made through `require` passes
+// `instanceof` against the class from `import`, and back.
+for (const [file, names] of [
+  ['memory-lease-provider', 'MemoryLeaseProvider'],
+  ['redis-lease-provider', 'RedisLeaseProvider'],
+]) {
+  writeFileSync(`dist/esm/${file}.js`, `export { ${names} } from '../cjs/${file}.js'\n`)
+}

@@ -1,11 +1,13 @@
-// mastra-lease: the package's public entry. RedisLeaseProvider comes straight from the Rust
-// binding (the top-level index.js that `napi build` generates, the same path from these
-// sources and from dist/esm or dist/cjs); MemoryLeaseProvider wraps the binding's in-memory
-// table; `withLeases` puts either behind a Mastra PubSub.
+// mastra-lease: the package's public entry. The providers come from the Rust binding (the
+// top-level index.js that `napi build` generates, the same path from these sources and from
+// dist/esm or dist/cjs): RedisLeaseProvider extends its class, MemoryLeaseProvider wraps its
+// in-memory table, both tracing their calls; `withLeases` puts either behind a Mastra PubSub.
 // First: a plain error, not the loader's, when this platform has no binary.
 import '../../platform-check.cjs'
-export { RedisLeaseProvider } from '../../index.js'
 export { MemoryLeaseProvider } from './memory-lease-provider.js'
+export { RedisLeaseProvider } from './redis-lease-provider.js'
+export { leaseChannel } from './diagnostics.js'
+export type { LeaseCallContext, LeaseOperation } from './diagnostics.js'
 export type {
   LeaseGrant,
   LeaseCalls,

@@ -2,6 +2,7 @@ import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
 import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
+import { isTracedProvider, leaseChannel } from './diagnostics.js'
 
 /** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
 type FencingLeaseProvider = LeaseProvider & {
@@ -22,17 +23,32 @@ function unsupported(method: string): TypeError {
  * `leases`. Mastra's structural detection finds them directly, through its `Proxy`, and
  * through wrappers. Fields are TypeScript-private, not `#private`, so the object keeps
  * working when called through a `Proxy`.
+ *
+ * Lease calls are traced on the `mastra-lease:lease` diagnostics channel: by the provider
+ * when it is one of this package's, here otherwise (another provider, or the one a
+ * `RedisStreamsPubSub` shares its connection with).
  */
 export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   protected readonly leases: LeaseProvider
+  /** Whether its calls are traced here (the provider does not trace them itself). */
+  private readonly traceHere: boolean
 
   protected constructor(leases: LeaseProvider) {
     super()
     this.leases = leases
+    this.traceHere = !isTracedProvider(leases)
+  }
+
+  /** Whether to trace a call here now: the provider does not, and somebody listens. */
+  private tracing(): boolean {
+    return this.traceHere && leaseChannel.hasSubscribers
   }
 
   acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
-    return this.leases.acquireLease(key, owner, ttlMs)
+    const leases = this.leases
+    if (!this.tracing()) return leases.acquireLease(key, owner, ttlMs)
+    const context = { operation: 'acquireLease', key, owner, ttlMs } as const
+    return leaseChannel.tracePromise(leases.acquireLease, context, leases, key, owner, ttlMs)
   }
 
   /**
@@ -42,7 +58,8 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   getLease(key: string): Promise<LeaseState | undefined> {
     const leases = this.leases as Partial<FencingLeaseProvider>
     if (typeof leases.getLease !== 'function') return Promise.reject(unsupported('getLease'))
-    return leases.getLease(key)
+    if (!this.tracing()) return leases.getLease(key)
+    return leaseChannel.tracePromise(leases.getLease, { operation: 'getLease', key }, leases, key)
   }
 
   /**
@@ -67,23 +84,38 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   }
 
   getLeaseOwner(key: string): Promise<string | undefined> {
-    return this.leases.getLeaseOwner(key)
+    const leases = this.leases
+    if (!this.tracing()) return leases.getLeaseOwner(key)
+    return leaseChannel.tracePromise(leases.getLeaseOwner, { operation: 'getLeaseOwner', key }, leases, key)
   }
 
   releaseLease(key: string, owner: string): Promise<void> {
-    return this.leases.releaseLease(key, owner)
+    const leases = this.leases
+    if (!this.tracing()) return leases.releaseLease(key, owner)
+    const context = { operation: 'releaseLease', key, owner } as const
+    return leaseChannel.tracePromise(leases.releaseLease, context, leases, key, owner)
   }
 
   renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.renewLease(key, owner, ttlMs)
+    const leases = this.leases
+    if (!this.tracing()) return leases.renewLease(key, owner, ttlMs)
+    const context = { operation: 'renewLease', key, owner, ttlMs } as const
+    return leaseChannel.tracePromise(leases.renewLease, context, leases, key, owner, ttlMs)
   }
 
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
-    return this.leases.transferLease(key, fromOwner, toOwner, ttlMs)
+    const leases = this.leases
+    if (!this.tracing()) return leases.transferLease(key, fromOwner, toOwner, ttlMs)
+    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
+    return leaseChannel.tracePromise(leases.transferLease, context, leases, key, fromOwner, toOwner, ttlMs)
   }
 
-  /** The lease provider, for wrappers that look for it the way Mastra's `CachingPubSub` does. */
+  /**
+   * The lease provider Mastra's agent runtime asks for, preferring it to the pubsub's own
+   * methods: this pubsub itself, so every lease call Mastra makes still goes through it (and
+   * is traced here when the provider it delegates to does not trace).
+   */
   getLeaseProvider(): LeaseProvider {
-    return this.leases
+    return this
   }
 }

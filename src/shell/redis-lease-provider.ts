@@ -1,0 +1,49 @@
+import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
+import type { LeaseGrant, LeaseState } from '../../index.js'
+import { leaseChannel, tracesItself } from './diagnostics.js'
+
+const native = NativeRedisLeaseProvider.prototype
+
+/**
+ * Leases in Redis (see the native class it extends for every method and option), with each
+ * lease call traced on the `mastra-lease:lease` diagnostics channel.
+ */
+export class RedisLeaseProvider extends NativeRedisLeaseProvider {
+  override acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
+    if (!leaseChannel.hasSubscribers) return super.acquireLease(key, owner, ttlMs)
+    const context = { operation: 'acquireLease', key, owner, ttlMs } as const
+    return leaseChannel.tracePromise(native.acquireLease, context, this, key, owner, ttlMs)
+  }
+
+  override getLeaseOwner(key: string): Promise<string | undefined> {
+    if (!leaseChannel.hasSubscribers) return super.getLeaseOwner(key)
+    return leaseChannel.tracePromise(native.getLeaseOwner, { operation: 'getLeaseOwner', key }, this, key)
+  }
+
+  override getLease(key: string): Promise<LeaseState | undefined> {
+    if (!leaseChannel.hasSubscribers) return super.getLease(key)
+    return leaseChannel.tracePromise(native.getLease, { operation: 'getLease', key }, this, key)
+  }
+
+  override releaseLease(key: string, owner: string): Promise<void> {
+    if (!leaseChannel.hasSubscribers) return super.releaseLease(key, owner)
+    return leaseChannel.tracePromise(native.releaseLease, { operation: 'releaseLease', key, owner }, this, key, owner)
+  }
+
+  override renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return super.renewLease(key, owner, ttlMs)
+    const context = { operation: 'renewLease', key, owner, ttlMs } as const
+    return leaseChannel.tracePromise(native.renewLease, context, this, key, owner, ttlMs)
+  }
+
+  override transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return super.transferLease(key, fromOwner, toOwner, ttlMs)
+    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
+    return leaseChannel.tracePromise(native.transferLease, context, this, key, fromOwner, toOwner, ttlMs)
+  }
+
+  /** Its lease calls are traced here, not again by a pubsub delegating to it. */
+  get [tracesItself](): true {
+    return true
+  }
+}
