@@ -7,6 +7,8 @@ import '../../platform-check.cjs'
 export { MemoryLeaseProvider } from './memory-lease-provider.js'
 export { RedisLeaseProvider } from './redis-lease-provider.js'
 export { leaseChannel } from './diagnostics.js'
+export { holdLease } from './hold.js'
+export type { HeldLease, HoldOptions } from './hold.js'
 export type { LeaseCallContext, LeaseOperation } from './diagnostics.js'
 export type {
   LeaseGrant,

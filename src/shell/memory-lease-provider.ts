@@ -1,6 +1,7 @@
 import { memoryLeaseTable } from '../../index.js'
 import type { LeaseGrant, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
+import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
 type Table = ReturnType<typeof memoryLeaseTable>
 
@@ -158,6 +159,15 @@ export class MemoryLeaseProvider {
   close(): Promise<void> {
     this.table.close()
     return Promise.resolve()
+  }
+
+  /**
+   * Acquires `key` for `owner` and keeps it, renewed every `ttlMs / 3`, until released, lost
+   * or `options.signal` aborts; `lease.signal` aborts the moment it is lost (see `HeldLease`).
+   * Rejects with `ERR_LEASE_HELD` when another owner holds it.
+   */
+  hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+    return holdLease(this, key, owner, options)
   }
 
   /** Its lease calls are traced here, not again by a pubsub delegating to it. */

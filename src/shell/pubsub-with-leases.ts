@@ -3,6 +3,7 @@ import type { LeaseProvider } from '@mastra/core/events'
 
 import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
 import { isTracedProvider, leaseChannel } from './diagnostics.js'
+import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
 /** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
 type FencingLeaseProvider = LeaseProvider & {
@@ -108,6 +109,15 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     if (!this.tracing()) return leases.transferLease(key, fromOwner, toOwner, ttlMs)
     const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
     return leaseChannel.tracePromise(leases.transferLease, context, leases, key, fromOwner, toOwner, ttlMs)
+  }
+
+  /**
+   * Acquires `key` for `owner` and keeps it, renewed every `ttlMs / 3`, until released, lost
+   * or `options.signal` aborts; `lease.signal` aborts the moment it is lost (see `HeldLease`).
+   * Rejects with `ERR_LEASE_HELD` when another owner holds it.
+   */
+  hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+    return holdLease(this, key, owner, options)
   }
 
   /**

@@ -1,6 +1,7 @@
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
 import type { LeaseGrant, LeaseState } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
+import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
 const native = NativeRedisLeaseProvider.prototype
 
@@ -40,6 +41,15 @@ export class RedisLeaseProvider extends NativeRedisLeaseProvider {
     if (!leaseChannel.hasSubscribers) return super.transferLease(key, fromOwner, toOwner, ttlMs)
     const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
     return leaseChannel.tracePromise(native.transferLease, context, this, key, fromOwner, toOwner, ttlMs)
+  }
+
+  /**
+   * Acquires `key` for `owner` and keeps it, renewed every `ttlMs / 3`, until released, lost
+   * or `options.signal` aborts; `lease.signal` aborts the moment it is lost (see `HeldLease`).
+   * Rejects with `ERR_LEASE_HELD` when another owner holds it.
+   */
+  hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+    return holdLease(this, key, owner, options)
   }
 
   /** Its lease calls are traced here, not again by a pubsub delegating to it. */

@@ -1,0 +1,163 @@
+// hold(): a lease that renews itself every third of its TTL and aborts its signal the moment
+// it is known lost: a renewal that finds it taken (a direct write to Redis steals it), or
+// renewals failing until the TTL could have run out (a frozen server). Released by release(),
+// by `await using`, or by the caller's signal; its timers never keep a process alive.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import { execFile } from 'node:child_process'
+import { randomUUID } from 'node:crypto'
+import path from 'node:path'
+import { promisify } from 'node:util'
+
+import { EventEmitterPubSub } from '@mastra/core/events'
+import { beforeAll, describe, expect, it } from 'vitest'
+
+import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
+import { expectRejection, sleep } from './helpers/lease.js'
+import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { NODE } from './helpers/mastra-node.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+
+leaseSuite()
+
+let server: RedisServer
+beforeAll(async () => {
+  server = stopLater(await startRedis())
+})
+
+type Holder = {
+  hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease>
+  getLeaseOwner(key: string): Promise<string | undefined>
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }>
+  close(): Promise<void>
+}
+
+const holders: Array<[string, () => Holder]> = [
+  ['MemoryLeaseProvider', () => new MemoryLeaseProvider()],
+  ['RedisLeaseProvider', () => new RedisLeaseProvider({ url: server.url, keyPrefix: `hold:${RUN}` })],
+  ['RedisStreamsPubSub', () => new RedisStreamsPubSub({ url: server.url, keyPrefix: `hold-streams:${RUN}` })],
+]
+const newKey = () => `hold-${randomUUID().slice(0, 8)}\u0000thread`
+/** Resolves with the signal's reason once it aborts, or `undefined` after `ms`. */
+const abortedWithin = (signal: AbortSignal, ms: number) =>
+  new Promise<unknown>((resolve) => {
+    if (signal.aborted) return resolve(signal.reason)
+    const timer = setTimeout(() => resolve(undefined), ms)
+    signal.addEventListener('abort', () => (clearTimeout(timer), resolve(signal.reason)), { once: true })
+  })
+
+describe.each(holders)('%s.hold', (_name, make) => {
+  it('holds the lease past its TTL by renewing it, with its token, until release() frees it and aborts the signal with ERR_LEASE_RELEASED', async () => {
+    const p = closing(make())
+    const key = newKey()
+    const lease = await p.hold(key, 'A', { ttlMs: 300 })
+    expect(lease).toMatchObject({ key, owner: 'A', token: expect.any(Number) })
+    await sleep(1_000) // more than three TTLs
+    expect(await p.getLeaseOwner(key)).toBe('A')
+    expect(await p.acquireLease(key, 'B', 300)).toEqual({ acquired: false, owner: 'A' })
+    expect(lease.signal.aborted).toBe(false)
+    await lease.release()
+    expect(lease.signal.reason).toMatchObject({ code: 'ERR_LEASE_RELEASED' })
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+    await lease.release() // idempotent
+  })
+
+  it('rejects with ERR_LEASE_HELD, naming the holder, when another owner holds the key', async () => {
+    const p = closing(make())
+    const key = newKey()
+    await p.acquireLease(key, 'B', 60_000)
+    const error = await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000 }), Error, 'ERR_LEASE_HELD')
+    expect(error).toMatchObject({ owner: 'B' })
+  })
+
+  it('refuses unknown and unusable options with ERR_LEASE_INVALID_OPTION before taking anything', async () => {
+    const p = closing(make())
+    const key = newKey()
+    await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, wait: true } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    await expectRejection(() => p.hold(key, 'A', { ttl: 1_000 } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    await expectRejection(() => p.hold(key, 'A', { ttlMs: 0.5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+    await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, signal: {} as never }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    await expectRejection(() => p.hold('', 'A', { ttlMs: 1_000 }), RangeError, 'ERR_LEASE_INVALID_KEY')
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+  })
+
+  it("the caller's signal ends the hold: the lease is released and its signal aborts with the caller's reason", async () => {
+    const p = closing(make())
+    const key = newKey()
+    const caller = new AbortController()
+    const lease = await p.hold(key, 'A', { ttlMs: 1_000, signal: caller.signal })
+    caller.abort(new Error('shutting down'))
+    expect(await abortedWithin(lease.signal, 100)).toMatchObject({ message: 'shutting down' })
+    await lease.release()
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+    await expect(p.hold(key, 'A', { ttlMs: 1_000, signal: AbortSignal.abort('already') })).rejects.toBe('already')
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+  })
+
+  it('`await using` releases the lease on leaving the scope', async () => {
+    const p = closing(make())
+    const key = newKey()
+    {
+      await using lease = await p.hold(key, 'A', { ttlMs: 1_000 })
+      expect(await p.getLeaseOwner(key)).toBe(lease.owner)
+    }
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+  })
+})
+
+describe('when the lease is lost', () => {
+  it('a direct write that steals the key aborts the signal with ERR_LEASE_LOST at the next renewal (within a third of the TTL)', async () => {
+    const prefix = `hold-stolen:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const key = newKey()
+    const lease = await p.hold(key, 'A', { ttlMs: 600 })
+    await server.cli('SET', `${prefix}:lease:${key}`, 'thief', 'PX', 60_000)
+    const started = performance.now()
+    expect(await abortedWithin(lease.signal, 2_000)).toMatchObject({ code: 'ERR_LEASE_LOST', message: expect.stringContaining('taken') })
+    expect(performance.now() - started).toBeLessThan(600 / 3 + 300)
+    await lease.release() // nothing to release: the thief keeps it
+    expect(await p.getLeaseOwner(key)).toBe('thief')
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('a server frozen past the TTL aborts the signal with ERR_LEASE_LOST when the TTL could have run out, not later', async () => {
+    const frozen = stopLater(await startRedis())
+    const p = closing(new RedisLeaseProvider({ url: frozen.url, keyPrefix: `hold-frozen:${RUN}`, commandTimeoutMs: 2_000 }))
+    const ttlMs = 600
+    const lease = await p.hold(newKey(), 'A', { ttlMs })
+    const heldSince = performance.now()
+    frozen.freeze()
+    try {
+      // The renewals in flight hang for commandTimeoutMs; the deadline does not wait for them.
+      expect(await abortedWithin(lease.signal, 3_000)).toMatchObject({ code: 'ERR_LEASE_LOST', message: expect.stringContaining('TTL') })
+      expect(performance.now() - heldSince).toBeLessThan(ttlMs + 100)
+    } finally {
+      frozen.thaw()
+    }
+  })
+
+  it('holdLease works over any LeaseProvider, Mastra\'s own in-process leases included', async () => {
+    const mastraLeases = new EventEmitterPubSub()
+    const key = newKey()
+    const lease = await holdLease(mastraLeases, key, 'A', { ttlMs: 300 })
+    expect(lease.token).toBeUndefined()
+    await sleep(700)
+    expect(await mastraLeases.getLeaseOwner(key)).toBe('A')
+    // Mastra's leases taken over by another owner: the next renewal finds it so.
+    await mastraLeases.releaseLease(key, 'A')
+    await mastraLeases.acquireLease(key, 'B', 60_000)
+    expect(await abortedWithin(lease.signal, 1_000)).toMatchObject({ code: 'ERR_LEASE_LOST' })
+  })
+})
+
+describe('timers', () => {
+  it('never keep a process alive: a child that holds a lease and returns exits by itself', async () => {
+    const script = `
+      const { MemoryLeaseProvider } = require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'cjs', 'index.js'))});
+      new MemoryLeaseProvider().hold('k', 'child', { ttlMs: 300 }).then((lease) => console.log(lease.owner));
+    `
+    const started = performance.now()
+    const { stdout } = await promisify(execFile)(NODE, ['-e', script], { timeout: 10_000 })
+    expect(stdout.trim()).toBe('child')
+    expect(performance.now() - started).toBeLessThan(5_000)
+  })
+})
