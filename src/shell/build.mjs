@@ -18,6 +18,8 @@ for (const [config, dir, type] of [
 for (const [file, names] of [
   ['memory-lease-provider', 'MemoryLeaseProvider'],
   ['redis-lease-provider', 'RedisLeaseProvider'],
+  // It loads the optional @opentelemetry/api with `require`.
+  ['metrics', 'recordLeaseMetrics'],
 ]) {
   writeFileSync(`dist/esm/${file}.js`, `export { ${names} } from '../cjs/${file}.js'\n`)
 }

@@ -8,6 +8,7 @@ export { MemoryLeaseProvider } from './memory-lease-provider.js'
 export { RedisLeaseProvider } from './redis-lease-provider.js'
 export { leaseChannel } from './diagnostics.js'
 export { holdLease } from './hold.js'
+export { recordLeaseMetrics } from './metrics.js'
 export type { HeldLease, HoldOptions } from './hold.js'
 export type { LeaseCallContext, LeaseOperation } from './diagnostics.js'
 export type {
