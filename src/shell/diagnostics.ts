@@ -1,6 +1,6 @@
-// Lease calls as `node:diagnostics_channel` traces, for APMs, tests and ad-hoc debugging.
-// While nobody subscribes, a call costs one `hasSubscribers` check more.
-import { tracingChannel } from 'node:diagnostics_channel'
+// Lease calls and stream events as `node:diagnostics_channel` messages, for APMs, tests and
+// ad-hoc debugging. While nobody subscribes, a call costs one `hasSubscribers` check more.
+import { channel, tracingChannel } from 'node:diagnostics_channel'
 
 /** A lease method, as a trace names it. */
 export type LeaseOperation = 'acquireLease' | 'getLeaseOwner' | 'getLease' | 'releaseLease' | 'renewLease' | 'transferLease'
@@ -37,3 +37,39 @@ export const tracesItself: unique symbol = Symbol.for('mastra-lease.tracesItself
 export function isTracedProvider(provider: object): boolean {
   return (provider as { [tracesItself]?: boolean })[tracesItself] === true
 }
+
+/** What subscribers of `mastra-lease:streams:publish` (a tracing channel) get per publish. */
+export interface PublishContext {
+  topic: string
+  /** The id the event is stamped with. */
+  id: string
+  /** The event's `type`. */
+  type: unknown
+  /** Whether it stays in this process (`localOnly`). */
+  localOnly: boolean
+  result?: unknown
+  error?: unknown
+}
+
+/**
+ * What `mastra-lease:streams:deliver`, `:ack` and `:nack` publish: an event handed to a
+ * subscriber's callback, and that callback settling it (a callback that throws or rejects
+ * nacks). `group` is absent for a fan-out subscription.
+ */
+export interface DeliveryMessage {
+  topic: string
+  group: string | undefined
+  id: string
+  type: unknown
+  deliveryAttempt: number
+  localOnly: boolean
+}
+
+/** Every publish of a `RedisStreamsPubSub`, traced like a lease call. */
+export const publishChannel = tracingChannel<unknown, PublishContext>('mastra-lease:streams:publish')
+/** Each event handed to a subscriber's callback. */
+export const deliverChannel = channel('mastra-lease:streams:deliver')
+/** Each event a callback acked. */
+export const ackChannel = channel('mastra-lease:streams:ack')
+/** Each event a callback nacked (or threw on, or rejected). */
+export const nackChannel = channel('mastra-lease:streams:nack')

@@ -6,11 +6,11 @@
 import '../../platform-check.cjs'
 export { MemoryLeaseProvider } from './memory-lease-provider.js'
 export { RedisLeaseProvider } from './redis-lease-provider.js'
-export { leaseChannel } from './diagnostics.js'
+export { ackChannel, deliverChannel, leaseChannel, nackChannel, publishChannel } from './diagnostics.js'
 export { holdLease } from './hold.js'
 export { recordLeaseMetrics } from './metrics.js'
 export type { HeldLease, HoldOptions } from './hold.js'
-export type { LeaseCallContext, LeaseOperation } from './diagnostics.js'
+export type { DeliveryMessage, LeaseCallContext, LeaseOperation, PublishContext } from './diagnostics.js'
 export type {
   LeaseGrant,
   LeaseCalls,

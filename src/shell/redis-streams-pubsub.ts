@@ -4,6 +4,7 @@ import type { Event, EventCallback, PubSubDeliveryMode, SubscribeOptions } from 
 
 import { RedisStreamsTransport } from '../../index.js'
 import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
+import { ackChannel, deliverChannel, nackChannel, publishChannel, type DeliveryMessage } from './diagnostics.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** A logger: `warn` for warnings and, if it has one, `debug` for notes (Mastra's logger fits). */
@@ -67,14 +68,21 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then dropped with a warning.
    */
   publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+    // Stamped here, where the object is at hand: the native side writes the text as it is.
+    const id = randomUUID()
+    if (!publishChannel.hasSubscribers) return this.publishAs(id, topic, event, options)
+    const context = { topic, id, type: event?.type, localOnly: options?.localOnly === true }
+    return publishChannel.tracePromise(this.publishAs, context, this, id, topic, event, options)
+  }
+
+  /** `publish` with the event's id chosen. */
+  private publishAs(id: string, topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
     // Not an async function: the native promise is handed back as it is, one hop fewer per
     // publish; anything thrown on the way still comes back as a rejection.
     try {
       if (typeof event !== 'object' || event === null || Array.isArray(event)) {
         throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
       }
-      // Stamped here, where the object is at hand: the native side writes the text as it is.
-      const id = randomUUID()
       const deliveryAttempt = event.deliveryAttempt === undefined ? 1 : this.transport.deliveryAttemptOf(event.deliveryAttempt)
       if (options?.localOnly) {
         const stamped: Event = { ...event, id, createdAt: new Date(), deliveryAttempt }
@@ -103,7 +111,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     const { group, startFrom } = subscribeOptions(options)
     const onEvents = (batch: Array<number | string>) => {
       for (let i = 0; i + 1 < batch.length; i += 2) {
-        this.deliver(batch[i] as number, batch[i + 1] as string, cb, group)
+        this.deliver(topic, batch[i] as number, batch[i + 1] as string, cb, group)
       }
     }
     let byCallback = this.subscriptions.get(topic)
@@ -193,11 +201,13 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   private deliverLocal(topic: string, event: Event, cb: EventCallback, group: string | undefined): void {
     let settled = false
     const ack = async () => {
+      if (!settled && ackChannel.hasSubscribers) ackChannel.publish(delivered(topic, group, event, true))
       settled = true
     }
     const nack = async () => {
       if (settled) return
       settled = true
+      if (nackChannel.hasSubscribers) nackChannel.publish(delivered(topic, group, event, true))
       const attempt = event.deliveryAttempt ?? 1
       if (attempt >= this.maxAttempts) {
         this.transport.warnDroppedLocal(topic, event.id, String(event.type), attempt)
@@ -213,6 +223,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       }, 0)
       this.localRetries.set(timer, { ran, done })
     }
+    if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, true))
     invoke(cb, event, ack, nack)
   }
 
@@ -227,7 +238,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     return members.length > 0 ? this.nextMember(topic, group, members) : undefined
   }
 
-  private deliver(delivery: number, json: string, cb: EventCallback, group: string | undefined): void {
+  private deliver(topic: string, delivery: number, json: string, cb: EventCallback, group: string | undefined): void {
     let event: Event
     try {
       event = JSON.parse(json) as Event
@@ -241,6 +252,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     const settle = (how: 'ack' | 'nack') => (): Promise<void> => {
       if (settled) return Promise.resolve()
       settled = true
+      const told = how === 'ack' ? ackChannel : nackChannel
+      if (told.hasSubscribers) told.publish(delivered(topic, group, event, false))
       return this.transport[how](delivery)
     }
     // A group's event stays held (kept claimed) until it is acked or nacked, however long
@@ -248,8 +261,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     // step ends. A fan-out event, which holds nothing in Redis, is done once its callback
     // returned.
     const returned = group === undefined ? () => settled || this.transport.returned(delivery) : undefined
+    if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, false))
     invoke(cb, event, settle('ack'), settle('nack'), returned)
   }
+}
+
+/** What the deliver, ack and nack channels say about `event`. */
+function delivered(topic: string, group: string | undefined, event: Event, localOnly: boolean): DeliveryMessage {
+  return { topic, group, id: event.id, type: event.type, deliveryAttempt: event.deliveryAttempt ?? 1, localOnly }
 }
 
 interface Subscribed {
