@@ -41,6 +41,14 @@ export declare class RedisLeaseProvider {
    */
   ping(): Promise<number>
   /**
+   * One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
+   * token, ttlMs }], cursor }`; pass `cursor` back for the next page, until it is absent.
+   * A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
+   * a lease that comes or goes meanwhile may or may not be listed. Rejects with
+   * `ERR_LEASE_INVALID_OPTION` for an unknown option or a cursor it did not answer.
+   */
+  listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string }>; cursor?: string }>
+  /**
    * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
    * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
    * lease's fencing token), or `{ acquired: false, owner: holder }`.

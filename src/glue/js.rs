@@ -386,6 +386,24 @@ pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<u64>) -> Valu
     out
 }
 
+/// `{ leases: [{ key, owner, token, ttlMs }, ...], cursor }`, a page of `listLeases`.
+pub fn page(env: Env, page: &crate::core::lease::Page) -> Value {
+    let rows: Vec<Value> = page
+        .leases
+        .iter()
+        .map(|(key, l)| {
+            let row = lease(env, &l.owner, l.token, l.ttl_ms);
+            set_property(env, row, c"key", string(env, key));
+            row
+        })
+        .collect();
+    let out = object(env);
+    set_property(env, out, c"leases", array(env, &rows));
+    let cursor = string_or_undefined(env, page.cursor.as_deref());
+    set_property(env, out, c"cursor", cursor);
+    out
+}
+
 /// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease.
 pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: u64) -> Value {
     let fields = [

@@ -109,6 +109,38 @@ impl RedisLeaseProvider {
         unknown(env, promise)
     }
 
+    /// One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
+    /// token, ttlMs }], cursor }`; pass `cursor` back for the next page, until it is absent.
+    /// A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
+    /// a lease that comes or goes meanwhile may or may not be listed. Rejects with
+    /// `ERR_LEASE_INVALID_OPTION` for an unknown option or a cursor it did not answer.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "options?: { cursor?: string; count?: number }",
+        ts_return_type = "Promise<{ leases: Array<LeaseState & { key: string }>; cursor?: string }>"
+    )]
+    pub fn list_leases<'env>(
+        &self,
+        env: &'env Env,
+        options: Option<Unknown<'env>>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        let promise = match (
+            &self.bridge,
+            options::list_leases(e, options.map(|o| o.raw())),
+        ) {
+            (_, Err(refused)) => settled(e, Err(refused.error)),
+            (None, _) => settled(e, Err(Error::Closed(self.subject))),
+            (Some(bridge), Ok((cursor, count))) => {
+                let store = bridge.store().clone();
+                bridge.spawn(e, async move {
+                    Ok(Reply::Page(store.list(cursor.as_deref(), count).await?))
+                })
+            }
+        };
+        unknown(env, promise)
+    }
+
     /// Hands a checked call to the bridge; a closed provider or bad input is answered at once.
     fn submit<'env>(
         &self,

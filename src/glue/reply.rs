@@ -1,6 +1,7 @@
 //! What a finished lease call hands back to JavaScript.
 
 use super::js::{self, Env, Value};
+use crate::core::lease::Page;
 use crate::core::{Answer, Error, Result};
 
 /// What a finished call hands back: a lease answer, or a plain value.
@@ -11,6 +12,8 @@ pub enum Reply {
     Undefined,
     /// A number (a subscription's id).
     Number(f64),
+    /// A page of `listLeases`.
+    Page(Page),
 }
 
 /// A finished call: its reply, or the error to reject with.
@@ -33,6 +36,7 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
         }),
         Ok(Reply::Answer(Answer::Released(_)) | Reply::Undefined) => Ok(js::undefined(env)),
         Ok(Reply::Number(n)) => Ok(js::number_value(env, n)),
+        Ok(Reply::Page(page)) => Ok(js::page(env, &page)),
         Ok(Reply::Answer(Answer::Renewed(done) | Answer::Transferred(done))) => {
             Ok(js::boolean(env, done))
         }

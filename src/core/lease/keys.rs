@@ -58,6 +58,11 @@ static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
     tags.into_iter().map(Option::unwrap_or_default).collect()
 });
 
+/// A key in hash slot `slot` (`{<tag>}`), to route a keyless command to the slot's master.
+pub fn in_slot(slot: u16) -> Vec<u8> {
+    format!("{{{}}}", TAGS[usize::from(slot % SLOTS)]).into_bytes()
+}
+
 /// The Redis keys of one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseKeys {
@@ -95,6 +100,11 @@ impl Layout {
             None => true,
             Some(_) => hash_tag(bytes).is_some(),
         }
+    }
+
+    /// `<keyPrefix>:lease:`, what every lease key starts with.
+    pub fn lease_prefix(&self) -> &[u8] {
+        &self.lease_prefix
     }
 
     /// `<keyPrefix>:lease:<key>`.

@@ -1,7 +1,9 @@
 //! Leases: the five operations Mastra's Signals runtime calls, and the limits every store
 //! enforces on its input before doing any work.
 
+mod inspect;
 pub mod keys;
+pub use inspect::Page;
 pub mod memory;
 #[cfg(test)]
 mod props;

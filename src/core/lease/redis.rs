@@ -140,6 +140,11 @@ impl RedisStore {
         })
     }
 
+    /// Where the leases live in Redis.
+    pub(super) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     /// The connection the calls go through.
     pub fn connection(&self) -> &Connection {
         &self.connection

@@ -51,6 +51,15 @@ pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
     Ok(limits)
 }
 
+/// `listLeases(options)`: the cursor to go on from, and about how many keys a page scans.
+pub fn list_leases(env: Env, value: Option<Value>) -> Read<(Option<String>, u32)> {
+    let options = Options::new(env, value, "listLeases")?;
+    let cursor = options.string("cursor")?;
+    let count = options.whole("count", 1, 100_000)?.unwrap_or(1_000);
+    options.finish()?;
+    Ok((cursor, count as u32))
+}
+
 /// `new RedisLeaseProvider(options)`: the store's options, and the logger object.
 pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
     let options = Options::new(env, value, "RedisLeaseProvider")?;
