@@ -3,8 +3,8 @@
 //! Its functions answer on the spot, with no thread hop, and synchronously: the shell makes
 //! the promise and the `acquireLease` object in JavaScript, where both cost a fraction of
 //! what they cost through N-API. They are plain functions bound to their table (not class
-//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping: together about
-//! three quarters of an in-memory call (measured in `docs/benchmarks.md`).
+//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping. Together: 1.05M
+//! to 2.9M lifecycle calls/s (`docs/benchmarks.md` has what each piece cost).
 
 use std::ffi::{c_void, CStr};
 use std::ptr;
