@@ -13,6 +13,7 @@ import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases
 import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { startCluster } from './helpers/redis-topologies.js'
 import { recordingLogger } from './helpers/streams.js'
 
 leaseSuite()
@@ -177,6 +178,27 @@ describe('where Redis fails', () => {
           fields: expect.objectContaining({ code: 'ERR_LEASE_TIMEOUT', operation: 'acquireLease', failedCalls: 2 }),
         },
       ])
+    }
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('ping() on a Redis Cluster reaches every master: one master frozen is ERR_LEASE_TIMEOUT within commandTimeoutMs, and it answers again once thawed', async () => {
+    const cluster = await startCluster()
+    try {
+      const p = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix: `ping-cluster:${RUN}`, commandTimeoutMs: 400 }))
+      expect(await p.ping()).toBeGreaterThan(0)
+      const masters = await cluster.masters()
+      const frozen = masters[masters.length - 1]!
+      frozen.freeze()
+      const started = performance.now()
+      try {
+        await expectRejection(() => p.ping(), Error, 'ERR_LEASE_TIMEOUT')
+      } finally {
+        frozen.thaw()
+      }
+      expect(performance.now() - started).toBeLessThan(400 + 700)
+      expect(await p.ping()).toBeGreaterThan(0)
+    } finally {
+      await cluster.stop()
     }
   })
 

@@ -202,20 +202,21 @@ impl Connection {
         self.timeout
     }
 
-    /// A round trip to the server (`PING`; on a cluster, to one of its nodes), connecting if
-    /// need be: how long it took. Settles within the command timeout, as every call does; a
-    /// server that cannot be reached, or refuses the command, is the call's error.
+    /// A round trip to the server (`PING`; on a cluster, to every master at once: the leases
+    /// of a slot whose master does not answer are unreachable), connecting if need be: how
+    /// long it took. Settles within the command timeout, as every call does; a server that
+    /// cannot be reached, or refuses the command, is the call's error.
     pub async fn ping(&self) -> Result<Duration> {
         let started = std::time::Instant::now();
-        let mut replies = self
+        let ping = redis::cmd("PING");
+        let replies = self
             .run_within(self.timeout, |mut link| async move {
-                let mut pipe = redis::pipe();
-                pipe.cmd("PING");
-                link.send_packed_commands(&pipe, 0, 1).await
+                link.on_every_master(&ping).await
             })
             .await?;
-        let reply = replies.pop().unwrap_or(Value::Nil);
-        parse::<String>(reply).map_err(|err| self.classify_reply(err))?;
+        for reply in replies {
+            parse::<String>(reply).map_err(|err| self.classify_reply(err))?;
+        }
         Ok(started.elapsed())
     }
 
