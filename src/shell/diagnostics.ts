@@ -54,7 +54,7 @@ export interface PublishContext {
 /**
  * What `mastra-lease:streams:deliver`, `:ack` and `:nack` publish: an event handed to a
  * subscriber's callback, and that callback settling it (a callback that throws or rejects
- * nacks). `group` is absent for a fan-out subscription.
+ * nacks). `group` is `undefined` for a fan-out subscription.
  */
 export interface DeliveryMessage {
   topic: string

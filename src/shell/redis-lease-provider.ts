@@ -3,6 +3,7 @@ import type { LeaseGrant, LeaseState } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
+/** The binding's methods, which a traced call runs with the provider as `this`. */
 const native = NativeRedisLeaseProvider.prototype
 
 /**
