@@ -119,6 +119,20 @@ describe('the npm package', () => {
     }
   })
 
+  it('installs the mastra-lease command: --help answers with its usage and exit code 0, a usage error with 2', () => {
+    const bin = path.join(project, 'node_modules', '.bin', 'mastra-lease')
+    const env = { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) }
+    const help = execFileSync(bin, ['--help'], { cwd: project, env, encoding: 'utf8', timeout: 20_000 })
+    expect(help).toContain('mastra-lease list')
+    let code: unknown
+    try {
+      execFileSync(bin, ['frobnicate'], { cwd: project, env, stdio: 'pipe', timeout: 20_000 })
+    } catch (error) {
+      code = (error as { status?: unknown }).status
+    }
+    expect(code).toBe(2)
+  })
+
   it('ships its type declarations and no native addon, and nothing from the source tree', () => {
     const files = execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' })
     const names = (JSON.parse(files) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path).sort()
@@ -131,6 +145,7 @@ describe('the npm package', () => {
         'dist/esm/index.d.ts',
         'dist/cjs/index.js',
         'dist/cjs/index.d.ts',
+        'bin/mastra-lease.mjs',
         'package.json',
         'README.md',
       ]),
