@@ -34,7 +34,7 @@ pub struct Bridge<S> {
     store: Arc<S>,
     inbox: Arc<Inbox>,
     /// Calls made since the last flush, waiting for the end of this turn of JavaScript.
-    outbox: Outbox<(Deferred, Operation, Call)>,
+    outbox: Outbox<(Deferred, Call)>,
     stats: Arc<Stats>,
 }
 
@@ -65,10 +65,9 @@ impl<S: LeaseStore + 'static> Bridge<S> {
 
     /// On the JavaScript thread: queues `call` and answers its promise. The first call of a
     /// turn schedules the flush that sends the whole turn's calls together.
-    pub fn submit(self: &Arc<Self>, env: Env, operation: Operation, call: Call) -> Value {
+    pub fn submit(self: &Arc<Self>, env: Env, call: Call) -> Value {
         let (deferred, promise) = self.inbox.promise(env);
-        self.outbox
-            .push(env, (deferred, operation, call), self, Self::flush);
+        self.outbox.push(env, (deferred, call), self, Self::flush);
         promise
     }
 
@@ -77,20 +76,14 @@ impl<S: LeaseStore + 'static> Bridge<S> {
     /// run, while Redis still works on the rest, instead of everyone waiting for the last
     /// reply of one big batch.
     fn flush(self: &Arc<Self>) {
-        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _, _)| d) else {
+        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _)| d) else {
             return;
         };
         let size = pipeline_size(batch.len());
         let mut batch = batch.into_iter().peekable();
         while batch.peek().is_some() {
-            let mut deferreds = Vec::with_capacity(size);
-            let mut operations = Vec::with_capacity(size);
-            let mut calls = Vec::with_capacity(size);
-            for (deferred, operation, call) in batch.by_ref().take(size) {
-                deferreds.push(deferred);
-                operations.push(operation);
-                calls.push(call);
-            }
+            let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.by_ref().take(size).unzip();
+            let operations: Vec<Operation> = calls.iter().map(Call::operation).collect();
             let bridge = self.clone();
             runtime.spawn(async move {
                 let count = calls.len();

@@ -19,7 +19,7 @@ use napi_derive::napi;
 use super::args;
 use super::js::{self, Value};
 use super::options;
-use super::reply::{catching, LeaseStats};
+use super::reply::{catching, to_js, LeaseStats, Reply};
 use super::tsfn::Tsfn;
 use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
@@ -113,7 +113,7 @@ unsafe extern "C" fn release_table(_env: js::Env, data: *mut c_void, _hint: *mut
 }
 
 /// One lease call: reads the `N` arguments, runs the call on the table and counts it, then
-/// answers with `answer`'s value or throws the call's coded error.
+/// answers as [`answered`] says or throws the call's coded error.
 ///
 /// # Safety
 /// `info` is the callback info of a call to a function made by `functions`.
@@ -122,7 +122,6 @@ unsafe fn lease_call<const N: usize>(
     info: sys::napi_callback_info,
     operation: Operation,
     read: impl FnOnce(js::Env, [Value; N]) -> Result<Call>,
-    answer: impl FnOnce(js::Env, Answer) -> Value,
 ) -> Value {
     // SAFETY: as this function's contract says.
     let (table, args) = unsafe { bound::<N>(env, info) };
@@ -134,11 +133,27 @@ unsafe fn lease_call<const N: usize>(
     });
     table.stats.record(operation, outcome.as_ref());
     match outcome {
-        Ok(outcome) => answer(env, outcome),
+        Ok(answer) => answered(env, answer),
         Err(err) => {
             js::throw(env, &err, None);
             ptr::null_mut()
         }
+    }
+}
+
+/// A lease answer as a table function gives it: as a Redis call resolves (`reply::to_js`),
+/// except an acquire: its token (a number) when granted, the holder (a string) when refused,
+/// of which the shell makes `{ acquired, owner, token }`.
+fn answered(env: js::Env, answer: Answer) -> Value {
+    match answer {
+        // A memory grant always has a token (tokens start at 1).
+        Answer::Grant(grant) if grant.acquired => {
+            js::number_value(env, grant.token.unwrap_or(0) as f64)
+        }
+        Answer::Grant(grant) => js::string_or_undefined(env, grant.owner.as_deref()),
+        other => match to_js(env, Ok(Reply::Answer(other))) {
+            Ok(value) | Err(value) => value,
+        },
     }
 }
 
@@ -156,80 +171,39 @@ unsafe fn bound<'a, const N: usize>(
     (unsafe { &*data.cast::<Table>() }, args)
 }
 
-/// `acquireLease(key, owner, ttlMs)`: the fencing token (a number) when granted, the holder
-/// (a string) when refused; the shell makes `{ acquired, owner, token }` of it.
+/// `acquireLease(key, owner, ttlMs)`: the fencing token when granted, the holder when refused.
 unsafe extern "C" fn acquire_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key, owner, ttl]: [Value; 3]| args::acquire_lease(env, key, owner, ttl);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe {
-        lease_call(env, info, Operation::AcquireLease, read, |env, answer| {
-            match answer {
-                Answer::Grant(grant) if grant.acquired => {
-                    // A memory grant always has a token (tokens start at 1).
-                    js::number_value(env, grant.token.unwrap_or(0) as f64)
-                }
-                Answer::Grant(grant) => js::string_or_undefined(env, grant.owner.as_deref()),
-                _ => unreachable_answer(env),
-            }
-        })
-    }
+    unsafe { lease_call(env, info, Operation::AcquireLease, read) }
 }
 
 /// `getLeaseOwner(key)`: the holder, or `undefined`.
 unsafe extern "C" fn get_lease_owner(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key]: [Value; 1]| args::get_lease_owner(env, key);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe {
-        lease_call(
-            env,
-            info,
-            Operation::GetLeaseOwner,
-            read,
-            |env, answer| match answer {
-                Answer::Owner(owner) => js::string_or_undefined(env, owner.as_deref()),
-                _ => unreachable_answer(env),
-            },
-        )
-    }
+    unsafe { lease_call(env, info, Operation::GetLeaseOwner, read) }
 }
 
 /// `getLease(key)`: `{ owner, token, ttlMs }`, or `undefined`.
 unsafe extern "C" fn get_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key]: [Value; 1]| args::get_lease(env, key);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe {
-        lease_call(
-            env,
-            info,
-            Operation::GetLease,
-            read,
-            |env, answer| match answer {
-                Answer::Lease(Some(lease)) => {
-                    js::lease(env, &lease.owner, lease.token, lease.ttl_ms)
-                }
-                Answer::Lease(None) => js::undefined(env),
-                _ => unreachable_answer(env),
-            },
-        )
-    }
+    unsafe { lease_call(env, info, Operation::GetLease, read) }
 }
 
 /// `releaseLease(key, owner)`: `undefined`.
 unsafe extern "C" fn release_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key, owner]: [Value; 2]| args::release_lease(env, key, owner);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe {
-        lease_call(env, info, Operation::ReleaseLease, read, |env, _| {
-            js::undefined(env)
-        })
-    }
+    unsafe { lease_call(env, info, Operation::ReleaseLease, read) }
 }
 
 /// `renewLease(key, owner, ttlMs)`: whether the owner still held the lease.
 unsafe extern "C" fn renew_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key, owner, ttl]: [Value; 3]| args::renew_lease(env, key, owner, ttl);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::RenewLease, read, done) }
+    unsafe { lease_call(env, info, Operation::RenewLease, read) }
 }
 
 /// `transferLease(key, fromOwner, toOwner, ttlMs)`: whether the lease moved.
@@ -237,21 +211,7 @@ unsafe extern "C" fn transfer_lease(env: js::Env, info: sys::napi_callback_info)
     let read =
         |env, [key, from, to, ttl]: [Value; 4]| args::transfer_lease(env, key, from, to, ttl);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::TransferLease, read, done) }
-}
-
-/// The answer of a renewal or a transfer: `true` or `false`.
-fn done(env: js::Env, answer: Answer) -> Value {
-    match answer {
-        Answer::Renewed(done) | Answer::Transferred(done) => js::boolean(env, done),
-        _ => unreachable_answer(env),
-    }
-}
-
-/// What a function answers for an answer its call cannot have: `undefined` rather than a
-/// panic (the store answers each call with its own kind).
-fn unreachable_answer(env: js::Env) -> Value {
-    js::undefined(env)
+    unsafe { lease_call(env, info, Operation::TransferLease, read) }
 }
 
 /// `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.

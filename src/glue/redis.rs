@@ -156,7 +156,7 @@ impl RedisLeaseProvider {
         let promise = match (&self.bridge, call) {
             (None, _) => refused(Error::Closed(self.subject)),
             (Some(_), Err(err)) => refused(err),
-            (Some(bridge), Ok(call)) => bridge.submit(e, operation, call),
+            (Some(bridge), Ok(call)) => bridge.submit(e, call),
         };
         unknown(env, promise)
     }

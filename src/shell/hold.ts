@@ -2,6 +2,8 @@
 // Works over any LeaseProvider; the providers and pubsubs of this package have it as a method.
 import type { LeaseProvider } from '@mastra/core/events'
 
+import { coded } from './errors.js'
+
 /** Options of `hold(key, owner, options)` and `holdLease(leases, key, owner, options)`. */
 export interface HoldOptions {
   /** The lease's TTL in milliseconds; it is renewed every third of it. */
@@ -29,10 +31,6 @@ export interface HeldLease {
 }
 
 const HOLD_OPTIONS = new Set(['ttlMs', 'signal'])
-
-function coded<E extends Error>(error: E, code: string, fields: object = {}): E & { code: string } {
-  return Object.assign(error, { code }, fields)
-}
 
 /** Checks `options` before any I/O: unknown or unusable options throw ERR_LEASE_INVALID_OPTION. */
 function checked(options: HoldOptions): HoldOptions {

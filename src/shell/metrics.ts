@@ -5,6 +5,7 @@
 import type { Attributes, Counter, Histogram, MeterProvider } from '@opentelemetry/api'
 
 import { leaseChannel, type LeaseCallContext } from './diagnostics.js'
+import { coded } from './errors.js'
 
 /** The instrument scope's name: what the metrics are grouped under. */
 const SCOPE = 'mastra-lease'
@@ -43,7 +44,7 @@ function globalMeterProvider(): () => MeterProvider {
     api = require('@opentelemetry/api') as typeof import('@opentelemetry/api')
   } catch (cause) {
     const message = 'recordLeaseMetrics(): @opentelemetry/api is not installed; install it, or pass a MeterProvider'
-    throw Object.assign(new TypeError(message, { cause }), { code: 'ERR_LEASE_INVALID_OPTION' })
+    throw coded(new TypeError(message, { cause }), 'ERR_LEASE_INVALID_OPTION')
   }
   return () => api.metrics.getMeterProvider()
 }
@@ -63,7 +64,7 @@ function globalMeterProvider(): () => MeterProvider {
 export function recordLeaseMetrics(meterProvider?: MeterProvider): () => void {
   if (meterProvider !== undefined && typeof (meterProvider as Partial<MeterProvider>)?.getMeter !== 'function') {
     const message = 'recordLeaseMetrics(): meterProvider must be an OpenTelemetry MeterProvider (with getMeter)'
-    throw Object.assign(new TypeError(message), { code: 'ERR_LEASE_INVALID_OPTION' })
+    throw coded(new TypeError(message), 'ERR_LEASE_INVALID_OPTION')
   }
   const current = meterProvider === undefined ? globalMeterProvider() : () => meterProvider
   let made: Instruments | undefined

@@ -3,6 +3,7 @@ import type { LeaseProvider } from '@mastra/core/events'
 
 import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
 import { isTracedProvider, leaseChannel } from './diagnostics.js'
+import { coded } from './errors.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
 /** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
@@ -15,7 +16,7 @@ type FencingLeaseProvider = LeaseProvider & {
 /** The error for a method only this package's lease providers have. */
 function unsupported(method: string): TypeError {
   const error = new TypeError(`${method}: the lease provider has none (it is not a mastra-lease provider)`)
-  return Object.assign(error, { code: 'ERR_LEASE_UNSUPPORTED' })
+  return coded(error, 'ERR_LEASE_UNSUPPORTED')
 }
 
 /**

@@ -5,6 +5,7 @@ import type { Event, EventCallback, PubSubDeliveryMode, SubscribeOptions } from 
 import { RedisStreamsTransport } from '../../index.js'
 import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
 import { ackChannel, deliverChannel, nackChannel, publishChannel, type DeliveryMessage } from './diagnostics.js'
+import { coded } from './errors.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** A logger: `warn` for warnings and, if it has one, `debug` for notes (Mastra's logger fits). */
@@ -81,7 +82,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     // publish; anything thrown on the way still comes back as a rejection.
     try {
       if (typeof event !== 'object' || event === null || Array.isArray(event)) {
-        throw Object.assign(new TypeError('event must be an object'), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+        throw argumentError('event must be an object')
       }
       const deliveryAttempt = event.deliveryAttempt === undefined ? 1 : this.transport.deliveryAttemptOf(event.deliveryAttempt)
       if (options?.localOnly) {
@@ -304,7 +305,7 @@ function dateOf(text: string): Date {
 
 /** The same coded error the native argument checks give. */
 function argumentError(message: string): TypeError {
-  return Object.assign(new TypeError(message), { code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+  return coded(new TypeError(message), 'ERR_STREAMS_INVALID_ARGUMENT')
 }
 
 /**
