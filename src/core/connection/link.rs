@@ -17,19 +17,29 @@
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
+    Pipeline, ProtocolVersion, PushInfo, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+use tokio::sync::mpsc::UnboundedSender;
 
 use super::sentinel::Sentinels;
 use super::{parse, redact, tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
+
+/// The protocol a target's connections speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Protocol {
+    /// The one the URL names (RESP2 unless it says otherwise).
+    AsTheUrlSays,
+    /// RESP3, for connections that receive pushes (subscriptions).
+    Resp3,
+}
 
 /// The deployment to reach.
 pub(super) enum Target {
@@ -52,15 +62,17 @@ pub(super) struct NodeClients {
 }
 
 impl Target {
-    /// Checks the URLs, the credentials and the TLS material; connects nowhere.
-    pub(super) fn new(options: &ConnectionOptions) -> Result<Self> {
+    /// Checks the URLs, the credentials and the TLS material; connects nowhere. With
+    /// `Protocol::Resp3` every connection speaks RESP3 (what a subscription on a multiplexed
+    /// connection needs); otherwise the URL's protocol (RESP2 unless it says).
+    pub(super) fn new(options: &ConnectionOptions, protocol: Protocol) -> Result<Self> {
         // Before any client: a `rediss://` URL needs it even without TLS options.
         tls::install_provider();
         match &options.deployment {
-            Deployment::Single => Ok(Self::Single(single(options)?)),
-            Deployment::Cluster { nodes } => cluster(options, nodes),
+            Deployment::Single => Ok(Self::Single(single(options, protocol)?)),
+            Deployment::Cluster { nodes } => cluster(options, nodes, protocol),
             Deployment::Sentinel { nodes, master_name } => {
-                Sentinels::new(options, nodes, master_name).map(Self::Sentinel)
+                Sentinels::new(options, nodes, master_name, protocol).map(Self::Sentinel)
             }
         }
     }
@@ -140,6 +152,34 @@ impl Target {
                     .map(Link::Direct)
             }
             Self::Sentinel(sentinels) => sentinels.connect(config).await.map(Link::Master),
+        }
+    }
+}
+
+impl Target {
+    /// A connection of its own whose pushes (subscription messages, and redis-rs' notice
+    /// that it was disconnected) go to `pushes`: to the server, a cluster (redis-rs routes
+    /// each shard channel to its slot's node and moves the subscriptions when slots move),
+    /// or the master the sentinels name now. The target must speak RESP3.
+    pub(super) async fn listening(
+        &self,
+        config: &AsyncConnectionConfig,
+        cluster: ClusterConfig,
+        pushes: UnboundedSender<PushInfo>,
+    ) -> RedisResult<Link> {
+        match self {
+            Self::Single(client) => client
+                .get_multiplexed_async_connection_with_config(&config.clone().set_push_sender(pushes))
+                .await
+                .map(Link::Direct),
+            Self::Cluster { client, .. } => client
+                .get_async_connection_with_config(cluster.set_push_sender(pushes))
+                .await
+                .map(Link::Cluster),
+            Self::Sentinel(sentinels) => sentinels
+                .connect(&config.clone().set_push_sender(pushes))
+                .await
+                .map(Link::Master),
         }
     }
 }
@@ -236,6 +276,23 @@ impl Link {
 }
 
 impl Link {
+    /// Subscribes a shard channel (`SSUBSCRIBE`; on a cluster at the node of its slot). The
+    /// link must speak RESP3 and send its pushes somewhere ([`Target::listening`]).
+    pub async fn ssubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
+        match self {
+            Self::Cluster(cluster) => cluster.ssubscribe(channel).await,
+            _ => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(self).await,
+        }
+    }
+
+    /// Undoes [`Link::ssubscribe`].
+    pub async fn sunsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
+        match self {
+            Self::Cluster(cluster) => cluster.sunsubscribe(channel).await,
+            _ => redis::cmd("SUNSUBSCRIBE").arg(channel).exec_async(self).await,
+        }
+    }
+
     /// Runs `cmd` on every master (one server's link: on it), answering each node's reply,
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
@@ -410,8 +467,12 @@ pub(super) fn refused_tls(_: redis::RedisError) -> Error {
 
 /// The client of a single server: the URL, with the credentials and database the options
 /// give beside it, and the TLS material for a `rediss://` URL.
-fn single(options: &ConnectionOptions) -> Result<Client> {
-    let info = with_credentials(&options.url, options, "url")?;
+fn single(options: &ConnectionOptions, protocol: Protocol) -> Result<Client> {
+    let mut info = with_credentials(&options.url, options, "url")?;
+    if protocol == Protocol::Resp3 {
+        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        info = info.set_redis_settings(settings);
+    }
     check_tls(options, &info)?;
     if options.tls.is_empty() {
         return Client::open(info).map_err(|err| Error::from_redis(err, options.connect_timeout));
@@ -422,7 +483,7 @@ fn single(options: &ConnectionOptions) -> Result<Client> {
 /// A cluster client: the seed nodes (one scheme, one set of credentials), the timeouts.
 /// redis-rs retries a command that met MOVED, ASK, TRYAGAIN or a dropped node within the
 /// call's timeout, which `Connection` bounds; its own bound is set to the same.
-fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
+fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) -> Result<Target> {
     let range = |message: &str| Error::option(InputErrorKind::Range, message);
     if nodes.is_empty() {
         return Err(range("cluster.nodes must name at least one node"));
@@ -441,6 +502,9 @@ fn cluster(options: &ConnectionOptions, nodes: &[String]) -> Result<Target> {
         .overall_response_timeout(Some(options.command_timeout))
         .min_retry_wait(10)
         .max_retry_wait(200);
+    if protocol == Protocol::Resp3 {
+        builder = builder.use_protocol(ProtocolVersion::RESP3);
+    }
     if let Some(username) = first.redis_settings().username() {
         builder = builder.username(username);
     }

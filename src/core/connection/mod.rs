@@ -10,6 +10,7 @@
 //! - `tls.rs`: TLS material for `rediss://`.
 
 mod link;
+mod listener;
 mod sentinel;
 mod setup;
 mod tls;
@@ -27,7 +28,9 @@ use crate::core::lock;
 use crate::core::log::{Logger, Notice};
 
 pub use link::Link;
-use link::Target;
+use link::{Protocol, Target};
+pub use listener::Wake;
+use listener::Listener;
 use setup::Setup;
 pub use setup::EVICTION_WARNING_CODE;
 pub use tls::TlsOptions;
@@ -153,6 +156,8 @@ pub struct Connection {
     closed: AtomicBool,
     /// Names a fresh connection and checks the server's eviction policy on it.
     setup: Arc<Setup>,
+    /// The connection of its own that listens to shard channels, opened on first use.
+    listener: Listener,
 }
 
 impl std::fmt::Debug for Connection {
@@ -169,7 +174,7 @@ impl Connection {
     /// Checks the URL, the credentials and the TLS material; does not connect. `subject` is
     /// what a call after [`Connection::close`] says was closed.
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
-        let target = Target::new(options)?;
+        let target = Target::new(options, Protocol::AsTheUrlSays)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout))
@@ -194,6 +199,11 @@ impl Connection {
             subject,
             closed: AtomicBool::new(false),
             setup: Arc::new(Setup::default()),
+            listener: Listener::new(
+                Target::new(options, Protocol::Resp3)?,
+                options.connect_timeout,
+                options.command_timeout,
+            ),
         })
     }
 
@@ -282,6 +292,23 @@ impl Connection {
         }
     }
 
+    /// Calls `wake` whenever something is published on the shard channel `channel`, and
+    /// whenever messages may have been missed (the listening connection was lost, and again
+    /// once it is back), until [`Connection::unlisten`] with the id it answers. Resolves once
+    /// Redis confirmed the subscription, within the command timeout. The subscriptions share
+    /// one RESP3 connection of their own, opened on the first.
+    pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        self.listener.listen(channel, wake).await
+    }
+
+    /// Stops calling listener `id` of `channel`.
+    pub fn unlisten(&self, channel: &[u8], id: u64) {
+        self.listener.unlisten(channel, id);
+    }
+
     /// Runs commands on the connection, the whole call (connecting included) bounded by the
     /// command timeout. Must run inside a Tokio runtime.
     pub async fn run<T, F, Fut>(&self, work: F) -> Result<T>
@@ -354,6 +381,7 @@ impl Connection {
         self.closed.store(true, Ordering::Release);
         self.slot().take();
         self.target.close();
+        self.listener.close();
     }
 
     /// Drops connection `number` after a call on it timed out, unless a newer one replaced

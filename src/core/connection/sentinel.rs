@@ -15,7 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisResult};
 use tokio::task::AbortHandle;
 
-use super::link::{redact_all, refused_tls, seeds};
+use super::link::{redact_all, refused_tls, seeds, Protocol};
 use super::ConnectionOptions;
 use crate::core::error::{Error, InputErrorKind, Result};
 use crate::core::lock;
@@ -49,6 +49,7 @@ impl Sentinels {
         options: &ConnectionOptions,
         nodes: &[String],
         master_name: &str,
+        protocol: Protocol,
     ) -> Result<Self> {
         let range = |message: &str| Error::option(InputErrorKind::Range, message);
         if nodes.is_empty() {
@@ -86,6 +87,9 @@ impl Sentinels {
         }
         if let Some(database) = options.database {
             builder = builder.set_client_to_redis_db(database);
+        }
+        if protocol == Protocol::Resp3 {
+            builder = builder.set_client_to_redis_protocol(redis::ProtocolVersion::RESP3);
         }
         if tls {
             builder = builder

@@ -9,6 +9,7 @@ pub mod memory;
 mod props;
 pub mod redis;
 pub mod stats;
+mod watch;
 
 use std::future::Future;
 

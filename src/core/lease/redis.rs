@@ -145,6 +145,11 @@ impl RedisStore {
         &self.layout
     }
 
+    /// The input limits.
+    pub(super) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The connection the calls go through.
     pub fn connection(&self) -> &Connection {
         &self.connection

@@ -319,3 +319,98 @@ async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the
     let wrong_type = redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n").unwrap();
     assert!(!untokened(&server).acquire_again(&acquire("j", "b", 10_000), &wrong_type));
 }
+
+/// A watcher that counts its wake-ups and lets a test wait for the next one.
+fn counting() -> (crate::core::connection::Wake, tokio::sync::watch::Receiver<u32>) {
+    let (tell, heard) = tokio::sync::watch::channel(0u32);
+    let wake = std::sync::Arc::new(move || tell.send_modify(|n| *n += 1));
+    (wake, heard)
+}
+
+/// Waits up to a second for the count to reach `n`.
+async fn woken(heard: &mut tokio::sync::watch::Receiver<u32>, n: u32) -> bool {
+    let reached = heard.wait_for(|count| *count >= n);
+    tokio::time::timeout(Duration::from_secs(1), reached)
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_renewals() {
+    let server = Server::start("lease-watch");
+    let store = store(&server, Duration::from_secs(2));
+    let (wake, mut heard) = counting();
+    let id = store.watch("k", wake).await.unwrap();
+    store.execute_one(acquire("k", "a", 10_000)).await.unwrap();
+    store.execute_one(acquire("k", "b", 10_000)).await.unwrap();
+    let renew = Call::Renew {
+        key: "k".into(),
+        owner: "a".into(),
+        ttl_ms: 10_000,
+    };
+    store.execute_one(renew).await.unwrap();
+    let transfer = Call::Transfer {
+        key: "k".into(),
+        from: "a".into(),
+        to: "b".into(),
+        ttl_ms: 10_000,
+    };
+    store.execute_one(transfer).await.unwrap();
+    assert!(woken(&mut heard, 1).await, "the transfer woke the watcher");
+    assert_eq!(*heard.borrow(), 1, "acquires and a renewal publish nothing");
+    let not_held = Call::Release {
+        key: "k".into(),
+        owner: "a".into(),
+    };
+    store.execute_one(not_held).await.unwrap();
+    let release = Call::Release {
+        key: "k".into(),
+        owner: "b".into(),
+    };
+    store.execute_one(release).await.unwrap();
+    assert!(woken(&mut heard, 2).await, "the release woke the watcher");
+    assert_eq!(*heard.borrow(), 2, "a release by a non-holder publishes nothing");
+    store.unwatch("k", id);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.cli(&["PUBSUB", "SHARDNUMSUB", "t:lease:k"]), "t:lease:k\n0");
+}
+
+#[tokio::test]
+async fn a_watcher_is_woken_when_the_listening_connection_is_lost_and_again_once_back() {
+    let mut server = Server::start("lease-watch-restart");
+    let store = store(&server, Duration::from_secs(2));
+    let (wake, mut heard) = counting();
+    store.watch("k", wake).await.unwrap();
+    server.restart();
+    assert!(woken(&mut heard, 1).await, "woken when the connection was lost");
+    let resubscribed = async {
+        while server.cli(&["PUBSUB", "SHARDNUMSUB", "t:lease:k"]) != "t:lease:k\n1" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), resubscribed)
+        .await
+        .expect("subscribed again on a fresh connection");
+    assert!(woken(&mut heard, 2).await, "woken again once listening again");
+    store.execute_one(acquire("k", "a", 10_000)).await.unwrap();
+    let before = *heard.borrow();
+    let release = Call::Release {
+        key: "k".into(),
+        owner: "a".into(),
+    };
+    store.execute_one(release).await.unwrap();
+    assert!(woken(&mut heard, before + 1).await, "a release is heard on the fresh connection");
+}
+
+#[tokio::test]
+async fn watching_a_bad_key_is_refused_before_any_io_and_a_closed_connection_refuses_too() {
+    let server = Server::start("lease-watch-bad");
+    let store = store(&server, Duration::from_secs(2));
+    let (wake, _heard) = counting();
+    let err = store.watch("", wake.clone()).await.unwrap_err();
+    assert_eq!(err.code(), "ERR_LEASE_INVALID_KEY");
+    assert_eq!(server.cli(&["PUBSUB", "SHARDCHANNELS"]), "");
+    store.connection().close();
+    let err = store.watch("k", wake).await.unwrap_err();
+    assert_eq!(err.code(), "ERR_LEASE_CLOSED");
+}

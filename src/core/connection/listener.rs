@@ -1,0 +1,297 @@
+//! Shard channels listened to on a connection of their own, for wake-ups: a lease's release
+//! and transfer scripts publish on the lease key's name (`SPUBLISH`, in the key's own slot),
+//! and a process waiting for the key hears it here at once instead of polling.
+//!
+//! One RESP3 connection per [`Connection`](super::Connection), opened on the first
+//! [`Listener::listen`]; every channel is subscribed once (`SSUBSCRIBE`), however many listen
+//! to it. When the connection is lost, nothing said meanwhile is heard, so every listener is
+//! woken (it checks again for itself), a fresh connection is opened in the background with
+//! every channel subscribed again, and everyone is woken once more when it is up. A wake-up
+//! therefore means "the key may have changed": a listener must check, never assume.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::cluster::ClusterConfig;
+use redis::{AsyncConnectionConfig, PushKind, PushInfo, RedisResult, Value};
+use tokio::sync::mpsc;
+
+use super::link::{Link, Target};
+use crate::core::error::{Error, Result};
+use crate::core::lock;
+
+/// What a listener is called with nothing: "look again".
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// The first wait before opening the connection again after it was lost; it doubles up to
+/// [`AGAIN_AT_MOST`].
+const AGAIN: Duration = Duration::from_millis(100);
+const AGAIN_AT_MOST: Duration = Duration::from_secs(2);
+
+/// The listening connection and who listens to what.
+pub struct Listener {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    target: Target,
+    config: AsyncConnectionConfig,
+    cluster: ClusterConfig,
+    timeout: Duration,
+    /// The listeners of each channel, by the id [`Listener::listen`] answered.
+    channels: Mutex<HashMap<Vec<u8>, Vec<(u64, Wake)>>>,
+    next: AtomicU64,
+    /// The connection the subscriptions are on; `None` before the first and once one was
+    /// lost, until the next is up.
+    live: tokio::sync::Mutex<Option<Live>>,
+    made: AtomicU64,
+    /// A reconnection is under way (so a second loss does not start another).
+    reconnecting: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// A listening connection: its number and the channels subscribed on it.
+struct Live {
+    number: u64,
+    link: Link,
+    subscribed: HashSet<Vec<u8>>,
+}
+
+impl Listener {
+    /// Connects nowhere yet. `target` must speak RESP3; every subscription, connecting
+    /// included, is bounded by `timeout`.
+    pub(super) fn new(target: Target, connect_timeout: Duration, timeout: Duration) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(timeout));
+        let cluster = ClusterConfig::new()
+            .set_connection_timeout(connect_timeout)
+            .set_response_timeout(timeout);
+        Self {
+            shared: Arc::new(Shared {
+                target,
+                config,
+                cluster,
+                timeout,
+                channels: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+                live: tokio::sync::Mutex::new(None),
+                made: AtomicU64::new(0),
+                reconnecting: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Calls `wake` whenever a message is published on `channel` (and whenever messages may
+    /// have been missed), until [`Listener::unlisten`] with the id it answers. Resolves once
+    /// Redis confirmed the subscription, so anything published afterwards is heard; fails,
+    /// listening to nothing, when it could not be made within the timeout.
+    pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
+        let shared = &self.shared;
+        let id = shared.next.fetch_add(1, Ordering::Relaxed);
+        lock(&shared.channels)
+            .entry(channel.to_vec())
+            .or_default()
+            .push((id, wake));
+        match shared.subscribe(channel).await {
+            Ok(()) => Ok(id),
+            Err(err) => {
+                self.forget(channel, id);
+                Err(err)
+            }
+        }
+    }
+
+    /// Stops calling listener `id` of `channel`; the last one gone unsubscribes (best
+    /// effort, in the background: a subscription left behind costs a message now and then).
+    pub fn unlisten(&self, channel: &[u8], id: u64) {
+        if self.forget(channel, id) {
+            let shared = self.shared.clone();
+            let channel = channel.to_vec();
+            tokio::spawn(async move {
+                let mut live = shared.live.lock().await;
+                let unused = !lock(&shared.channels).contains_key(&channel);
+                if let (Some(live), true) = (live.as_mut(), unused) {
+                    if live.subscribed.remove(&channel) {
+                        let unsubscribe = live.link.sunsubscribe(&channel);
+                        let _ = tokio::time::timeout(shared.timeout, unsubscribe).await;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Removes listener `id`; answers whether its channel has no listener left.
+    fn forget(&self, channel: &[u8], id: u64) -> bool {
+        let mut channels = lock(&self.shared.channels);
+        let Some(listeners) = channels.get_mut(channel) else {
+            return false;
+        };
+        listeners.retain(|(listener, _)| *listener != id);
+        let empty = listeners.is_empty();
+        if empty {
+            channels.remove(channel);
+        }
+        empty
+    }
+
+    /// Wakes every listener once more (they will find what closed), forgets them all and
+    /// drops the connection.
+    pub fn close(&self) {
+        let shared = &self.shared;
+        shared.closed.store(true, Ordering::Release);
+        shared.wake_all();
+        lock(&shared.channels).clear();
+        if let Ok(mut live) = shared.live.try_lock() {
+            *live = None;
+        }
+    }
+}
+
+impl Shared {
+    /// Makes sure `channel` is subscribed on the connection, opening one if there is none
+    /// (which subscribes every channel), within the timeout.
+    async fn subscribe(self: &Arc<Self>, channel: &[u8]) -> Result<()> {
+        let work = async {
+            let mut live = self.live.lock().await;
+            match live.as_mut() {
+                Some(live) if live.subscribed.contains(channel) => Ok(()),
+                Some(live) => {
+                    live.link.ssubscribe(channel).await?;
+                    live.subscribed.insert(channel.to_vec());
+                    Ok(())
+                }
+                None => {
+                    *live = Some(self.open().await?);
+                    Ok(())
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Error::from_redis(err, self.timeout)),
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// A fresh connection with every channel listened to subscribed on it, its pushes read
+    /// by a task of its own.
+    async fn open(self: &Arc<Self>) -> RedisResult<Live> {
+        let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
+        let (pushes, heard) = mpsc::unbounded_channel();
+        let link = self
+            .target
+            .listening(&self.config, self.cluster.clone(), pushes)
+            .await?;
+        tokio::spawn(read_pushes(Arc::downgrade(self), number, heard));
+        let subscribed: HashSet<Vec<u8>> = lock(&self.channels).keys().cloned().collect();
+        let subscriptions = subscribed.iter().map(|channel| {
+            let mut link = link.clone();
+            async move { link.ssubscribe(channel).await }
+        });
+        for done in futures::future::join_all(subscriptions).await {
+            done?;
+        }
+        Ok(Live {
+            number,
+            link,
+            subscribed,
+        })
+    }
+
+    fn wake(&self, channel: &[u8]) {
+        let listeners: Vec<Wake> = match lock(&self.channels).get(channel) {
+            Some(listeners) => listeners.iter().map(|(_, wake)| wake.clone()).collect(),
+            None => return,
+        };
+        for wake in listeners {
+            wake();
+        }
+    }
+
+    fn wake_all(&self) {
+        let listeners: Vec<Wake> = lock(&self.channels)
+            .values()
+            .flatten()
+            .map(|(_, wake)| wake.clone())
+            .collect();
+        for wake in listeners {
+            wake();
+        }
+    }
+
+    /// Connection `number` is gone: whatever was published meanwhile is not heard, so
+    /// everyone looks again now, and again once a fresh connection listens.
+    /// (Boxed: it opens a connection whose reader may call it again.)
+    fn lost(self: Arc<Self>, number: u64) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.reconnect(number).await })
+    }
+
+    async fn reconnect(self: Arc<Self>, number: u64) {
+        {
+            let mut live = self.live.lock().await;
+            if live.as_ref().is_some_and(|live| live.number == number) {
+                *live = None;
+            }
+        }
+        self.wake_all();
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut pause = AGAIN;
+        while !self.closed.load(Ordering::Acquire) && !lock(&self.channels).is_empty() {
+            let reopened = {
+                let mut live = self.live.lock().await;
+                if live.is_some() {
+                    break;
+                }
+                match tokio::time::timeout(self.timeout, self.open()).await {
+                    Ok(Ok(opened)) => {
+                        *live = Some(opened);
+                        true
+                    }
+                    Ok(Err(_)) | Err(_) => false,
+                }
+            };
+            if reopened {
+                self.wake_all();
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(AGAIN_AT_MOST);
+        }
+        self.reconnecting.store(false, Ordering::Release);
+    }
+}
+
+/// Hands the messages of connection `number` to their listeners, and its loss to
+/// [`Shared::lost`]. Holds the listener weakly: the connection holds the sender, so a strong
+/// reference would keep both alive forever.
+async fn read_pushes(
+    shared: Weak<Shared>,
+    number: u64,
+    mut heard: mpsc::UnboundedReceiver<PushInfo>,
+) {
+    while let Some(push) = heard.recv().await {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = push.data.first() {
+                    shared.wake(channel);
+                }
+            }
+            PushKind::Disconnection => {
+                tokio::spawn(shared.lost(number));
+                return;
+            }
+            _ => {}
+        }
+    }
+    // Every sender is gone: the connection was dropped (replaced, or the listener closed).
+}
