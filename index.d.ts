@@ -35,6 +35,17 @@ export declare class RedisLeaseProvider {
    */
   close(): Promise<void>
   /**
+   * Calls `onRelease()` whenever the lease on `key` may have been freed or moved: released
+   * or transferred by a provider of this package, or messages may have been missed (the
+   * listening connection was lost, and again once it is back). Expiry calls nothing: set
+   * a timer at the lease's remaining TTL. Resolves the watch's id once Redis confirmed the
+   * subscription (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
+   * `hold(…, { wait: true })` waits with; `onRelease` must not throw.
+   */
+  watchRelease(key: string, onRelease: () => void): Promise<number>
+  /** Stops the watch `watchRelease` answered `id` for; nothing once closed. */
+  unwatchRelease(key: string, id: number): void
+  /**
    * A round trip to Redis (`PING`), connecting if need be: resolves how long it took, in
    * milliseconds; rejects like a lease call (`ERR_LEASE_TIMEOUT` within
    * `commandTimeoutMs`, `ERR_LEASE_CONNECTION`, `ERR_LEASE_CLOSED`, ...). For a health check.

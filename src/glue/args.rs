@@ -4,6 +4,7 @@
 use napi::sys::ValueType;
 
 use super::js::{self, Env, Value};
+use super::tsfn::JsCallback;
 use crate::core::streams::StartFrom;
 use crate::core::{Argument, Call, Error, InputErrorKind, Limits, Result};
 
@@ -60,6 +61,17 @@ pub fn transfer_lease(env: Env, key: Value, from: Value, to: Value, ttl_ms: Valu
 /// A key: a string of well-formed UTF-16.
 pub fn key(env: Env, value: Value) -> Result<String> {
     text(env, value, "key", Argument::Key)
+}
+
+/// A function the runtime calls with no arguments (`name` says which, in errors).
+pub fn callback(env: Env, value: Value, name: &str) -> Result<JsCallback<()>> {
+    if js::type_of(env, value) != ValueType::napi_function {
+        return Err(Error::option(
+            InputErrorKind::Type,
+            format!("{name} must be a function"),
+        ));
+    }
+    JsCallback::new(env, value, |_, ()| Vec::new()).map_err(|err| Error::Internal(err.reason))
 }
 
 /// An owner (`owner`, `fromOwner` or `toOwner`): a string of well-formed UTF-16.

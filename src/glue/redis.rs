@@ -86,8 +86,62 @@ impl RedisLeaseProvider {
     /// still settle. Idempotent. Leases stay in Redis until they expire or are released.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
-        self.bridge = None;
+        if let Some(bridge) = self.bridge.take() {
+            // Whoever waits for a release looks once more and finds the provider closed.
+            bridge.store().unwatch_all();
+        }
         unknown(env, resolved(env.raw()))
+    }
+
+    /// Calls `onRelease()` whenever the lease on `key` may have been freed or moved: released
+    /// or transferred by a provider of this package, or messages may have been missed (the
+    /// listening connection was lost, and again once it is back). Expiry calls nothing: set
+    /// a timer at the lease's remaining TTL. Resolves the watch's id once Redis confirmed the
+    /// subscription (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
+    /// `hold(…, { wait: true })` waits with; `onRelease` must not throw.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "key: string, onRelease: () => void",
+        ts_return_type = "Promise<number>"
+    )]
+    pub fn watch_release<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        on_release: Unknown<'env>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        let checked = (|| {
+            let key = args::key(e, key.raw())?;
+            let wake = args::callback(e, on_release.raw(), "onRelease")?;
+            Ok((key, wake))
+        })();
+        let promise = match (&self.bridge, checked) {
+            (_, Err(err)) => settled(e, Err(err)),
+            (None, _) => settled(e, Err(Error::Closed(self.subject))),
+            (Some(bridge), Ok((key, wake))) => {
+                let store = bridge.store().clone();
+                bridge.spawn(e, async move {
+                    let wake = Arc::new(move || {
+                        wake.call(());
+                    });
+                    let id = store.watch(&key, wake).await?;
+                    Ok(Reply::Number(id as f64))
+                })
+            }
+        };
+        unknown(env, promise)
+    }
+
+    /// Stops the watch `watchRelease` answered `id` for; nothing once closed.
+    #[napi(catch_unwind)]
+    pub fn unwatch_release(&self, key: String, id: f64) {
+        // The last watch of a key unsubscribes in a task of the runtime (which runs, or
+        // this provider could not have been made).
+        if let (Some(bridge), Ok(runtime)) = (&self.bridge, runtime()) {
+            let _context = runtime.enter();
+            bridge.store().unwatch(&key, id as u64);
+        }
     }
 
     /// A round trip to Redis (`PING`), connecting if need be: resolves how long it took, in

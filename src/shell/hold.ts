@@ -3,13 +3,26 @@
 import type { LeaseProvider } from '@mastra/core/events'
 
 import { coded } from './errors.js'
+import { waitersOf, type Place } from './wait.js'
 
 /** Options of `hold(key, owner, options)` and `holdLease(leases, key, owner, options)`. */
 export interface HoldOptions {
   /** The lease's TTL in milliseconds; it is renewed every third of it. */
   ttlMs: number
-  /** Stops holding when aborted: the lease is released and `lease.signal` aborts with its reason. */
+  /**
+   * Stops waiting or holding when aborted: `hold()` rejects with its reason, or the lease is
+   * released and `lease.signal` aborts with it.
+   */
   signal?: AbortSignal
+  /**
+   * When another owner holds the lease, wait for it instead of rejecting: woken when it is
+   * released or transferred (a Redis publish, or in memory the call itself), and at the
+   * latest when its TTL runs out; never a polling loop. Waiters in one process take turns
+   * in arrival order. Default `false`.
+   */
+  wait?: boolean
+  /** With `wait`: reject with `ERR_LEASE_HELD` when still held after this many milliseconds. Default: no limit. */
+  waitTimeoutMs?: number
 }
 
 /** A held lease: renewed in the background until released, lost, or the caller's signal aborts. */
@@ -30,7 +43,7 @@ export interface HeldLease {
   [Symbol.asyncDispose](): Promise<void>
 }
 
-const HOLD_OPTIONS = new Set(['ttlMs', 'signal'])
+const HOLD_OPTIONS = new Set(['ttlMs', 'signal', 'wait', 'waitTimeoutMs'])
 
 /** Checks `options` before any I/O: unknown or unusable options throw ERR_LEASE_INVALID_OPTION. */
 function checked(options: HoldOptions): HoldOptions {
@@ -39,10 +52,10 @@ function checked(options: HoldOptions): HoldOptions {
   }
   for (const name of Object.keys(options)) {
     if (!HOLD_OPTIONS.has(name)) {
-      throw coded(new TypeError(`hold: unknown option ${name} (it takes ttlMs and signal)`), 'ERR_LEASE_INVALID_OPTION')
+      throw coded(new TypeError(`hold: unknown option ${name} (it takes ttlMs, signal, wait and waitTimeoutMs)`), 'ERR_LEASE_INVALID_OPTION')
     }
   }
-  const { ttlMs, signal } = options
+  const { ttlMs, signal, wait, waitTimeoutMs } = options
   if (typeof ttlMs !== 'number') throw coded(new TypeError('hold: ttlMs must be a number'), 'ERR_LEASE_INVALID_OPTION')
   if (!Number.isSafeInteger(ttlMs) || ttlMs < 3) {
     throw coded(new RangeError(`hold: ttlMs must be a whole number of milliseconds, at least 3; got ${ttlMs}`), 'ERR_LEASE_INVALID_OPTION')
@@ -50,22 +63,99 @@ function checked(options: HoldOptions): HoldOptions {
   if (signal !== undefined && !(signal instanceof AbortSignal)) {
     throw coded(new TypeError('hold: signal must be an AbortSignal'), 'ERR_LEASE_INVALID_OPTION')
   }
-  return { ttlMs, signal }
+  if (wait !== undefined && typeof wait !== 'boolean') {
+    throw coded(new TypeError('hold: wait must be a boolean'), 'ERR_LEASE_INVALID_OPTION')
+  }
+  if (waitTimeoutMs !== undefined) {
+    if (wait !== true) {
+      throw coded(new TypeError('hold: waitTimeoutMs is for waiting: set wait: true as well'), 'ERR_LEASE_INVALID_OPTION')
+    }
+    if (typeof waitTimeoutMs !== 'number') {
+      throw coded(new TypeError('hold: waitTimeoutMs must be a number'), 'ERR_LEASE_INVALID_OPTION')
+    }
+    if (!Number.isSafeInteger(waitTimeoutMs) || waitTimeoutMs < 0) {
+      throw coded(new RangeError(`hold: waitTimeoutMs must be a whole number of milliseconds, 0 or more; got ${waitTimeoutMs}`), 'ERR_LEASE_INVALID_OPTION')
+    }
+  }
+  return { ttlMs, signal, wait, waitTimeoutMs }
 }
+
+/** A grant as this package's providers answer it. */
+type Grant = { acquired: boolean; owner?: string; token?: number }
+
+/** A provider that can say how long a lease has left (this package's providers and pubsubs). */
+type Readable = LeaseProvider & { getLease(key: string): Promise<{ ttlMs: number } | undefined> }
+
+/** The error for a lease another owner holds. */
+function held(key: string, holder: string | undefined, after?: number): Error {
+  const waited = after === undefined ? '' : ` (still, after waiting ${after} ms)`
+  return coded(new Error(`hold: ${JSON.stringify(key)} is held by ${JSON.stringify(holder)}${waited}`), 'ERR_LEASE_HELD', { owner: holder })
+}
+
+/**
+ * Acquires `key` for `owner`, waiting while another owner holds it: in `place`'s turn, again
+ * at each wake-up of the key and when the holder's TTL runs out. Resolves the grant and when
+ * its acquire was sent; rejects with `ERR_LEASE_HELD` after `waitTimeoutMs`, or with the
+ * signal's reason or a call's error.
+ */
+async function acquireWaiting(
+  leases: Readable,
+  place: Place,
+  key: string,
+  owner: string,
+  options: HoldOptions,
+): Promise<{ grant: Grant; sent: number }> {
+  const { ttlMs, signal, waitTimeoutMs } = options
+  const deadline = waitTimeoutMs === undefined ? Infinity : performance.now() + waitTimeoutMs
+  for (;;) {
+    const left = deadline - performance.now()
+    // Past the deadline, one last look even out of turn: the refusal names the holder.
+    if (left > 0) await place.turn(left, signal)
+    const wakes = place.wakes
+    const sent = performance.now()
+    const grant = (await leases.acquireLease(key, owner, ttlMs)) as Grant
+    if (grant.acquired) return { grant, sent }
+    if (performance.now() >= deadline) throw held(key, grant.owner, waitTimeoutMs)
+    const lease = await leases.getLease(key)
+    // Freed, or woken, since the refusal: look again at once.
+    if (lease === undefined || place.wakes !== wakes) continue
+    // Its TTL rounded down to the millisecond: one more and it has surely run out.
+    await place.until(Math.min(lease.ttlMs + 1, deadline - performance.now()), signal)
+  }
+}
+
 
 /**
  * Acquires `key` for `owner` through `leases` and keeps it: resolves once granted, rejects
  * with `ERR_LEASE_HELD` (the holder in `owner`) when another owner holds it, with the
  * acquire's own error, or with the caller's abort reason (releasing what was granted).
- * Renews every `ttlMs / 3`. Its timers never keep the process alive.
+ * With `wait`, waits for the lease instead (see `HoldOptions.wait`); a provider that cannot
+ * tell waiters about releases (not one of this package's) rejects with
+ * `ERR_LEASE_UNSUPPORTED` before any call. Renews every `ttlMs / 3`. The renewal timers never
+ * keep the process alive; a wait's do, as the caller awaits it.
  */
 export async function holdLease(leases: LeaseProvider, key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
-  const { ttlMs, signal } = checked(options)
+  const checkedOptions = checked(options)
+  const { ttlMs, signal, wait } = checkedOptions
+  const waiters = wait === true ? waitersOf(leases) : undefined
+  if (wait === true && waiters === undefined) {
+    const error = new TypeError('hold: wait needs a provider that tells waiters about releases (one of this package\'s)')
+    throw coded(error, 'ERR_LEASE_UNSUPPORTED')
+  }
   signal?.throwIfAborted()
-  const sent = performance.now()
-  const grant = (await leases.acquireLease(key, owner, ttlMs)) as { acquired: boolean; owner?: string; token?: number }
-  if (!grant.acquired) {
-    throw coded(new Error(`hold: ${JSON.stringify(key)} is held by ${JSON.stringify(grant.owner)}`), 'ERR_LEASE_HELD', { owner: grant.owner })
+  let grant: Grant
+  let sent: number
+  if (waiters === undefined) {
+    sent = performance.now()
+    grant = (await leases.acquireLease(key, owner, ttlMs)) as Grant
+    if (!grant.acquired) throw held(key, grant.owner)
+  } else {
+    const place = await waiters.join(key)
+    try {
+      ;({ grant, sent } = await acquireWaiting(leases as Readable, place, key, owner, checkedOptions))
+    } finally {
+      place.leave()
+    }
   }
   const lease = new Holding(leases, key, owner, ttlMs, grant.token, sent)
   if (signal?.aborted) {

@@ -2,6 +2,7 @@ import { memoryLeaseTable } from '../../index.js'
 import type { LeaseGrant, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
+import { releaseWaiters, Waiters } from './wait.js'
 
 type Table = ReturnType<typeof memoryLeaseTable>
 
@@ -74,6 +75,8 @@ function transfer(table: Table, key: string, fromOwner: string, toOwner: string,
 export class MemoryLeaseProvider {
   // TypeScript-private, not #private: the provider keeps working when called through a Proxy.
   private readonly table: Table
+  /** Who waits for a lease in `hold(…, { wait: true })`, made by the first: releases and transfers wake them. */
+  private waiters: Waiters | undefined
 
   /** Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options. */
   constructor(options?: MemoryLeaseProviderOptions | null) {
@@ -105,9 +108,12 @@ export class MemoryLeaseProvider {
 
   /** Releases the lease if `owner` holds it; otherwise does nothing. */
   releaseLease(key: string, owner: string): Promise<void> {
-    if (!leaseChannel.hasSubscribers) return release(this.table, key, owner)
-    const context = { operation: 'releaseLease', key, owner } as const
-    return leaseChannel.tracePromise(release, context, undefined, this.table, key, owner)
+    const released = leaseChannel.hasSubscribers
+      ? leaseChannel.tracePromise(release, { operation: 'releaseLease', key, owner } as const, undefined, this.table, key, owner)
+      : release(this.table, key, owner)
+    // The table answers at once, so the lease is free by now (or was not the owner's).
+    this.waiters?.released(key)
+    return released
   }
 
   /**
@@ -125,9 +131,20 @@ export class MemoryLeaseProvider {
    * without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
    */
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
-    if (!leaseChannel.hasSubscribers) return transfer(this.table, key, fromOwner, toOwner, ttlMs)
-    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
-    return leaseChannel.tracePromise(transfer, context, undefined, this.table, key, fromOwner, toOwner, ttlMs)
+    const moved = leaseChannel.hasSubscribers
+      ? leaseChannel.tracePromise(
+          transfer,
+          { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const,
+          undefined,
+          this.table,
+          key,
+          fromOwner,
+          toOwner,
+          ttlMs,
+        )
+      : transfer(this.table, key, fromOwner, toOwner, ttlMs)
+    this.waiters?.released(key)
+    return moved
   }
 
   /**
@@ -158,6 +175,7 @@ export class MemoryLeaseProvider {
   /** Drops every lease and stops taking calls; later calls reject with `ERR_LEASE_CLOSED`. Idempotent. */
   close(): Promise<void> {
     this.table.close()
+    this.waiters?.closed()
     return Promise.resolve()
   }
 
@@ -168,6 +186,11 @@ export class MemoryLeaseProvider {
    */
   hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
     return holdLease(this, key, owner, options)
+  }
+
+  /** The waiters of `hold(…, { wait: true })`, woken by this provider's releases and transfers. */
+  get [releaseWaiters](): Waiters {
+    return (this.waiters ??= new Waiters())
   }
 
   /** Its lease calls are traced here, not again by a pubsub delegating to it. */

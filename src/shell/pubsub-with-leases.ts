@@ -5,6 +5,7 @@ import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
 import { isTracedProvider, leaseChannel } from './diagnostics.js'
 import { coded } from './errors.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
+import { releaseWaiters, waitersOf, type Waiters } from './wait.js'
 
 /** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
 type FencingLeaseProvider = LeaseProvider & {
@@ -119,6 +120,11 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
    */
   hold(key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
     return holdLease(this, key, owner, options)
+  }
+
+  /** The waiters of `hold(…, { wait: true })`: its provider's, when it can tell them about releases. */
+  get [releaseWaiters](): Waiters | undefined {
+    return waitersOf(this.leases)
   }
 
   /**

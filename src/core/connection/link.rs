@@ -169,7 +169,9 @@ impl Target {
     ) -> RedisResult<Link> {
         match self {
             Self::Single(client) => client
-                .get_multiplexed_async_connection_with_config(&config.clone().set_push_sender(pushes))
+                .get_multiplexed_async_connection_with_config(
+                    &config.clone().set_push_sender(pushes),
+                )
                 .await
                 .map(Link::Direct),
             Self::Cluster { client, .. } => client
@@ -289,7 +291,12 @@ impl Link {
     pub async fn sunsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
         match self {
             Self::Cluster(cluster) => cluster.sunsubscribe(channel).await,
-            _ => redis::cmd("SUNSUBSCRIBE").arg(channel).exec_async(self).await,
+            _ => {
+                redis::cmd("SUNSUBSCRIBE")
+                    .arg(channel)
+                    .exec_async(self)
+                    .await
+            }
         }
     }
 
@@ -470,7 +477,10 @@ pub(super) fn refused_tls(_: redis::RedisError) -> Error {
 fn single(options: &ConnectionOptions, protocol: Protocol) -> Result<Client> {
     let mut info = with_credentials(&options.url, options, "url")?;
     if protocol == Protocol::Resp3 {
-        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         info = info.set_redis_settings(settings);
     }
     check_tls(options, &info)?;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::cluster::ClusterConfig;
-use redis::{AsyncConnectionConfig, PushKind, PushInfo, RedisResult, Value};
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::mpsc;
 
 use super::link::{Link, Target};

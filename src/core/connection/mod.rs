@@ -29,8 +29,8 @@ use crate::core::log::{Logger, Notice};
 
 pub use link::Link;
 use link::{Protocol, Target};
-pub use listener::Wake;
 use listener::Listener;
+pub use listener::Wake;
 use setup::Setup;
 pub use setup::EVICTION_WARNING_CODE;
 pub use tls::TlsOptions;
@@ -307,6 +307,12 @@ impl Connection {
     /// Stops calling listener `id` of `channel`.
     pub fn unlisten(&self, channel: &[u8], id: u64) {
         self.listener.unlisten(channel, id);
+    }
+
+    /// Wakes every listener once more, forgets them all and closes the listening connection,
+    /// for good: for an owner that takes no more listeners.
+    pub fn close_listener(&self) {
+        self.listener.close();
     }
 
     /// Runs commands on the connection, the whole call (connecting included) bounded by the

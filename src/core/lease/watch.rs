@@ -18,6 +18,12 @@ impl RedisStore {
         self.connection().listen(&channel, wake).await
     }
 
+    /// Wakes every watcher once more (each then finds the provider closed) and forgets them
+    /// all, closing the listening connection.
+    pub fn unwatch_all(&self) {
+        self.connection().close_listener();
+    }
+
     /// Stops calling watcher `id` of `key`.
     pub fn unwatch(&self, key: &str, id: u64) {
         self.connection().unlisten(&self.layout().lease(key), id);

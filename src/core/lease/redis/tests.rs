@@ -321,7 +321,10 @@ async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the
 }
 
 /// A watcher that counts its wake-ups and lets a test wait for the next one.
-fn counting() -> (crate::core::connection::Wake, tokio::sync::watch::Receiver<u32>) {
+fn counting() -> (
+    crate::core::connection::Wake,
+    tokio::sync::watch::Receiver<u32>,
+) {
     let (tell, heard) = tokio::sync::watch::channel(0u32);
     let wake = std::sync::Arc::new(move || tell.send_modify(|n| *n += 1));
     (wake, heard)
@@ -369,10 +372,17 @@ async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_r
     };
     store.execute_one(release).await.unwrap();
     assert!(woken(&mut heard, 2).await, "the release woke the watcher");
-    assert_eq!(*heard.borrow(), 2, "a release by a non-holder publishes nothing");
+    assert_eq!(
+        *heard.borrow(),
+        2,
+        "a release by a non-holder publishes nothing"
+    );
     store.unwatch("k", id);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(server.cli(&["PUBSUB", "SHARDNUMSUB", "t:lease:k"]), "t:lease:k\n0");
+    assert_eq!(
+        server.cli(&["PUBSUB", "SHARDNUMSUB", "t:lease:k"]),
+        "t:lease:k\n0"
+    );
 }
 
 #[tokio::test]
@@ -382,7 +392,10 @@ async fn a_watcher_is_woken_when_the_listening_connection_is_lost_and_again_once
     let (wake, mut heard) = counting();
     store.watch("k", wake).await.unwrap();
     server.restart();
-    assert!(woken(&mut heard, 1).await, "woken when the connection was lost");
+    assert!(
+        woken(&mut heard, 1).await,
+        "woken when the connection was lost"
+    );
     let resubscribed = async {
         while server.cli(&["PUBSUB", "SHARDNUMSUB", "t:lease:k"]) != "t:lease:k\n1" {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -391,7 +404,10 @@ async fn a_watcher_is_woken_when_the_listening_connection_is_lost_and_again_once
     tokio::time::timeout(Duration::from_secs(5), resubscribed)
         .await
         .expect("subscribed again on a fresh connection");
-    assert!(woken(&mut heard, 2).await, "woken again once listening again");
+    assert!(
+        woken(&mut heard, 2).await,
+        "woken again once listening again"
+    );
     store.execute_one(acquire("k", "a", 10_000)).await.unwrap();
     let before = *heard.borrow();
     let release = Call::Release {
@@ -399,7 +415,10 @@ async fn a_watcher_is_woken_when_the_listening_connection_is_lost_and_again_once
         owner: "a".into(),
     };
     store.execute_one(release).await.unwrap();
-    assert!(woken(&mut heard, before + 1).await, "a release is heard on the fresh connection");
+    assert!(
+        woken(&mut heard, before + 1).await,
+        "a release is heard on the fresh connection"
+    );
 }
 
 #[tokio::test]
