@@ -42,7 +42,7 @@ struct Shared {
     cluster: ClusterConfig,
     timeout: Duration,
     /// The listeners of each channel, by the id [`Listener::listen`] answered.
-    channels: Mutex<HashMap<Vec<u8>, Vec<(u64, Wake)>>>,
+    channels: Mutex<HashMap<Vec<u8>, Vec<Listening>>>,
     next: AtomicU64,
     /// The connection the subscriptions are on; `None` before the first and once one was
     /// lost, until the next is up.
@@ -52,6 +52,9 @@ struct Shared {
     reconnecting: AtomicBool,
     closed: AtomicBool,
 }
+
+/// One listener of a channel: its id and what to call.
+type Listening = (u64, Wake);
 
 /// A listening connection: its number and the channels subscribed on it.
 struct Live {
