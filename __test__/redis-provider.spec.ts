@@ -8,6 +8,7 @@ import path from 'node:path'
 import { inspect } from 'node:util'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
+import { holdLease } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
 import { errorCode, expectRejection, expectThrow, settleWithin, sleep, uniqueKey, untyped, type LeaseApi } from './helpers/lease.js'
 import { EXTERNAL_REDIS, freePort, RespClient, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
@@ -632,10 +633,13 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // The recommended ACL (docs/security.md): the lease keys and their fencing keys, and the
-    // seven commands the scripts need.
+    // The recommended ACL (docs/security.md): the lease keys and their fencing keys, the
+    // seven commands the scripts need, and for waiting (hold with wait) PTTL (getLease reads
+    // the holder's TTL) and the lease keys' shard channels with the three commands that publish
+    // and listen there.
     const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del', 'incr']
-    const leaseUser = (name: string, password: string, commands = LEASE_COMMANDS, prefix = 'mastra:topic') => [
+    const WAIT_COMMANDS = ['pttl', 'spublish', 'ssubscribe', 'sunsubscribe']
+    const leaseUser = (name: string, password: string, commands = [...LEASE_COMMANDS, ...WAIT_COMMANDS], prefix = 'mastra:topic') => [
       'ACL',
       'SETUSER',
       name,
@@ -645,6 +649,7 @@ describe('RedisLeaseProvider', () => {
       `~${prefix}:lease:*`,
       `~${prefix}:fence:*`,
       'resetchannels',
+      `&${prefix}:lease:*`,
       '-@all',
       ...commands.map((c) => `+${c}`),
     ]
@@ -664,7 +669,7 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBeUndefined()
     }
 
-    it('an ACL user confined to the lease and fencing keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL, INCR can use all five methods; without any one of them it cannot', async () => {
+    it('an ACL user confined to the lease and fencing keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL, INCR can use all five methods; without any one of them it cannot; with PTTL, SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE it can wait', async () => {
       const server = await ownServer()
       const secret = 'L3ase-only-pa55-Wv8'
       await server.cli(...leaseUser('lease', secret))
@@ -679,6 +684,22 @@ describe('RedisLeaseProvider', () => {
       const denied = ((await server.cli('ACL', 'LOG')) as unknown[][]).map((entry) => entry[entry.indexOf('object') + 1])
       expect(denied.filter((object) => object !== 'info' && object !== 'client|setname')).toEqual([])
       expectNoSecret(undefined, logger.lines, [secret])
+
+      // The same user waits for a lease and is woken by its release, long before its TTL.
+      const key = uniqueKey('acl-wait')
+      const holder = provider({ url })
+      await holder.acquireLease(key, 'A', LONG)
+      const waiting = holdLease(p, key, 'B', { ttlMs: LONG, wait: true })
+      await sleep(200)
+      await holder.releaseLease(key, 'A')
+      const lease = await settleWithin(waiting, 2_000)
+      expect(lease.status).toBe('fulfilled')
+      if (lease.status === 'fulfilled') await lease.value.release()
+
+      // Without the four waiting commands (the line before waiting existed) the five methods
+      // still work: the release's publish fails quietly inside the script.
+      await server.cli(...leaseUser('unwaiting', secret, LEASE_COMMANDS))
+      await lifeCycle(provider({ url: `redis://unwaiting:${secret}@${hostPort(server)}` }), uniqueKey('acl-unwaiting'))
 
       // Each of the seven is needed: a user without it fails somewhere in the life cycle.
       for (const missing of LEASE_COMMANDS) {
