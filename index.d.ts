@@ -40,7 +40,7 @@ export declare class RedisLeaseProvider {
    * listening connection was lost, and again once it is back). Expiry calls nothing: set
    * a timer at the lease's remaining TTL. Resolves the watch's id once Redis confirmed the
    * subscription (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
-   * `hold(…, { wait: true })` waits with; `onRelease` must not throw.
+   * `hold(…, { wait: true })` waits with; what `onRelease` throws is ignored.
    */
   watchRelease(key: string, onRelease: () => void): Promise<number>
   /** Stops the watch `watchRelease` answered `id` for; nothing once closed. */

@@ -209,6 +209,11 @@ describe('holdLease with wait over a provider that cannot tell waiters about rel
 describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
   const prefix = `wait-redis:${RUN}`
   const options = () => ({ url: server.url, keyPrefix: prefix })
+  /** Commands Redis ran, those inside scripts included, but the test's own INFO. */
+  const leaseCommands = (calls: Record<string, number>) =>
+    Object.entries(calls)
+      .filter(([name]) => !['info', 'ping', 'client|setname', 'client|id'].includes(name))
+      .reduce((sum, [, n]) => sum + n, 0)
 
   it('sends Redis nothing while it waits (INFO commandstats), and a handful of commands once woken', async ({ annotate }) => {
     const holder = closing(new RedisLeaseProvider(options()))
@@ -217,10 +222,6 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     await holder.acquireLease(key, 'A', 60_000)
     const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
     await sleep(300) // subscribed, refused, read the TTL: now only waiting
-    const leaseCommands = (calls: Record<string, number>) =>
-      Object.entries(calls)
-        .filter(([name]) => !['info', 'ping', 'client|setname', 'client|id'].includes(name))
-        .reduce((sum, [, n]) => sum + n, 0)
     const before = leaseCommands(await server.commandCalls())
     await sleep(2_000)
     const during = leaseCommands(await server.commandCalls()) - before
@@ -233,6 +234,24 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     // (EVALSHA and the commands inside): no loop.
     expect(woken).toBeLessThanOrEqual(12)
     expect(waiting.lease).toMatchObject({ owner: 'B' })
+    await waiting.lease!.release()
+  })
+
+  it('wakes when the holder lets the TTL run out, having sent nothing meanwhile (INFO commandstats)', async () => {
+    const holder = closing(new RedisLeaseProvider(options()))
+    const waiter = closing(new RedisLeaseProvider(options()))
+    const key = newKey()
+    await holder.acquireLease(key, 'A', 1_500)
+    const granted = performance.now()
+    const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
+    await sleep(300)
+    const before = leaseCommands(await server.commandCalls())
+    await sleep(900) // still within the TTL
+    expect(leaseCommands(await server.commandCalls()) - before).toBe(0)
+    expect(waiting.settled).toBe(false)
+    await waiting.done
+    expect(waiting.lease).toMatchObject({ owner: 'B' })
+    expect(waiting.at - granted).toBeGreaterThanOrEqual(1_490)
     await waiting.lease!.release()
   })
 

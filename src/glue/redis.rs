@@ -98,7 +98,7 @@ impl RedisLeaseProvider {
     /// listening connection was lost, and again once it is back). Expiry calls nothing: set
     /// a timer at the lease's remaining TTL. Resolves the watch's id once Redis confirmed the
     /// subscription (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
-    /// `hold(…, { wait: true })` waits with; `onRelease` must not throw.
+    /// `hold(…, { wait: true })` waits with; what `onRelease` throws is ignored.
     #[napi(
         catch_unwind,
         ts_args_type = "key: string, onRelease: () => void",

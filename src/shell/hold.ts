@@ -124,7 +124,6 @@ async function acquireWaiting(
   }
 }
 
-
 /**
  * Acquires `key` for `owner` through `leases` and keeps it: resolves once granted, rejects
  * with `ERR_LEASE_HELD` (the holder in `owner`) when another owner holds it, with the

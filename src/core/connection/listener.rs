@@ -23,7 +23,7 @@ use super::link::{Link, Target};
 use crate::core::error::{Error, Result};
 use crate::core::lock;
 
-/// What a listener is called with nothing: "look again".
+/// What a listener calls, with nothing to say but "look again".
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
 
 /// The first wait before opening the connection again after it was lost; it doubles up to
