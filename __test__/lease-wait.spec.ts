@@ -70,11 +70,17 @@ function pending(hold: Promise<HeldLease>) {
   return Object.assign(state, { done })
 }
 
+/** A fresh key that `A` holds for a minute, through the holder's side of a new pair. */
+async function heldByA(make: () => Pair) {
+  const { waiter, holder } = make()
+  const key = newKey()
+  await holder.acquireLease(key, 'A', 60_000)
+  return { waiter, holder, key }
+}
+
 describe.each(pairs)('%s.hold with wait', (_name, make) => {
   it('takes the lease within milliseconds of its release by the holder, long before the TTL', async ({ annotate }) => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
     await sleep(300)
     expect(waiting.settled).toBe(false)
@@ -105,9 +111,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
   })
 
   it('a transfer wakes the waiter, which goes on waiting for the new holder and takes the lease when it releases', async () => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
     await sleep(200)
     expect(await holder.transferLease(key, 'A', 'C', 60_000)).toBe(true)
@@ -121,9 +125,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
   })
 
   it('waiters in one process take turns in arrival order, each when the one before releases', async () => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const order: string[] = []
     const waits = ['B1', 'B2', 'B3'].map((owner) => {
       const waiting = pending(waiter.hold(key, owner, { ttlMs: 5_000, wait: true }))
@@ -143,9 +145,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
   })
 
   it('rejects with ERR_LEASE_HELD, naming the holder, once waitTimeoutMs passes', async () => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const started = performance.now()
     const error = await expectRejection(() => waiter.hold(key, 'B', { ttlMs: 5_000, wait: true, waitTimeoutMs: 400 }), Error, 'ERR_LEASE_HELD')
     const waited = performance.now() - started
@@ -156,9 +156,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
   })
 
   it("the caller's signal ends a wait with its reason, and the next waiter in line still gets its turn", async () => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const controller = new AbortController()
     const first = pending(waiter.hold(key, 'B1', { ttlMs: 5_000, wait: true, signal: controller.signal }))
     const second = pending(waiter.hold(key, 'B2', { ttlMs: 5_000, wait: true }))
@@ -173,9 +171,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
   })
 
   it('closing the provider ends every wait with ERR_LEASE_CLOSED', async () => {
-    const { waiter, holder } = make()
-    const key = newKey()
-    await holder.acquireLease(key, 'A', 60_000)
+    const { waiter, holder, key } = await heldByA(make)
     const waits = ['B1', 'B2'].map((owner) => pending(waiter.hold(key, owner, { ttlMs: 5_000, wait: true })))
     await sleep(200)
     await waiter.close()
