@@ -192,6 +192,23 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
       expect(await pubsub.getLeaseOwner('k')).toBe('owner-1')
     })
 
+    it('a waiter (hold with wait) is woken over mutual TLS by a release on another connection', async () => {
+      const options = {
+        url: `rediss://localhost:${mutual}`,
+        keyPrefix: uniquePrefix('tls-wait'),
+        tls: { ca: pem('ca.crt'), cert: pem('client.crt'), key: pem('client.key') },
+      }
+      const holder = new RedisStreamsPubSub(options)
+      const waiter = new RedisStreamsPubSub(options)
+      pubsubs.push(holder, waiter)
+      await holder.acquireLease('k', 'A', 60_000)
+      const waiting = waiter.hold('k', 'B', { ttlMs: 5_000, wait: true })
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      await holder.releaseLease('k', 'A')
+      const lease = await Promise.race([waiting, new Promise((resolve) => setTimeout(resolve, 2_000, 'not woken'))])
+      expect(lease).toMatchObject({ owner: 'B' })
+    })
+
     it('without a client certificate, publish and the lease calls reject with ERR_LEASE_CONNECTION', async () => {
       const pubsub = new RedisStreamsPubSub({ url: `rediss://localhost:${mutual}`, keyPrefix: uniquePrefix('tls'), tls: { ca: pem('ca.crt') }, commandTimeoutMs: 3_000 })
       pubsubs.push(pubsub)
