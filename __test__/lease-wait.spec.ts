@@ -269,6 +269,27 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     expect(await server.cli('PUBSUB', 'SHARDNUMSUB', channel)).toEqual([channel, 0])
   })
 
+  it('a server frozen under a wait ends it with ERR_LEASE_TIMEOUT when the waiter next asks (at the TTL), never a longer wait', async () => {
+    const own = stopLater(await startRedis())
+    const holder = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: prefix }))
+    const waiter = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: prefix, commandTimeoutMs: 300 }))
+    const key = newKey()
+    await holder.acquireLease(key, 'A', 1_000)
+    const granted = performance.now()
+    const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
+    await sleep(200)
+    own.freeze()
+    try {
+      await waiting.done
+      expect(waiting.error).toMatchObject({ code: 'ERR_LEASE_TIMEOUT' })
+      const after = waiting.at - granted
+      expect(after).toBeGreaterThanOrEqual(990)
+      expect(after).toBeLessThan(1_000 + 300 + 400)
+    } finally {
+      own.thaw()
+    }
+  })
+
   it('a waiter whose server restarts (the lease gone with it) takes the lease once it is back', async () => {
     const own = stopLater(await startRedis())
     const holder = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: prefix }))
