@@ -10,7 +10,7 @@ import { randomUUID } from 'node:crypto'
 import { EventEmitterPubSub } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
+import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
 import { expectRejection, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
@@ -40,6 +40,15 @@ const pairs: Array<[string, () => Pair]> = [
     'MemoryLeaseProvider',
     () => {
       const p = closing(new MemoryLeaseProvider())
+      return { waiter: p, holder: p }
+    },
+  ],
+  [
+    // The pubsub is the ESM build's, the provider class the CommonJS one (the ESM file
+    // re-exports it): waiting must find the provider's waiters across the two.
+    'withLeases over MemoryLeaseProvider',
+    () => {
+      const p = closing(withLeases(new EventEmitterPubSub(), new MemoryLeaseProvider()))
       return { waiter: p, holder: p }
     },
   ],

@@ -20,6 +20,9 @@ for (const [file, names] of [
   ['redis-lease-provider', 'RedisLeaseProvider'],
   // It loads the optional @opentelemetry/api with `require`.
   ['metrics', 'recordLeaseMetrics'],
+  // The waiters of a provider live in one module, so the ESM pubsubs and `holdLease` find
+  // those of the CommonJS provider classes (and one queue per provider, not one per build).
+  ['wait', 'releaseWaiters, Waiters, waitersOf'],
 ]) {
   writeFileSync(`dist/esm/${file}.js`, `export { ${names} } from '../cjs/${file}.js'\n`)
 }

@@ -6,7 +6,7 @@
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
 
 /** The getter under which a provider (or a pubsub over one) offers its `Waiters`. */
-export const releaseWaiters = Symbol('mastra-lease.releaseWaiters')
+export const releaseWaiters: unique symbol = Symbol.for('mastra-lease.releaseWaiters')
 
 /** Starts listening for `key`'s releases; resolves, once listening, the function that stops. */
 export type Watch = (key: string, onRelease: () => void) => Promise<() => void>
