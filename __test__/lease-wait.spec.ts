@@ -101,7 +101,9 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
     expect(await holder.getLeaseOwner(key)).toBe('B')
     const took = waiting.at - released
     await annotate(`granted ${took.toFixed(1)} ms after the release`)
-    expect(took).toBeLessThan(250)
+    // The figure above is the measurement; the bound only tells a wake-up from the 60 s TTL
+    // (or a poll), with room for a test machine that stalls a process now and then.
+    expect(took).toBeLessThan(1_000)
     await waiting.lease!.release()
   })
 
@@ -115,7 +117,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
     expect(waiting.error).toBeUndefined()
     const after = waiting.at - granted
     expect(after).toBeGreaterThanOrEqual(590)
-    expect(after).toBeLessThan(600 + 400)
+    expect(after).toBeLessThan(600 + 1_000)
     await waiting.lease!.release()
   })
 
@@ -160,7 +162,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
     const waited = performance.now() - started
     expect(error).toMatchObject({ owner: 'A' })
     expect(waited).toBeGreaterThanOrEqual(395)
-    expect(waited).toBeLessThan(400 + 400)
+    expect(waited).toBeLessThan(400 + 1_000)
     expect(await holder.getLeaseOwner(key)).toBe('A')
   })
 
@@ -293,7 +295,7 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
       expect(waiting.error).toMatchObject({ code: 'ERR_LEASE_TIMEOUT' })
       const after = waiting.at - granted
       expect(after).toBeGreaterThanOrEqual(990)
-      expect(after).toBeLessThan(1_000 + 300 + 400)
+      expect(after).toBeLessThan(1_000 + 300 + 1_000)
     } finally {
       own.thaw()
     }
@@ -342,7 +344,7 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on a Redis Cluster', () => {
     const slowest = Math.max(...waits.map((w) => w.at - released))
     await annotate(`cluster: 12 waiters granted within ${slowest.toFixed(1)} ms of the releases`)
     for (const waiting of waits) expect(waiting.lease).toMatchObject({ owner: 'B' })
-    expect(slowest).toBeLessThan(500)
+    expect(slowest).toBeLessThan(1_000)
     await Promise.all(waits.map((w) => w.lease!.release()))
   })
 })
@@ -381,7 +383,7 @@ describe.skipIf(EXTERNAL_REDIS)('waiting behind Sentinel', () => {
       after = await wakeAfterRelease().catch(async () => (await sleep(250), Infinity))
     }
     await annotate(`sentinel: granted ${before.toFixed(1)} ms after the release before the failover, ${after.toFixed(1)} ms after`)
-    expect(before).toBeLessThan(250)
-    expect(after).toBeLessThan(250)
+    expect(before).toBeLessThan(1_000)
+    expect(after).toBeLessThan(1_000)
   })
 })
