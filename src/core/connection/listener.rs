@@ -41,6 +41,8 @@ struct Shared {
     config: AsyncConnectionConfig,
     cluster: ClusterConfig,
     timeout: Duration,
+    /// Given to each listening connection (`CLIENT SETNAME`), as to every other.
+    name: Option<String>,
     /// The listeners of each channel, by the id [`Listener::listen`] answered.
     channels: Mutex<HashMap<Vec<u8>, Vec<Listening>>>,
     next: AtomicU64,
@@ -65,8 +67,13 @@ struct Live {
 
 impl Listener {
     /// Connects nowhere yet. `target` must speak RESP3; every subscription, connecting
-    /// included, is bounded by `timeout`.
-    pub(super) fn new(target: Target, connect_timeout: Duration, timeout: Duration) -> Self {
+    /// included, is bounded by `timeout`; each connection is named `name`.
+    pub(super) fn new(
+        target: Target,
+        name: Option<String>,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(timeout));
@@ -79,6 +86,7 @@ impl Listener {
                 config,
                 cluster,
                 timeout,
+                name,
                 channels: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
                 live: tokio::sync::Mutex::new(None),
@@ -186,11 +194,17 @@ impl Shared {
     async fn open(self: &Arc<Self>) -> RedisResult<Live> {
         let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
         let (pushes, heard) = mpsc::unbounded_channel();
-        let link = self
+        let mut link = self
             .target
             .listening(&self.config, self.cluster.clone(), pushes)
             .await?;
         tokio::spawn(read_pushes(Arc::downgrade(self), number, heard));
+        if let Some(name) = &self.name {
+            // A convenience, as on every connection: an ACL that refuses it costs the name.
+            let _ = link
+                .on_every_master(redis::cmd("CLIENT").arg("SETNAME").arg(name))
+                .await;
+        }
         let subscribed: HashSet<Vec<u8>> = lock(&self.channels).keys().cloned().collect();
         let subscriptions = subscribed.iter().map(|channel| {
             let mut link = link.clone();

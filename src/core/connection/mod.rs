@@ -201,6 +201,7 @@ impl Connection {
             setup: Arc::new(Setup::default()),
             listener: Listener::new(
                 Target::new(options, Protocol::Resp3)?,
+                options.name.clone(),
                 options.connect_timeout,
                 options.command_timeout,
             ),

@@ -377,6 +377,12 @@ async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_r
         2,
         "a release by a non-holder publishes nothing"
     );
+    let names = server.cli(&["CLIENT", "LIST"]);
+    assert_eq!(
+        names.matches("name=mastra-lease ").count(),
+        2,
+        "the listening connection is named as the calls' one is: {names}"
+    );
     store.unwatch("k", id);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
