@@ -136,10 +136,7 @@ impl RedisLeaseProvider {
     /// Stops the watch `watchRelease` answered `id` for; nothing once closed.
     #[napi(catch_unwind)]
     pub fn unwatch_release(&self, key: String, id: f64) {
-        // The last watch of a key unsubscribes in a task of the runtime (which runs, or
-        // this provider could not have been made).
-        if let (Some(bridge), Ok(runtime)) = (&self.bridge, runtime()) {
-            let _context = runtime.enter();
+        if let Some(bridge) = &self.bridge {
             bridge.store().unwatch(&key, id as u64);
         }
     }

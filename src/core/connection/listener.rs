@@ -11,15 +11,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::cluster::ClusterConfig;
 use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisResult, Value};
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use super::link::{Link, Target};
+use super::link::{Link, Protocol, Target};
+use super::ConnectionOptions;
 use crate::core::error::{Error, Result};
 use crate::core::lock;
 
@@ -37,7 +39,13 @@ pub struct Listener {
 }
 
 struct Shared {
-    target: Target,
+    /// Where to listen: the connection's options, made a RESP3 target by the first listen
+    /// (so a provider nobody waits on builds nothing more than its own connection).
+    options: ConnectionOptions,
+    target: OnceLock<Target>,
+    /// The runtime the first listen ran on, where the background work runs: `unlisten` and
+    /// `close` may be called from any thread.
+    runtime: OnceLock<Handle>,
     config: AsyncConnectionConfig,
     cluster: ClusterConfig,
     timeout: Duration,
@@ -66,27 +74,26 @@ struct Live {
 }
 
 impl Listener {
-    /// Connects nowhere yet. `target` must speak RESP3; every subscription, connecting
-    /// included, is bounded by `timeout`; each connection is named `name`.
-    pub(super) fn new(
-        target: Target,
-        name: Option<String>,
-        connect_timeout: Duration,
-        timeout: Duration,
-    ) -> Self {
+    /// Connects nowhere and builds nothing yet: the deployment `options` name (already
+    /// checked by the connection they belong to) is reached when someone first listens.
+    /// Every subscription, connecting included, is bounded by the command timeout; each
+    /// connection is named as the options say.
+    pub(super) fn new(options: &ConnectionOptions) -> Self {
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(timeout));
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout));
         let cluster = ClusterConfig::new()
-            .set_connection_timeout(connect_timeout)
-            .set_response_timeout(timeout);
+            .set_connection_timeout(options.connect_timeout)
+            .set_response_timeout(options.command_timeout);
         Self {
             shared: Arc::new(Shared {
-                target,
+                options: options.clone(),
+                target: OnceLock::new(),
+                runtime: OnceLock::new(),
                 config,
                 cluster,
-                timeout,
-                name,
+                timeout: options.command_timeout,
+                name: options.name.clone(),
                 channels: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
                 live: tokio::sync::Mutex::new(None),
@@ -103,6 +110,7 @@ impl Listener {
     /// listening to nothing, when it could not be made within the timeout.
     pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
         let shared = &self.shared;
+        shared.runtime.get_or_init(Handle::current);
         let id = shared.next.fetch_add(1, Ordering::Relaxed);
         lock(&shared.channels)
             .entry(channel.to_vec())
@@ -120,10 +128,11 @@ impl Listener {
     /// Stops calling listener `id` of `channel`; the last one gone unsubscribes (best
     /// effort, in the background: a subscription left behind costs a message now and then).
     pub fn unlisten(&self, channel: &[u8], id: u64) {
-        if self.forget(channel, id) {
+        // A channel has listeners only after a listen, so the runtime is known.
+        if let (true, Some(runtime)) = (self.forget(channel, id), self.shared.runtime.get()) {
             let shared = self.shared.clone();
             let channel = channel.to_vec();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let mut live = shared.live.lock().await;
                 let unused = !lock(&shared.channels).contains_key(&channel);
                 if let (Some(live), true) = (live.as_mut(), unused) {
@@ -150,15 +159,19 @@ impl Listener {
         empty
     }
 
-    /// Wakes every listener once more (they will find what closed), forgets them all and
-    /// drops the connection.
+    /// Wakes every listener once more (they will find what closed), forgets them all, drops
+    /// the connection and stops what the target runs in the background (a Sentinel watcher).
     pub fn close(&self) {
         let shared = &self.shared;
         shared.closed.store(true, Ordering::Release);
         shared.wake_all();
         lock(&shared.channels).clear();
-        if let Ok(mut live) = shared.live.try_lock() {
-            *live = None;
+        if let Some(target) = shared.target.get() {
+            target.close();
+        }
+        if let Some(runtime) = shared.runtime.get() {
+            let shared = shared.clone();
+            runtime.spawn(async move { *shared.live.lock().await = None });
         }
     }
 }
@@ -167,6 +180,7 @@ impl Shared {
     /// Makes sure `channel` is subscribed on the connection, opening one if there is none
     /// (which subscribes every channel), within the timeout.
     async fn subscribe(self: &Arc<Self>, channel: &[u8]) -> Result<()> {
+        let target = self.target()?;
         let work = async {
             let mut live = self.live.lock().await;
             match live.as_mut() {
@@ -177,7 +191,7 @@ impl Shared {
                     Ok(())
                 }
                 None => {
-                    *live = Some(self.open().await?);
+                    *live = Some(self.open(target).await?);
                     Ok(())
                 }
             }
@@ -189,13 +203,22 @@ impl Shared {
         }
     }
 
+    /// The RESP3 target, built by the first caller (its options were checked when the
+    /// connection was made, so this fails only as that did not).
+    fn target(&self) -> Result<&Target> {
+        if let Some(target) = self.target.get() {
+            return Ok(target);
+        }
+        let target = Target::new(&self.options, Protocol::Resp3)?;
+        Ok(self.target.get_or_init(|| target))
+    }
+
     /// A fresh connection with every channel listened to subscribed on it, its pushes read
     /// by a task of its own.
-    async fn open(self: &Arc<Self>) -> RedisResult<Live> {
+    async fn open(self: &Arc<Self>, target: &Target) -> RedisResult<Live> {
         let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
         let (pushes, heard) = mpsc::unbounded_channel();
-        let mut link = self
-            .target
+        let mut link = target
             .listening(&self.config, self.cluster.clone(), pushes)
             .await?;
         tokio::spawn(read_pushes(Arc::downgrade(self), number, heard));
@@ -266,7 +289,11 @@ impl Shared {
                 if live.is_some() {
                     break;
                 }
-                match tokio::time::timeout(self.timeout, self.open()).await {
+                // A connection was open before, so the target exists.
+                let Some(target) = self.target.get() else {
+                    break;
+                };
+                match tokio::time::timeout(self.timeout, self.open(target)).await {
                     Ok(Ok(opened)) => {
                         *live = Some(opened);
                         true

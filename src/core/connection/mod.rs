@@ -199,12 +199,7 @@ impl Connection {
             subject,
             closed: AtomicBool::new(false),
             setup: Arc::new(Setup::default()),
-            listener: Listener::new(
-                Target::new(options, Protocol::Resp3)?,
-                options.name.clone(),
-                options.connect_timeout,
-                options.command_timeout,
-            ),
+            listener: Listener::new(options),
         })
     }
 
