@@ -276,3 +276,97 @@ describe('release, renew, transfer and acquire fired together', () => {
     expect(run.violations.some((v) => v.includes('no serial order') || v.includes('all won'))).toBe(true)
   })
 })
+
+/** Pairs of calls one owner makes in one turn, as Mastra's owner does (a refresh, then a release). */
+const PAIRS: Array<{ name: string; steps: Step[] }> = [
+  { name: 'refresh then release', steps: [{ kind: 'acquire', owner: 'A' }, { kind: 'release', owner: 'A' }] },
+  { name: 'refresh then transfer', steps: [{ kind: 'acquire', owner: 'A' }, { kind: 'transfer', owner: 'A', to: 'B' }] },
+  { name: 'renew then release', steps: [{ kind: 'renew', owner: 'A' }, { kind: 'release', owner: 'A' }] },
+  { name: 'release then acquire', steps: [{ kind: 'release', owner: 'A' }, { kind: 'acquire', owner: 'B' }] },
+  { name: 'release then refresh', steps: [{ kind: 'release', owner: 'A' }, { kind: 'acquire', owner: 'A' }] },
+  { name: 'transfer then release by the new owner', steps: [{ kind: 'transfer', owner: 'A', to: 'B' }, { kind: 'release', owner: 'B' }] },
+  { name: 'read, refresh, read, release, read', steps: [{ kind: 'owner', owner: 'A' }, { kind: 'acquire', owner: 'A' }, { kind: 'owner', owner: 'A' }, { kind: 'release', owner: 'A' }, { kind: 'owner', owner: 'A' }] },
+]
+
+/**
+ * Each pair, `rounds` times, on a fresh key held by A: its calls made in one turn, each
+ * answer and the owner left behind compared with the calls run one after another in the
+ * order they were made. `before` runs between the set-up and the turn (a script flush).
+ */
+async function inCallOrder(p: LeaseLike, label: string, readOwner: (key: string) => Promise<string | undefined>, rounds: number, before?: () => Promise<unknown>) {
+  const violations: string[] = []
+  let turns = 0
+  for (let r = 0; r < rounds; r++) {
+    for (const [i, pair] of PAIRS.entries()) {
+      const key = `${label}:${RUN}:order:${r}:${i}\u0000thread`
+      await p.acquireLease(key, 'A', ROUND_TTL_MS)
+      await before?.()
+      const seen = await Promise.all(pair.steps.map((s) => invoke(p, key, s).catch((err: unknown) => ({ error: String((err as { code?: unknown })?.code ?? err) }))))
+      let state: string | undefined = 'A'
+      const wanted = pair.steps.map((s) => {
+        const next = apply(state, s)
+        state = next.state
+        return next.result
+      })
+      const final = await readOwner(key)
+      turns++
+      const bad = pair.steps.some((s, j) => !sameResult(s.kind, seen[j], wanted[j]))
+      if (bad || final !== state) violations.push(`${pair.name}: answered ${JSON.stringify(seen)}, owner ${final} left; in call order: ${JSON.stringify(wanted)}, owner ${state}`)
+    }
+  }
+  return { turns, violations }
+}
+
+describe('calls of one turn take effect in the order they were made', () => {
+  let server: RedisServer
+  beforeAll(async () => {
+    server = await startRedis()
+    stopLater(server)
+  })
+  const ROUNDS = 8
+  const redisOwner = (prefix: string) => async (key: string) => ((await server.cli('GET', `${prefix}:lease:${key}`)) as string | null) ?? undefined
+
+  const check = async (annotate: TestContext['annotate'], run: { turns: number; violations: string[] }) => {
+    await annotate(`${run.turns} turns of ${PAIRS.length} kinds, ${run.violations.length} out of call order`)
+    expect(run.turns).toBe(ROUNDS * PAIRS.length)
+    expect(run.violations.slice(0, 5)).toEqual([])
+  }
+
+  it('MemoryLeaseProvider', async ({ annotate }) => {
+    const store = closing(new MemoryLeaseProvider())
+    await check(annotate, await inCallOrder(store, 'order-mem', (k) => store.getLeaseOwner(k), ROUNDS))
+  })
+
+  for (const fencingTokens of [true, false]) {
+    const tokens = fencingTokens ? 'with fencing tokens' : 'without fencing tokens'
+    it(`RedisLeaseProvider ${tokens}`, async ({ annotate }) => {
+      const prefix = `order-${fencingTokens}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
+      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS))
+    })
+
+    it(`RedisLeaseProvider ${tokens}, the script cache flushed before every turn`, async ({ annotate }) => {
+      const prefix = `order-cold-${fencingTokens}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
+      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS, () => server.flushScripts()))
+    })
+
+    it(`RedisLeaseProvider ${tokens}, the cache flushed and only the release script loaded again`, async ({ annotate }) => {
+      const prefix = `order-half-${fencingTokens}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
+      const scratch = `${prefix}:scratch`
+      // A release loads release.lua alone: the next turn finds some scripts known and others not.
+      const halfCold = async () => {
+        await server.flushScripts()
+        await p.releaseLease(scratch, 'nobody')
+      }
+      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS, halfCold))
+    })
+  }
+
+  it('RedisStreamsPubSub’s lease methods', async ({ annotate }) => {
+    const prefix = `order-streams:${RUN}`
+    const p = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix }))
+    await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS))
+  })
+})

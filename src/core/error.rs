@@ -57,6 +57,19 @@ pub enum Error {
          could forget it"
     )]
     Replication { wanted: u32, confirmed: u32 },
+    /// The server does not run a command an option needs (renamed away, left out by a managed
+    /// service, or refused by the ACL user): every call that needs it is refused so, before
+    /// anything is sent once the refusal is known.
+    #[error(
+        "the server does not run {command} ({reason}), which {option} needs: allow {command}, \
+         or drop {option} for this server"
+    )]
+    Unsupported {
+        command: &'static str,
+        option: &'static str,
+        /// What the server answered.
+        reason: String,
+    },
     /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
     #[error("Redis returned an error: {0}")]
     Server(#[source] redis::RedisError),
@@ -133,6 +146,7 @@ impl Error {
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
+            Self::Unsupported { .. } => "ERR_LEASE_UNSUPPORTED",
             Self::Server(_) => "ERR_LEASE_REDIS",
             Self::Internal(_) => "ERR_LEASE_INTERNAL",
         }
@@ -150,6 +164,7 @@ impl Error {
             | Self::Connection(_)
             | Self::Auth(_)
             | Self::Replication { .. }
+            | Self::Unsupported { .. }
             | Self::Server(_)
             | Self::Internal(_) => true,
         }

@@ -38,6 +38,9 @@ pub(crate) static TRANSFER: Lua = Lua::new(include_str!("lease/transfer.lua"));
 /// Reads a live lease whole: owner, fencing token, time left.
 pub(crate) static LEASE: Lua = Lua::new(include_str!("lease/lease.lua"));
 
+/// The lease scripts, loaded together when Redis has forgotten one (it forgets all at once).
+pub(crate) static LEASE_SCRIPTS: [&Lua; 5] = [&ACQUIRE, &RENEW, &RELEASE, &TRANSFER, &LEASE];
+
 /// Appends events again, each exactly once, after a broken connection.
 pub(crate) static APPEND_AGAIN: Lua = Lua::new(include_str!("streams/append_again.lua"));
 /// Settles a group's entry (ack, or redeliver and ack) while the consumer still owns it.

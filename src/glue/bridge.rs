@@ -1,33 +1,19 @@
 //! The crossing from Node's thread to the Tokio runtime for lease calls, batched: the calls
 //! made in one turn of JavaScript (before its microtasks run out) wait in an outbox, and one
-//! microtask hands them all to the runtime, where the store pipelines them into one write.
-//! Their outcomes come back through the provider's [`Inbox`].
+//! microtask hands them all to the runtime, where the store pipelines them. Their outcomes
+//! come back through the provider's [`Inbox`], each as soon as the store answers it.
 //!
 //! A napi `async fn` pays, per call, for a hop onto the runtime and a wake-up of Node's event
 //! loop; at 64 calls in flight that crossing, not Redis, is the bottleneck.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::inbox::Inbox;
 use super::js::{Deferred, Env, Value};
 use super::reply::{guarded, Reply};
 use super::turn::Outbox;
 use crate::core::lease::stats::{Operation, Stats};
-use crate::core::{Call, Error, LeaseStore};
-
-/// The most calls sent as one pipeline.
-const MAX_PIPELINE: usize = 64;
-
-/// How many calls of a turn of `n` go in one pipeline: small turns travel whole; larger
-/// ones in at least two pipelines, so Redis works on one while the other's callers run
-/// (docs/benchmarks.md has what that is worth).
-fn pipeline_size(n: usize) -> usize {
-    if n <= 16 {
-        n
-    } else {
-        n.div_ceil(2).min(MAX_PIPELINE)
-    }
-}
+use crate::core::{lock, Answer, Call, Error, LeaseStore};
 
 /// One provider's outbox, the store its calls run on, its way back, and its counters.
 pub struct Bridge<S> {
@@ -71,37 +57,49 @@ impl<S: LeaseStore + 'static> Bridge<S> {
         promise
     }
 
-    /// Sends everything in the outbox to the runtime, in a few pipelines that travel
-    /// concurrently (see `pipeline_size`): replies to the first come back, and their callers
-    /// run, while Redis still works on the rest, instead of everyone waiting for the last
-    /// reply of one big batch.
+    /// Sends everything in the outbox to the runtime as one batch, in the order the calls
+    /// were made; each promise is settled as soon as the store answers its call.
     fn flush(self: &Arc<Self>) {
         let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |(d, _)| d) else {
             return;
         };
-        let size = pipeline_size(batch.len());
-        let mut batch = batch.into_iter().peekable();
-        while batch.peek().is_some() {
-            let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.by_ref().take(size).unzip();
-            let operations: Vec<Operation> = calls.iter().map(Call::operation).collect();
-            let bridge = self.clone();
-            runtime.spawn(async move {
-                let count = calls.len();
-                let mut answers = guarded(async { Ok(bridge.store.execute(calls).await) })
-                    .await
-                    .unwrap_or_else(|panic| vec![Err(panic); count]);
-                answers.resize_with(count, || {
-                    Err(Error::Internal("a call went unanswered".into()))
-                });
-                for (&operation, answer) in operations.iter().zip(&answers) {
-                    bridge.stats.record(operation, answer.as_ref());
-                }
-                let outcomes = deferreds
+        let (deferreds, calls): (Vec<Deferred>, Vec<Call>) = batch.into_iter().unzip();
+        let operations: Vec<Operation> = calls.iter().map(Call::operation).collect();
+        let bridge = self.clone();
+        runtime.spawn(async move {
+            let waiting = Mutex::new(deferreds.into_iter().map(Some).collect::<Vec<_>>());
+            let settle = |answers: Vec<(usize, Result<Answer, Error>)>| {
+                let mut waiting = lock(&waiting);
+                let outcomes = answers
                     .into_iter()
-                    .zip(answers)
-                    .map(|(deferred, answer)| (deferred, answer.map(Reply::Answer)));
-                bridge.inbox.complete(outcomes.collect());
-            });
-        }
+                    .filter_map(|(i, answer)| {
+                        let deferred = waiting.get_mut(i)?.take()?;
+                        if let Some(&operation) = operations.get(i) {
+                            bridge.stats.record(operation, answer.as_ref());
+                        }
+                        Some((deferred, answer.map(Reply::Answer)))
+                    })
+                    .collect();
+                bridge.inbox.complete(outcomes);
+            };
+            let outcome = guarded(async {
+                bridge.store.execute_each(calls, &settle).await;
+                Ok(())
+            })
+            .await;
+            let unanswered = match outcome {
+                Err(panic) => panic,
+                Ok(()) => Error::Internal("a call went unanswered".into()),
+            };
+            let left: Vec<_> = lock(&waiting)
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.is_some())
+                .map(|(i, _)| (i, Err(unanswered.clone())))
+                .collect();
+            if !left.is_empty() {
+                settle(left);
+            }
+        });
     }
 }

@@ -123,6 +123,20 @@ impl Target {
         }
     }
 
+    /// A connection of its own, opened now, for a caller that has it to itself: to the
+    /// server, a cluster connection of its own (commands routed by slot, as on the shared
+    /// one), or the master the sentinels name now.
+    pub(super) async fn exclusive(&self, config: &AsyncConnectionConfig) -> RedisResult<Link> {
+        match self {
+            Self::Single(client) => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Link::Direct),
+            Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
+            Self::Sentinel(sentinels) => sentinels.connect(config).await.map(Link::Master),
+        }
+    }
+
     /// A connection of its own, opened now, for a caller that blocks on it. On a cluster it
     /// goes to the master of `key`'s slot, as the shared link reports it (`CLUSTER SHARDS`
     /// would do as well; `CLUSTER SLOTS` is answered by every version).

@@ -6,9 +6,12 @@
 //! - `mod.rs`: [`Connection`], the shared slot, timeouts, classifying errors.
 //! - `link.rs`: the deployment reached ([`Target`]) and a connection to it ([`Link`]), the
 //!   one place that knows what kind of deployment it is.
+//! - `exclusive.rs`: links lent to one caller at a time, for work that blocks its connection
+//!   (`WAIT`).
 //! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
 //! - `tls.rs`: TLS material for `rediss://`.
 
+mod exclusive;
 mod link;
 mod listener;
 mod sentinel;
@@ -27,6 +30,8 @@ use crate::core::error::{Error, Result, Subject};
 use crate::core::lock;
 use crate::core::log::{Logger, Notice};
 
+use exclusive::Exclusive;
+pub use exclusive::Lent;
 pub use link::Link;
 use link::{Protocol, Target};
 use listener::Listener;
@@ -140,6 +145,10 @@ pub struct Connection {
     config: ConnectionManagerConfig,
     /// For the dedicated connections blocking reads need.
     dedicated: AsyncConnectionConfig,
+    /// For the links lent by [`Connection::run_exclusive`].
+    lent: AsyncConnectionConfig,
+    /// Links lent to one caller at a time.
+    exclusive: Exclusive,
     /// Made on first use, numbered. Replaced when Redis refused the connection itself (a
     /// wrong password, which the manager keeps and would answer every later call with), and
     /// when a call on it timed out (see [`Connection::run`]).
@@ -186,10 +195,15 @@ impl Connection {
         let dedicated = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(None);
+        let lent = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout));
         Ok(Self {
             target,
             config,
             dedicated,
+            lent,
+            exclusive: Exclusive::default(),
             slot: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             made: AtomicU64::new(0),
@@ -372,6 +386,39 @@ impl Connection {
         }
     }
 
+    /// A link no other caller sends anything on until it is dropped or kept: for `WAIT`,
+    /// which holds up every later command of its connection and confirms only that
+    /// connection's writes. Waits for one when [`exclusive::MOST_LENT`] are lent already; the
+    /// caller bounds the wait. On a cluster the link is a cluster connection of its own.
+    pub async fn lend(&self) -> Result<Lent<'_>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        let Some(place) = self.exclusive.place().await else {
+            return Err(Error::Closed(self.subject));
+        };
+        let link = match self.exclusive.take() {
+            Some(link) => link,
+            None => self.open_exclusive().await?,
+        };
+        Ok(Lent::new(link, &self.exclusive, place))
+    }
+
+    /// A link to lend, named like every other (best effort, as elsewhere).
+    async fn open_exclusive(&self) -> Result<Link> {
+        let mut link = self
+            .target
+            .exclusive(&self.lent)
+            .await
+            .map_err(|err| self.classify(err))?;
+        if let Some(name) = &self.name {
+            let mut setname = redis::cmd("CLIENT");
+            setname.arg("SETNAME").arg(name);
+            let _ = link.on_every_master(&setname).await;
+        }
+        Ok(link)
+    }
+
     /// The shared link, made now if there is none (within the caller's bound).
     async fn link(&self) -> Result<Link> {
         self.get().await.map(|(_, link)| link)
@@ -382,6 +429,7 @@ impl Connection {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.slot().take();
+        self.exclusive.close();
         self.target.close();
         self.listener.close();
     }
@@ -493,8 +541,11 @@ impl Connection {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
         }
-        if self.target.switched() && slot.take().is_some() {
-            self.setup.renew();
+        if self.target.switched() {
+            self.exclusive.forget_idle();
+            if slot.take().is_some() {
+                self.setup.renew();
+            }
         }
         Ok(slot.clone())
     }

@@ -159,6 +159,9 @@ impl Call {
     }
 }
 
+/// Where [`LeaseStore::execute_each`] hands answers: each with its call's place in the batch.
+pub type Answered<'a> = dyn Fn(Vec<(usize, Result<Answer>)>) + Send + Sync + 'a;
+
 /// A place leases live. Every call is atomic on its own; calls in one batch are independent
 /// (each gets its own answer or error), in order.
 ///
@@ -168,6 +171,17 @@ pub trait LeaseStore: Send + Sync {
     /// Executes `calls`, answering each in order. Arguments are checked first: a call with
     /// bad arguments is answered with its error and never reaches the store.
     fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> + Send;
+
+    /// Executes `calls` like [`LeaseStore::execute`], handing each answer, with the call's
+    /// place in `calls`, to `answered` as soon as it is known (some before others).
+    fn execute_each(
+        &self,
+        calls: Vec<Call>,
+        answered: &Answered<'_>,
+    ) -> impl Future<Output = ()> + Send {
+        let answers = self.execute(calls);
+        async move { answered(answers.await.into_iter().enumerate().collect()) }
+    }
 
     /// Runs one call.
     #[cfg(test)]

@@ -10,18 +10,20 @@
 //! Redis least; only when it finds the caller already holding the lease (a refresh), or on a
 //! server that refuses the form (before 7.0), is the acquire script sent after it.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::keys::{self, Layout};
-use super::{Answer, Call, Grant, Lease, LeaseStore, Limits};
-use crate::core::connection::{parse, Connection, ConnectionOptions};
+use super::{Answer, Answered, Call, Grant, Lease, LeaseStore, Limits};
+use crate::core::connection::{parse, Connection, ConnectionOptions, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
+use crate::core::lock;
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts::{self, Lua};
 
@@ -91,6 +93,9 @@ pub struct RedisStore {
     plain_acquire: AtomicBool,
     /// Calls that failed in Redis or on the way, since the last warning about them.
     failures: Throttle,
+    /// Set once the server refused `WAIT`: every grant under `minReplicas` is then refused
+    /// so, before anything is sent.
+    no_wait: OnceLock<Error>,
 }
 
 impl RedisStore {
@@ -137,6 +142,7 @@ impl RedisStore {
             grants: Grants::default(),
             plain_acquire: AtomicBool::new(true),
             failures: Throttle::default(),
+            no_wait: OnceLock::new(),
         })
     }
 
@@ -155,69 +161,278 @@ impl RedisStore {
         &self.connection
     }
 
-    /// Executes a batch of calls in one round trip: every call with good arguments becomes
-    /// one command (EVALSHA of its script, GET, or SET NX for an acquire without tokens) in
-    /// one pipelined write. Each call gets its own answer or error; the whole batch is
-    /// bounded by the command timeout. On a cluster, a pipeline may hold one hash slot's keys
-    /// only: the batch goes as one pipeline per slot, all at once.
-    ///
-    /// A connection that breaks under the batch (a server restart, an idle connection closed
-    /// by the server or a proxy, a failover) leaves unknown whether the calls ran. They are
-    /// sent once more, in order, on a fresh connection and within the same timeout, where a
-    /// second run answers as the first would have: acquire and renew by the same owner
-    /// refresh again, a release or a read is harmless, and a transfer carries an id of its
-    /// own, so the same transfer run twice answers `true` twice (see `transfer.lua`).
+    /// Executes a batch of calls, answering each in order (see [`RedisStore::execute_each`]).
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
-        let deadline = Instant::now() + self.connection.timeout();
-        let mut answers: Vec<Option<Result<Answer>>> = calls
-            .iter()
-            .map(|call| call.check(&self.limits).err().map(Err))
-            .collect();
-        let sent: Vec<usize> = (0..calls.len()).filter(|&i| answers[i].is_none()).collect();
+        let count = calls.len();
+        let answers = std::sync::Mutex::new(Vec::with_capacity(count));
+        self.execute_each(calls, &|answered| lock(&answers).extend(answered))
+            .await;
+        let mut answers = answers.into_inner().unwrap_or_else(|e| e.into_inner());
+        answers.sort_unstable_by_key(|(i, _)| *i);
+        let mut answers = answers.into_iter().peekable();
+        (0..count)
+            .map(|i| match answers.next_if(|(at, _)| *at == i) {
+                Some((_, answer)) => answer,
+                None => Err(Error::Internal("a call went unanswered".into())),
+            })
+            .collect()
+    }
+
+    /// Executes a batch of calls, handing each answer (with the call's place in the batch)
+    /// to `answered` as soon as it is known. Every call with good arguments becomes one
+    /// command (EVALSHA of its script, GET, or SET NX for an acquire without tokens), sent in
+    /// a few pipelines at once (see [`pipeline_size`]): the callers of the first run while
+    /// Redis works on the rest. Every call on one key goes in the pipeline of that key's
+    /// first call, so calls on one key take effect in the order they were made. On a
+    /// cluster, a pipeline holds one hash slot's keys only. The whole batch is bounded by the
+    /// command timeout.
+    ///
+    /// With [`Grants::replication`], the calls on a key that one of them may grant go on a
+    /// link lent to them alone, and only the grants wait for `WAIT` there: reads, releases,
+    /// refusals and publishes never wait behind a confirmation, and each grant answers
+    /// within `replicaTimeoutMs` of being sent, whatever else is in flight.
+    ///
+    /// A connection that breaks under a pipeline (a server restart, an idle connection
+    /// closed by the server or a proxy, a failover) leaves unknown whether its calls ran.
+    /// They are sent once more, in order, on a fresh connection and within the same timeout,
+    /// where a second run answers as the first would have: acquire and renew by the same
+    /// owner refresh again, a release or a read is harmless, and a transfer carries an id of
+    /// its own, so the same transfer run twice answers `true` twice (see `transfer.lua`).
+    pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
+        let started = Instant::now();
+        let deadline = started + self.connection.timeout();
         let calls: Vec<Sent> = calls.into_iter().map(Sent::new).collect();
-        let groups = if self.connection.is_cluster() {
-            let mut by_slot: Vec<(u16, Vec<usize>)> = Vec::new();
-            for &i in &sent {
-                let slot = keys::slot(&self.layout.lease(calls[i].call.key()));
-                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, group)) => group.push(i),
-                    None => by_slot.push((slot, vec![i])),
-                }
-            }
-            by_slot.into_iter().map(|(_, group)| group).collect()
-        } else {
-            vec![sent]
+        let report = |answers: Vec<(usize, Result<Answer>)>| {
+            self.report_failures(&calls, &answers);
+            answered(answers);
         };
-        let sends = groups
-            .iter()
-            .map(|group| self.send(&calls, group, deadline));
-        for (group, results) in groups.iter().zip(futures::future::join_all(sends).await) {
-            for (&i, result) in group.iter().zip(results) {
-                answers[i] = Some(result);
+        let mut refused = Vec::new();
+        let mut good = Vec::new();
+        for (i, sent) in calls.iter().enumerate() {
+            match self.refusal(&sent.call) {
+                Some(err) => refused.push((i, Err(err))),
+                None => good.push(i),
             }
         }
-        let answers: Vec<Result<Answer>> = answers
+        if !refused.is_empty() {
+            report(refused);
+        }
+        let pipelines = self.pipelines(&calls, &good);
+        let sends = pipelines
+            .iter()
+            .map(|pipeline| self.send(&calls, pipeline, Timing { started, deadline }, &report));
+        futures::future::join_all(sends).await;
+    }
+
+    /// Why a call is answered before anything is sent: its arguments, or a grant under
+    /// `minReplicas` on a server known not to run `WAIT`.
+    fn refusal(&self, call: &Call) -> Option<Error> {
+        if let Err(err) = call.check(&self.limits) {
+            return Some(err);
+        }
+        match self.no_wait.get() {
+            Some(err) if call.grants() => Some(err.clone()),
+            _ => None,
+        }
+    }
+
+    /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
+    /// first; at most [`pipeline_size`] keys' first calls in one; one slot per pipeline on a
+    /// cluster; and, under `minReplicas`, the keys a call may grant apart from the others.
+    fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
+        let size = pipeline_size(good.len());
+        let cluster = self.connection.is_cluster();
+        let confirming = self.grants.replication.is_some();
+        let confirmed: HashSet<&str> = match confirming {
+            true => good
+                .iter()
+                .map(|&i| &calls[i].call)
+                .filter(|call| call.grants())
+                .map(Call::key)
+                .collect(),
+            false => HashSet::new(),
+        };
+        let mut pipelines: Vec<Part> = Vec::new();
+        let mut of_key: HashMap<&str, usize> = HashMap::new();
+        for &i in good {
+            let key = calls[i].call.key();
+            if let Some(&at) = of_key.get(key) {
+                pipelines[at].sent.push(i);
+                pipelines[at].keys_repeat = true;
+                continue;
+            }
+            let slot = cluster.then(|| keys::slot(&self.layout.lease(key)));
+            let confirm = confirmed.contains(key);
+            let open = pipelines
+                .iter()
+                .rposition(|p| p.slot == slot && p.confirm == confirm && p.keys < size);
+            let at = open.unwrap_or_else(|| {
+                pipelines.push(Part {
+                    sent: Vec::new(),
+                    keys: 0,
+                    keys_repeat: false,
+                    slot,
+                    confirm,
+                });
+                pipelines.len() - 1
+            });
+            pipelines[at].sent.push(i);
+            pipelines[at].keys += 1;
+            of_key.insert(key, at);
+        }
+        pipelines
+    }
+
+    /// Sends one pipeline, once more when the connection broke under it, and answers each of
+    /// its calls.
+    async fn send(
+        &self,
+        calls: &[Sent],
+        pipeline: &Part,
+        timing: Timing,
+        answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
+    ) {
+        let sent = &pipeline.sent;
+        for attempt in 0..2 {
+            let budget = timing.deadline.saturating_duration_since(Instant::now());
+            let result = match self.grants.replication.filter(|_| pipeline.confirm) {
+                Some(wanted) => {
+                    self.confirmed(calls, pipeline, timing, wanted, answered)
+                        .await
+                }
+                None => self
+                    .connection
+                    .run_within(budget, |mut link| async move {
+                        self.passes(&mut link, calls, pipeline).await
+                    })
+                    .await
+                    .map(|replies| self.decode_all(calls, sent, replies)),
+            };
+            match result {
+                Ok(answers) => return answered(answers),
+                Err(Error::Connection(_)) if attempt == 0 => continue,
+                Err(err) => {
+                    return answered(sent.iter().map(|&i| (i, Err(err.clone()))).collect());
+                }
+            }
+        }
+    }
+
+    /// Sends a pipeline of calls on keys one of them may grant, on a link lent to it alone:
+    /// the calls that did not grant (refusals, releases, reads, errors) are answered as soon
+    /// as their replies are in; then one `WAIT` for the grants, with what is left of
+    /// `replicaTimeoutMs` since the batch began, so a grant answers within it whatever was
+    /// sent again on the way. Fails (for [`RedisStore::send`] to send again) only before any
+    /// call was answered.
+    async fn confirmed(
+        &self,
+        calls: &[Sent],
+        pipeline: &Part,
+        timing: Timing,
+        wanted: Replication,
+        answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
+    ) -> Result<Vec<(usize, Result<Answer>)>> {
+        let deadline = tokio::time::Instant::from_std(timing.deadline);
+        let timeout = Error::Timeout(self.connection.timeout());
+        let Ok(lent) = tokio::time::timeout_at(deadline, self.connection.lend()).await else {
+            return Err(timeout);
+        };
+        let mut lent = lent?;
+        let replies = match tokio::time::timeout_at(
+            deadline,
+            self.passes(lent.link(), calls, pipeline),
+        )
+        .await
+        {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(err)) => return Err(self.connection.classify(err)),
+            Err(_) => return Err(timeout),
+        };
+        let (granted, now): (Vec<_>, Vec<_>) = self
+            .decode_all(calls, &pipeline.sent, replies)
             .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
+            .partition(|(_, answer)| answer.as_ref().is_ok_and(Answer::granted));
+        let Some(&(first, _)) = granted.first() else {
+            lent.keep();
+            return Ok(now);
+        };
+        answered(now);
+        let left = wanted.timeout.saturating_sub(timing.started.elapsed());
+        let wait_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted.replicas).arg(wait_ms);
+        let key = self.layout.lease(calls[first].call.key());
+        let confirmed = tokio::time::timeout_at(deadline, lent.link().on_node_of(&key, &wait));
+        let failure = match confirmed.await {
+            Ok(Ok(reply)) => match parse::<u32>(reply) {
+                Ok(confirmed) if confirmed >= wanted.replicas => {
+                    lent.keep();
+                    return Ok(granted);
+                }
+                Ok(confirmed) => {
+                    lent.keep();
+                    Error::Replication {
+                        wanted: wanted.replicas,
+                        confirmed,
+                    }
+                }
+                Err(err) => self.wait_failed(err),
+            },
+            Ok(Err(err)) => self.wait_failed(err),
+            Err(_) => timeout,
+        };
+        Ok(granted
+            .into_iter()
+            .map(|(i, _)| (i, Err(failure.clone())))
+            .collect())
+    }
+
+    /// What a failed `WAIT` means for the grants it was to confirm. A server that does not
+    /// run it (renamed away, a managed service without it, an ACL that refuses it) is
+    /// remembered: every later grant is refused before anything is sent.
+    fn wait_failed(&self, err: redis::RedisError) -> Error {
+        let refused = err.code() == Some("NOPERM")
+            || err
+                .detail()
+                .is_some_and(|detail| detail.contains("unknown command"))
+            || err.to_string().contains("unknown command");
+        if refused {
+            let err = Error::Unsupported {
+                command: "WAIT",
+                option: "minReplicas",
+                reason: err.to_string(),
+            };
+            return self.no_wait.get_or_init(|| err).clone();
+        }
+        self.connection.classify(err)
+    }
+
+    /// Each call's answer from its reply.
+    fn decode_all(
+        &self,
+        calls: &[Sent],
+        sent: &[usize],
+        replies: Vec<Value>,
+    ) -> Vec<(usize, Result<Answer>)> {
+        sent.iter()
+            .zip(replies)
+            .map(|(&i, reply)| {
+                let answer =
+                    decode(&calls[i].call, reply).map_err(|e| self.connection.classify_reply(e));
+                (i, answer)
             })
-            .collect();
-        self.report_failures(&calls, &answers);
-        answers
+            .collect()
     }
 
     /// Tells the logger when calls failed in Redis or on the way: Mastra swallows those
     /// failures (a failed `acquireLease` counts as acquired), so without this nobody would
     /// know leases are failing open. A warning the first time and at most every 30 s (with
     /// how many calls failed since), debug notes in between.
-    fn report_failures(&self, calls: &[Sent], answers: &[Result<Answer>]) {
-        let mut failed = calls
-            .iter()
-            .zip(answers)
-            .filter_map(|(sent, answer)| match answer {
-                Err(err) if err.is_unavailable() => Some((&sent.call, err)),
-                _ => None,
-            });
+    fn report_failures(&self, calls: &[Sent], answers: &[(usize, Result<Answer>)]) {
+        let mut failed = answers.iter().filter_map(|(i, answer)| match answer {
+            Err(err) if err.is_unavailable() => Some((&calls[*i].call, err)),
+            _ => None,
+        });
         let Some((call, err)) = failed.next() else {
             return;
         };
@@ -243,138 +458,83 @@ impl RedisStore {
         ));
     }
 
-    /// Sends the calls at `group` as one pipeline, once more when the connection broke under
-    /// it, and answers each.
-    async fn send(
-        &self,
-        calls: &[Sent],
-        group: &[usize],
-        deadline: Instant,
-    ) -> Vec<Result<Answer>> {
-        let mut answers = Vec::new();
-        for _send in 0..2 {
-            if group.is_empty() {
-                break;
-            }
-            let budget = deadline.saturating_duration_since(Instant::now());
-            match self.round_trip(calls, group, budget).await {
-                Ok((replies, confirmed)) => {
-                    answers = group
-                        .iter()
-                        .zip(replies)
-                        .map(|(&i, reply)| {
-                            let answer = decode(&calls[i].call, reply)
-                                .map_err(|e| self.connection.classify_reply(e))?;
-                            match (self.grants.replication, confirmed) {
-                                (Some(wanted), Some(confirmed))
-                                    if answer.granted() && confirmed < wanted.replicas =>
-                                {
-                                    Err(Error::Replication {
-                                        wanted: wanted.replicas,
-                                        confirmed,
-                                    })
-                                }
-                                _ => Ok(answer),
-                            }
-                        })
-                        .collect();
-                    break;
-                }
-                Err(err) => {
-                    answers = group.iter().map(|_| Err(err.clone())).collect();
-                    if !matches!(err, Error::Connection(_)) {
-                        break;
-                    }
-                }
-            }
-        }
-        answers
-    }
-
-    /// Sends the calls at `sent` as one pipeline and reads their replies. A call whose reply
-    /// asks for another command goes again in a second pipeline, invisibly to callers: a
-    /// script Redis does not know (NOSCRIPT, after a restart or SCRIPT FLUSH) is loaded first,
-    /// and a plain acquire that found its owner already holding the lease, or that the server
-    /// refused, goes as the acquire script. At most three passes (the script sent in the
-    /// second may itself be unknown).
+    /// Sends a pipeline's calls on `link` and reads their replies. A call whose reply asks
+    /// for another command goes again in a later pass, invisibly to callers: a script Redis
+    /// does not know (NOSCRIPT, after a restart or SCRIPT FLUSH) is loaded first, with every
+    /// other lease script (a flush forgot them all, so no later call finds one known and
+    /// another not), and a plain acquire that found its owner already holding the lease, or
+    /// that the server refused, goes as the acquire script. At most three passes (the script
+    /// sent in the second may itself be unknown).
     ///
-    /// With [`Grants::replication`], a pipeline holding a lease write ends with `WAIT`: the
-    /// second value answered is how many replicas confirmed the writes before it.
-    async fn round_trip(
+    /// Sending again must not reorder the calls on one key: a plain acquire is used only for
+    /// a key with no other call in the pipeline; a script call on a key is unknown to Redis
+    /// only when every script is, so the key's later script calls are sent again with it; and
+    /// the reads after the first call sent again go again too (reads are safe to repeat), so
+    /// a read never reports a state from before a write preceding it.
+    async fn passes(
         &self,
+        link: &mut Link,
         calls: &[Sent],
-        sent: &[usize],
-        budget: Duration,
-    ) -> Result<(Vec<Value>, Option<u32>)> {
-        let wait = self.grants.replication;
-        self.connection
-            .run_within(budget, |mut connection| async move {
-                let mut replies: Vec<Value> = Vec::with_capacity(sent.len());
-                let mut scripted = vec![false; sent.len()];
-                let mut plain = vec![false; sent.len()];
-                let mut pending: Vec<usize> = (0..sent.len()).collect();
-                let mut load: Vec<&'static Lua> = Vec::new();
-                let mut confirmed = None;
-                for pass in 0..3 {
-                    let mut pipe = redis::pipe();
-                    for lua in &load {
-                        pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
-                    }
-                    for &j in &pending {
-                        plain[j] = self.encode(&calls[sent[j]], scripted[j], &mut pipe);
-                    }
-                    // One WAIT covers every write sent before it on the connection.
-                    let wait_now =
-                        wait.filter(|_| pending.iter().any(|&j| calls[sent[j]].call.grants()));
-                    append_wait(&mut pipe, wait_now);
-                    let mut answers = connection
-                        .send_packed_commands(&pipe, 0, pipe.len())
-                        .await?;
-                    if wait_now.is_some() {
-                        confirmed = answers.pop().map(confirmations);
-                    }
-                    // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that
-                    // follows: the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
-                    let refused = answers
-                        .drain(..load.len())
-                        .find(|reply| matches!(reply, Value::ServerError(_)));
-                    load.clear();
-                    let mut again = Vec::new();
-                    for (&j, mut reply) in pending.iter().zip(answers) {
-                        let call = &calls[sent[j]].call;
-                        if is_noscript(&reply) {
-                            match (&refused, lua(call)) {
-                                (Some(load_error), _) => reply = load_error.clone(),
-                                (None, Some(lua)) => {
-                                    if !load.iter().any(|l| std::ptr::eq(*l, lua)) {
-                                        load.push(lua);
-                                    }
-                                    again.push(j);
-                                }
-                                // A plain command answered NOSCRIPT: that is its answer.
-                                (None, None) => {}
-                            }
-                        } else if plain[j] && self.acquire_again(call, &reply) {
-                            scripted[j] = true;
+        pipeline: &Part,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let sent = &pipeline.sent;
+        let mut replies: Vec<Value> = Vec::with_capacity(sent.len());
+        // A key with several calls has its acquires sent as the script from the start.
+        let mut scripted = match pipeline.keys_repeat && !self.grants.fencing_tokens {
+            true => repeated_keys(calls, sent),
+            false => vec![false; sent.len()],
+        };
+        let mut plain = vec![false; sent.len()];
+        let mut pending: Vec<usize> = (0..sent.len()).collect();
+        let mut load = false;
+        for pass in 0..3 {
+            let mut pipe = redis::pipe();
+            let loads = match load {
+                true => scripts::LEASE_SCRIPTS.len(),
+                false => 0,
+            };
+            for lua in scripts::LEASE_SCRIPTS.iter().take(loads) {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+            }
+            for &j in &pending {
+                plain[j] = self.encode(&calls[sent[j]], scripted[j], &mut pipe);
+            }
+            let mut answers = link.send_packed_commands(&pipe, 0, pipe.len()).await?;
+            // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
+            // the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
+            let refused = answers
+                .drain(..loads)
+                .find(|reply| matches!(reply, Value::ServerError(_)));
+            load = false;
+            let mut again = Vec::new();
+            for (&j, mut reply) in pending.iter().zip(answers) {
+                let call = &calls[sent[j]].call;
+                if is_noscript(&reply) {
+                    match (&refused, lua(call)) {
+                        (Some(load_error), _) => reply = load_error.clone(),
+                        (None, Some(_)) => {
+                            load = true;
                             again.push(j);
                         }
-                        if pass == 0 {
-                            replies.push(reply);
-                        } else {
-                            replies[j] = reply;
-                        }
+                        // A plain command answered NOSCRIPT: that is its answer.
+                        (None, None) => {}
                     }
-                    // To keep the batch's order, the reads after the first call sent again
-                    // go again too (reads are safe to repeat), so a read never reports a
-                    // state from before a write preceding it.
-                    let Some(&first) = again.first() else { break };
-                    pending = (first..sent.len())
-                        .filter(|j| again.contains(j) || lua(&calls[sent[*j]].call).is_none())
-                        .collect();
+                } else if plain[j] && self.acquire_again(call, &reply) {
+                    scripted[j] = true;
+                    again.push(j);
                 }
-                Ok((replies, confirmed))
-            })
-            .await
+                if pass == 0 {
+                    replies.push(reply);
+                } else {
+                    replies[j] = reply;
+                }
+            }
+            let Some(&first) = again.first() else { break };
+            pending = (first..sent.len())
+                .filter(|j| again.contains(j) || lua(&calls[sent[*j]].call).is_none())
+                .collect();
+        }
+        Ok(replies)
     }
 
     /// Whether a plain acquire's reply asks for the acquire script: the owner already holds
@@ -466,6 +626,61 @@ impl LeaseStore for RedisStore {
     fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> {
         RedisStore::execute(self, calls)
     }
+
+    fn execute_each(
+        &self,
+        calls: Vec<Call>,
+        answered: &Answered<'_>,
+    ) -> impl Future<Output = ()> + Send {
+        RedisStore::execute_each(self, calls, answered)
+    }
+}
+
+/// The most calls sent as one pipeline.
+const MAX_PIPELINE: usize = 64;
+
+/// How many keys of a batch of `n` calls go in one pipeline: small batches travel whole;
+/// larger ones in at least two pipelines, so Redis works on one while the other's callers
+/// run (docs/benchmarks.md has what that is worth).
+fn pipeline_size(n: usize) -> usize {
+    if n <= 16 {
+        n
+    } else {
+        n.div_ceil(2).min(MAX_PIPELINE)
+    }
+}
+
+/// A part of a batch sent as one pipeline.
+struct Part {
+    /// The calls, by their place in the batch, in order.
+    sent: Vec<usize>,
+    /// How many keys they are on.
+    keys: usize,
+    /// Some key has more than one call here.
+    keys_repeat: bool,
+    /// The hash slot of every key here, on a cluster.
+    slot: Option<u16>,
+    /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
+    /// a lent link, the grants confirmed there.
+    confirm: bool,
+}
+
+/// When a batch began, and when it must be answered by.
+#[derive(Clone, Copy)]
+struct Timing {
+    started: Instant,
+    deadline: Instant,
+}
+
+/// For each call at `sent`: whether its key has another call among them.
+fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
+    let mut count: HashMap<&str, u32> = HashMap::new();
+    for &i in sent {
+        *count.entry(calls[i].call.key()).or_default() += 1;
+    }
+    sent.iter()
+        .map(|&i| count.get(calls[i].call.key()).is_some_and(|&n| n > 1))
+        .collect()
 }
 
 /// A call on its way, with the id a transfer carries on every send of it.
@@ -537,19 +752,6 @@ fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
         Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
         Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),
     })
-}
-
-/// Ends a pipeline with `WAIT <replicas> <timeout>`, when asked.
-fn append_wait(pipe: &mut Pipeline, wait: Option<Replication>) {
-    if let Some(wait) = wait {
-        let timeout = u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX);
-        pipe.cmd("WAIT").arg(wait.replicas).arg(timeout);
-    }
-}
-
-/// What `WAIT` answered: how many replicas confirmed (an error reply confirms none).
-fn confirmations(reply: Value) -> u32 {
-    parse::<u32>(reply).unwrap_or(0)
 }
 
 fn is_noscript(reply: &Value) -> bool {
