@@ -53,10 +53,11 @@ export declare class RedisLeaseProvider {
   ping(): Promise<number>
   /**
    * One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
-   * token, ttlMs }], cursor }`; pass `cursor` back for the next page, until it is absent.
-   * A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
-   * a lease that comes or goes meanwhile may or may not be listed. Rejects with
-   * `ERR_LEASE_INVALID_OPTION` for an unknown option or a cursor it did not answer.
+   * token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor`
+   * back for the next page, until it is absent. A `SCAN` of every master (never `KEYS`),
+   * about `count` keys per page (default 1000); a lease that comes or goes meanwhile may or
+   * may not be listed. Rejects with `ERR_LEASE_INVALID_OPTION` for an unknown option or a
+   * cursor it did not answer.
    */
   listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string }>; cursor?: string }>
   /**
@@ -81,7 +82,8 @@ export declare class RedisLeaseProvider {
    */
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
   /**
-   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
+   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`; `ttlMs` is
+   * `null` for a key that never expires (written without one by another client).
    * After a transfer, the new holder learns its fencing token here.
    */
   getLease(key: string): Promise<LeaseState | undefined>
@@ -207,8 +209,12 @@ export interface LeaseState {
    * false` or by another client, until its holder acquires it with tokens).
    */
   token?: number
-  /** Milliseconds left before it expires. */
-  ttlMs: number
+  /**
+   * Milliseconds left before it expires; `null` for a key that never expires (one written
+   * without an expiry by another client, e.g. a raw `SET`), which only a release or a
+   * deletion ends.
+   */
+  ttlMs: number | null
 }
 
 /** What `stats()` returns: a provider's lease calls since it was made. */

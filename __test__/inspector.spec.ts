@@ -28,7 +28,7 @@ function cli(...args: string[]): Promise<{ code: number; stdout: string; stderr:
 }
 
 /** Every page of listLeases, its keys in order of arrival. */
-async function listAll(p: RedisLeaseProvider, count?: number): Promise<Array<{ key: string; owner: string; token?: number; ttlMs: number }>> {
+async function listAll(p: RedisLeaseProvider, count?: number): Promise<Array<{ key: string; owner: string; token?: number; ttlMs: number | null }>> {
   const all = []
   let cursor: string | undefined
   do {
@@ -64,8 +64,18 @@ describe('listLeases', () => {
     expect(new Set(all.map((l) => l.key)).size).toBe(MANY + 1)
     expect(all.find((l) => l.key === THREAD)).toEqual({ key: THREAD, owner: 'run-1', token: expect.any(Number), ttlMs: expect.any(Number) })
     expect(all.find((l) => l.key === 'job-8')).toMatchObject({ owner: 'worker-1' })
-    expect(all.every((l) => l.ttlMs > 590_000 && l.ttlMs <= 600_000)).toBe(true)
+    expect(all.every((l) => l.ttlMs !== null && l.ttlMs > 590_000 && l.ttlMs <= 600_000)).toBe(true)
     expect(all.some((l) => l.key === 'not-ours' || l.key === 'events')).toBe(false)
+  })
+
+  it('lists a lease another client wrote without an expiry with ttlMs null', async () => {
+    const own = `insp-no-expiry:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: own }))
+    await server.cli('SET', `${own}:lease:forever`, 'tool')
+    await p.acquireLease('timed', 'worker', 600_000)
+    const all = await listAll(p)
+    expect(all.find((l) => l.key === 'forever')).toEqual({ key: 'forever', owner: 'tool', token: undefined, ttlMs: null })
+    expect(all.find((l) => l.key === 'timed')!.ttlMs).toBeGreaterThan(590_000)
   })
 
   it('refuses an unknown option or a cursor it did not answer with ERR_LEASE_INVALID_OPTION', async () => {
@@ -95,6 +105,18 @@ describe('npx mastra-lease', () => {
     expect(got).toMatchObject({ code: 0, stdout: expect.stringMatching(/^resource-1 \u2400 thread-1\trun-1\t\d+\t\d+\n$/) })
     const missing = await cli('get', 'nope', '--url', server.url, '--prefix', prefix)
     expect(missing).toMatchObject({ code: 1, stdout: '', stderr: expect.stringContaining('no live lease on nope') })
+  })
+
+  it('a lease without an expiry shows "never" as its TTL in list and get, and null with --json', async () => {
+    const own = `insp-cli-no-expiry:${RUN}`
+    await server.cli('SET', `${own}:lease:forever`, 'tool')
+    const where = ['--url', server.url, '--prefix', own]
+    expect(await cli('list', ...where)).toMatchObject({ code: 0, stdout: 'forever\ttool\tnever\t\n' })
+    expect(await cli('get', 'forever', ...where)).toMatchObject({ code: 0, stdout: 'forever\ttool\tnever\t\n' })
+    const listed = await cli('list', ...where, '--json')
+    expect(JSON.parse(listed.stdout)).toEqual({ key: 'forever', owner: 'tool', ttlMs: null, token: null })
+    const got = await cli('get', 'forever', ...where, '--json')
+    expect(JSON.parse(got.stdout)).toEqual({ key: 'forever', owner: 'tool', ttlMs: null, token: null })
   })
 
   it('release deletes only when the owner named holds it: another owner is exit 1 and leaves it, the holder exit 0', async () => {

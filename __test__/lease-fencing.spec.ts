@@ -7,9 +7,10 @@ import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, whi
 
 import { randomUUID } from 'node:crypto'
 
+import { EventEmitterPubSub } from '@mastra/core/events'
 import { beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type LeaseState } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type LeaseState } from '../dist/esm/index.js'
 import { sleep } from './helpers/lease.js'
 import { closing, LeaseChild, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
@@ -109,6 +110,19 @@ describe('tokens against Redis itself', () => {
     const grant = await p.acquireLease(key, 'mastra-run', 60_000)
     expect(grant.token).toEqual(expect.any(Number))
     expect((await p.getLease(key))!.token).toBe(grant.token)
+  })
+
+  it('a lease another client wrote without an expiry reads with ttlMs null (through a provider, a pubsub and withLeases), until its holder gives it one', async () => {
+    const prefix = `fence-no-expiry:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const readers = [p, closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix })), closing(withLeases(new EventEmitterPubSub(), p))]
+    const key = uniqueKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'tool')
+    for (const reader of readers) expect(await reader.getLease(key)).toEqual({ owner: 'tool', token: undefined, ttlMs: null })
+    expect(await p.renewLease(key, 'tool', 60_000)).toBe(true)
+    const renewed = await p.getLease(key)
+    expect(renewed!.ttlMs).toBeGreaterThan(59_000)
+    expect(renewed!.ttlMs).toBeLessThanOrEqual(60_000)
   })
 
   it('a lease Mastra’s own backend moved or granted again never reads with the token of the grant before', async () => {

@@ -262,6 +262,99 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     await waiting.lease!.release()
   })
 
+  it('a waiter on a lease without an expiry (a raw SET) sends nothing, and is woken within milliseconds by a release', async ({ annotate }) => {
+    const holder = closing(new RedisLeaseProvider(options()))
+    const waiter = closing(new RedisLeaseProvider(options()))
+    const key = newKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'A')
+    const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true, waitTimeoutMs: 4_000 }))
+    await sleep(300) // subscribed, refused, read the lease: now only waiting
+    const before = await server.commandCalls()
+    await sleep(1_000)
+    const during = leaseCommands(await server.commandCalls()) - leaseCommands(before)
+    expect(waiting.settled).toBe(false)
+    expect(during).toBe(0)
+    await holder.releaseLease(key, 'A')
+    const released = performance.now()
+    await waiting.done
+    const took = waiting.at - released
+    await annotate(`no expiry: commands in 1 s of waiting: ${during}; granted ${took.toFixed(1)} ms after the release`)
+    expect(waiting.error).toBeUndefined()
+    expect(waiting.lease).toMatchObject({ owner: 'B' })
+    expect(took).toBeLessThan(1_000) // a wake-up, not the waitTimeoutMs's last look
+    await waiting.lease!.release()
+  })
+
+  it('a raw DEL of a lease without an expiry publishes nothing: the waiter finds it free at its next look, one ttlMs on', async ({ annotate }) => {
+    const waiter = closing(new RedisLeaseProvider(options()))
+    const key = newKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'A')
+    const started = performance.now()
+    const waiting = pending(waiter.hold(key, 'B', { ttlMs: 1_500, wait: true }))
+    await sleep(300)
+    await server.cli('DEL', `${prefix}:lease:${key}`)
+    const before = await server.commandCalls()
+    await sleep(700)
+    expect(waiting.settled).toBe(false) // nobody told it
+    expect(leaseCommands(await server.commandCalls()) - leaseCommands(before)).toBe(0)
+    await waiting.done
+    const after = waiting.at - started
+    await annotate(`no expiry, deleted by a raw DEL: granted ${after.toFixed(1)} ms after the wait began`)
+    expect(waiting.error).toBeUndefined()
+    expect(waiting.lease).toMatchObject({ owner: 'B' })
+    expect(after).toBeGreaterThanOrEqual(1_490)
+    expect(after).toBeLessThan(1_500 + 1_000)
+    await waiting.lease!.release()
+  })
+
+  it('a lease without an expiry that is given one later (a raw PEXPIRE) is taken when that runs out, read at the next look one ttlMs on', async () => {
+    const waiter = closing(new RedisLeaseProvider(options()))
+    const key = newKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'A')
+    const started = performance.now()
+    const waiting = pending(waiter.hold(key, 'B', { ttlMs: 1_500, wait: true }))
+    await sleep(300)
+    const before = await server.commandCalls()
+    await sleep(900)
+    expect(leaseCommands(await server.commandCalls()) - leaseCommands(before)).toBe(0)
+    await server.cli('PEXPIRE', `${prefix}:lease:${key}`, 1_100) // runs out at about 2.3 s
+    await waiting.done
+    const after = waiting.at - started
+    expect(waiting.error).toBeUndefined()
+    expect(waiting.lease).toMatchObject({ owner: 'B' })
+    // The look at 1.5 s reads the new TTL and sets its timer: taken at its end, not at 3 s.
+    expect(after).toBeGreaterThanOrEqual(2_290)
+    expect(after).toBeLessThan(2_300 + 1_000)
+    await waiting.lease!.release()
+  })
+
+  it('a wait on a lease without an expiry still ends at waitTimeoutMs, and at its signal, with nothing sent between', async ({ annotate }) => {
+    const waiter = closing(new RedisLeaseProvider(options()))
+    const key = newKey()
+    await server.cli('SET', `${prefix}:lease:${key}`, 'A')
+    const started = performance.now()
+    const before = await server.commandCalls()
+    const error = await expectRejection(() => waiter.hold(key, 'B', { ttlMs: 60_000, wait: true, waitTimeoutMs: 800 }), Error, 'ERR_LEASE_HELD')
+    const waited = performance.now() - started
+    expect(error).toMatchObject({ owner: 'A' })
+    expect(waited).toBeGreaterThanOrEqual(795)
+    expect(waited).toBeLessThan(800 + 1_000)
+    const sent = leaseCommands(await server.commandCalls()) - leaseCommands(before)
+    await annotate(`no expiry: commands in a wait of 800 ms that timed out: ${sent}`)
+    // The listener's HELLO and subscription, the refused acquire and the read, the last
+    // acquire at the deadline, the unsubscription, each with the commands inside its script
+    // (and, on a server that has not seen them yet, the scripts' loading): no loop.
+    expect(sent).toBeLessThanOrEqual(20)
+    const controller = new AbortController()
+    const aborted = pending(waiter.hold(key, 'B', { ttlMs: 60_000, wait: true, signal: controller.signal }))
+    await sleep(300)
+    expect(aborted.settled).toBe(false)
+    controller.abort(new Error('no longer needed'))
+    await aborted.done
+    expect(aborted.error).toMatchObject({ message: 'no longer needed' })
+    expect(await waiter.getLeaseOwner(key)).toBe('A')
+  })
+
   it('keeps one subscription per key and process however many wait, and drops it once none does', async () => {
     const holder = closing(new RedisLeaseProvider(options()))
     const waiter = closing(new RedisLeaseProvider(options()))

@@ -74,10 +74,11 @@ try {
   fail(EXIT.usage, redacted(error.message))
 }
 
+// A lease without an expiry (another client's raw SET) has ttlMs null: "never" in a table.
 const line = (k, lease) =>
   values.json
     ? JSON.stringify({ key: k, owner: lease.owner, ttlMs: lease.ttlMs, token: lease.token ?? null })
-    : [shown(k), shown(lease.owner), lease.ttlMs, lease.token ?? ''].join('\t')
+    : [shown(k), shown(lease.owner), lease.ttlMs ?? 'never', lease.token ?? ''].join('\t')
 
 let code = EXIT.done
 try {

@@ -250,6 +250,13 @@ pub fn undefined(env: Env) -> Value {
     out
 }
 
+pub fn null(env: Env) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain value creation on the JavaScript thread.
+    unsafe { sys::napi_get_null(env, &mut out) };
+    out
+}
+
 pub fn boolean(env: Env, value: bool) -> Value {
     let mut out = ptr::null_mut();
     // SAFETY: plain value creation on the JavaScript thread.
@@ -404,15 +411,19 @@ pub fn page(env: Env, page: &crate::core::lease::Page) -> Value {
     out
 }
 
-/// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease.
-pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: u64) -> Value {
+/// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease; `ttlMs` is `null`
+/// for a key that never expires (the same in JavaScript and in JSON, where `Infinity` is not).
+pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: Option<u64>) -> Value {
     let fields = [
         (c"owner", string(env, owner)),
         (
             c"token",
             token.map_or_else(|| undefined(env), |t| number_value(env, t as f64)),
         ),
-        (c"ttlMs", number_value(env, ttl_ms as f64)),
+        (
+            c"ttlMs",
+            ttl_ms.map_or_else(|| null(env), |t| number_value(env, t as f64)),
+        ),
     ];
     let mut out = ptr::null_mut();
     // SAFETY: plain object creation and property writes on the JavaScript thread.

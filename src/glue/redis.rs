@@ -161,10 +161,11 @@ impl RedisLeaseProvider {
     }
 
     /// One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
-    /// token, ttlMs }], cursor }`; pass `cursor` back for the next page, until it is absent.
-    /// A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
-    /// a lease that comes or goes meanwhile may or may not be listed. Rejects with
-    /// `ERR_LEASE_INVALID_OPTION` for an unknown option or a cursor it did not answer.
+    /// token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor`
+    /// back for the next page, until it is absent. A `SCAN` of every master (never `KEYS`),
+    /// about `count` keys per page (default 1000); a lease that comes or goes meanwhile may or
+    /// may not be listed. Rejects with `ERR_LEASE_INVALID_OPTION` for an unknown option or a
+    /// cursor it did not answer.
     #[napi(
         catch_unwind,
         ts_args_type = "options?: { cursor?: string; count?: number }",
@@ -304,7 +305,8 @@ impl RedisLeaseProvider {
         self.submit(env, Operation::TransferLease, call)
     }
 
-    /// The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`.
+    /// The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`; `ttlMs` is
+    /// `null` for a key that never expires (written without one by another client).
     /// After a transfer, the new holder learns its fencing token here.
     #[napi(
         catch_unwind,

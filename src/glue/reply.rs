@@ -105,8 +105,10 @@ pub struct LeaseState {
     /// Its fencing token (absent for a lease granted without one, with `fencingTokens:
     /// false` or by another client, until its holder acquires it with tokens).
     pub token: Option<f64>,
-    /// Milliseconds left before it expires.
-    pub ttl_ms: f64,
+    /// Milliseconds left before it expires; `null` for a key that never expires (one written
+    /// without an expiry by another client, e.g. a raw `SET`), which only a release or a
+    /// deletion ends.
+    pub ttl_ms: napi::Either<f64, napi::bindgen_prelude::Null>,
 }
 
 /// Calls made per lease method.

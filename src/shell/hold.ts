@@ -17,8 +17,10 @@ export interface HoldOptions {
   /**
    * When another owner holds the lease, wait for it instead of rejecting: woken when it is
    * released or transferred (a Redis publish, or in memory the call itself), and at the
-   * latest when its TTL runs out; never a polling loop. Waiters in one process take turns
-   * in arrival order. Default `false`.
+   * latest when its TTL runs out; never a polling loop. A lease without an expiry (written
+   * by another client without one) is looked at again every `ttlMs`, since its deletion or a
+   * `PEXPIRE` by that client publishes nothing. Waiters in one process take turns in arrival
+   * order. Default `false`.
    */
   wait?: boolean
   /** With `wait`: reject with `ERR_LEASE_HELD` when still held after this many milliseconds. Default: no limit. */
@@ -84,7 +86,7 @@ function checked(options: HoldOptions): HoldOptions {
 type Grant = { acquired: boolean; owner?: string; token?: number }
 
 /** A provider that can say how long a lease has left (this package's providers and pubsubs). */
-type Readable = LeaseProvider & { getLease(key: string): Promise<{ ttlMs: number } | undefined> }
+type Readable = LeaseProvider & { getLease(key: string): Promise<{ ttlMs: number | null } | undefined> }
 
 /** The error for a lease another owner holds. */
 function held(key: string, holder: string | undefined, after?: number): Error {
@@ -119,8 +121,11 @@ async function acquireWaiting(
     const lease = await leases.getLease(key)
     // Freed, or woken, since the refusal: look again at once.
     if (lease === undefined || place.wakes !== wakes) continue
-    // Its TTL rounded down to the millisecond: one more and it has surely run out.
-    await place.until(Math.min(lease.ttlMs + 1, deadline - performance.now()), signal)
+    // Its TTL rounded down to the millisecond: one more and it has surely run out. A lease
+    // without an expiry ends only by a release, which publishes, or by another client's DEL
+    // or PEXPIRE, which does not: so look again every `ttlMs` of our own, as cheap as a holder.
+    const look = lease.ttlMs === null ? ttlMs : lease.ttlMs + 1
+    await place.until(Math.min(look, deadline - performance.now()), signal)
   }
 }
 

@@ -100,7 +100,10 @@ export class MemoryLeaseProvider {
     return leaseChannel.tracePromise(ownerOf, { operation: 'getLeaseOwner', key }, undefined, this.table, key)
   }
 
-  /** The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`. */
+  /**
+   * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`. `ttlMs` is
+   * never `null` here: every lease in memory has an expiry.
+   */
   getLease(key: string): Promise<LeaseState | undefined> {
     if (!leaseChannel.hasSubscribers) return leaseOf(this.table, key)
     return leaseChannel.tracePromise(leaseOf, { operation: 'getLease', key }, undefined, this.table, key)

@@ -55,8 +55,9 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   }
 
   /**
-   * The live lease on `key` whole, `{ owner, token, ttlMs }`, or `undefined`; rejects with
-   * `ERR_LEASE_UNSUPPORTED` when the lease provider is not one of this package's.
+   * The live lease on `key` whole, `{ owner, token, ttlMs }` (`ttlMs` `null` for a key that
+   * never expires), or `undefined`; rejects with `ERR_LEASE_UNSUPPORTED` when the lease
+   * provider is not one of this package's.
    */
   getLease(key: string): Promise<LeaseState | undefined> {
     const leases = this.leases as Partial<FencingLeaseProvider>

@@ -1,6 +1,7 @@
 // Waiting for a lease without polling: a provider tells this process's waiters when a key
 // may have been freed, and each waiter also sets a timer at the holder's remaining TTL (an
-// expiry, or a release by another library, publishes nothing). Within a process, waiters of
+// expiry, or a release by another library, publishes nothing; a lease without an expiry is
+// looked at again every ttlMs of the waiter's, see hold.ts). Within a process, waiters of
 // one key take turns in arrival order; across processes, whoever asks first after a release
 // wins (docs/waiting.md).
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'

@@ -1,7 +1,8 @@
 -- Read a live lease whole: its owner, its token and the time it has left.
 -- KEYS[1]  the lease key
 -- KEYS[2]  the lease's token key
--- Returns  {owner, pttl, token} (token false when the lease has none: one granted without
+-- Returns  {owner, pttl, token} (pttl -1 when the key has no expiry: written without PX by
+--          another client; token false when the lease has none: one granted without
 --          fencing tokens, or by another client), or false when no lease is live.
 -- Atomically: the three reads see one moment, so the token is the owner's.
 local owner = redis.call('GET', KEYS[1])

@@ -91,16 +91,13 @@ impl MemoryStore {
                 Answer::Grant(table.acquire(now, key, owner, *ttl_ms))
             }
             Call::Owner { key } => Answer::Owner(table.live(key, now).map(|l| l.owner.clone())),
-            Call::Lease { key } => {
-                Answer::Lease(
-                    table.live(key, now).map(|l| super::Lease {
-                        owner: l.owner.clone(),
-                        token: Some(l.token),
-                        ttl_ms: u64::try_from(l.expires.duration_since(now).as_millis())
-                            .unwrap_or(u64::MAX),
-                    }),
-                )
-            }
+            Call::Lease { key } => Answer::Lease(table.live(key, now).map(|l| super::Lease {
+                owner: l.owner.clone(),
+                token: Some(l.token),
+                ttl_ms: Some(
+                    u64::try_from(l.expires.duration_since(now).as_millis()).unwrap_or(u64::MAX),
+                ),
+            })),
             Call::Release { key, owner } => Answer::Released(table.release(now, key, owner)),
             Call::Renew { key, owner, ttl_ms } => {
                 Answer::Renewed(table.renew(now, key, owner, *ttl_ms))
@@ -335,7 +332,7 @@ mod tests {
         else {
             panic!("no lease")
         };
-        assert_eq!((lease.owner.as_str(), lease.ttl_ms), ("b", 60));
+        assert_eq!((lease.owner.as_str(), lease.ttl_ms), ("b", Some(60)));
         assert!(lease.token.unwrap() > first);
         let after_expiry = token(s.apply_at(at(t0, 100), &acquire("k", "c", 100)).unwrap());
         assert!(after_expiry > lease.token.unwrap());

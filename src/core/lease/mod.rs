@@ -34,8 +34,9 @@ pub struct Lease {
     /// Its fencing token; `None` for a lease written by another client (Mastra's own
     /// backend) that no call of ours has refreshed.
     pub token: Option<u64>,
-    /// Milliseconds left before it expires.
-    pub ttl_ms: u64,
+    /// Milliseconds left before it expires; `None` for a key with no expiry at all (written
+    /// without `PX` by another client: a raw `SET`), which only a release or a `DEL` ends.
+    pub ttl_ms: Option<u64>,
 }
 
 /// One lease operation and its arguments. Calls are what stores execute, alone or in

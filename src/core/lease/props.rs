@@ -124,7 +124,7 @@ impl Model {
                 Answer::Lease(self.lease(key, now).map(|(owner, expires, token)| Lease {
                     owner: owner.clone(),
                     token: Some(*token),
-                    ttl_ms: expires - now,
+                    ttl_ms: Some(expires - now),
                 }))
             }
             Call::Release { key, owner } => {

@@ -744,8 +744,8 @@ fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
             Answer::Lease(lease.map(|(owner, pttl, token)| Lease {
                 owner: text(owner),
                 token,
-                // -1 (no expiry) cannot come from our writes; a foreign one reads as 0 left.
-                ttl_ms: u64::try_from(pttl).unwrap_or(0),
+                // -1: a key without an expiry, which our writes never leave but others' can.
+                ttl_ms: u64::try_from(pttl).ok(),
             }))
         }
         Call::Release { .. } => Answer::Released(parse::<i64>(reply)? == 1),

@@ -204,8 +204,8 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     assert_eq!(run(renew).await.unwrap(), Answer::Renewed(true));
     let read = run(lease("k")).await.unwrap();
     assert!(
-        matches!(&read, Answer::Lease(Some(Lease { owner, token: Some(t), ttl_ms }))
-        if owner == "a" && *t == first && *ttl_ms > 59_000 && *ttl_ms <= 60_000),
+        matches!(&read, Answer::Lease(Some(Lease { owner, token: Some(t), ttl_ms: Some(ttl) }))
+        if owner == "a" && *t == first && *ttl > 59_000 && *ttl <= 60_000),
         "{read:?}"
     );
     // A transfer hands the new holder a greater token.
@@ -251,6 +251,18 @@ async fn a_lease_another_client_wrote_gets_a_token_when_its_holder_acquires_it_a
     let token = token_of(store.execute_one(acquire("k", "a", 60_000)).await.unwrap());
     let read = store.execute_one(lease("k")).await.unwrap();
     assert!(matches!(&read, Answer::Lease(Some(Lease { token: Some(t), .. })) if *t == token));
+}
+
+#[tokio::test]
+async fn a_lease_another_client_wrote_without_an_expiry_reads_with_no_ttl() {
+    let server = Server::start("lease-no-expiry");
+    let store = store(&server, Duration::from_secs(2));
+    server.cli(&["SET", "t:lease:k", "a"]);
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(
+        matches!(&read, Answer::Lease(Some(Lease { owner, ttl_ms: None, .. })) if owner == "a"),
+        "{read:?}"
+    );
 }
 
 #[tokio::test]
