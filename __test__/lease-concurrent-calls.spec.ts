@@ -8,7 +8,9 @@ import { beforeAll, describe, expect, it, type TestContext } from 'vitest'
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { bindLeases, checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseLike, type LeaseOperation } from './helpers/lease-history.js'
 import { closing, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
-import { startRedis, type RedisServer } from './helpers/redis-server.js'
+import { sleep } from './helpers/lease.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { startCluster } from './helpers/redis-topologies.js'
 
 leaseSuite()
 
@@ -369,4 +371,41 @@ describe('calls of one turn take effect in the order they were made', () => {
     const p = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: prefix }))
     await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS))
   })
+
+  it.skipIf(EXTERNAL_REDIS)('RedisLeaseProvider with minReplicas 1 (grants confirmed on a link of their own, the rest on the shared one), with and without tokens', async ({ annotate }) => {
+    const master = await startRedis()
+    const replica = await startRedis({ args: ['--replicaof', '127.0.0.1', String(master.port)] })
+    try {
+      while ((await replica.info('replication'))['master_link_status'] !== 'up') await sleep(20)
+      const owner = (prefix: string) => async (key: string) => ((await master.cli('GET', `${prefix}:lease:${key}`)) as string | null) ?? undefined
+      for (const fencingTokens of [true, false]) {
+        const prefix = `order-replicas-${fencingTokens}:${RUN}`
+        const p = closing(new RedisLeaseProvider({ url: master.url, keyPrefix: prefix, fencingTokens, minReplicas: 1 }))
+        await check(annotate, await inCallOrder(p, prefix, owner(prefix), ROUNDS))
+      }
+    } finally {
+      await replica.stop()
+      await master.stop()
+    }
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('a Cluster (one pipeline per slot), with and without tokens, warm and with the scripts flushed on every master', async ({ annotate }) => {
+    const cluster = await startCluster({ masters: 3, replicasPerMaster: 0 })
+    try {
+      const owner = (prefix: string) => async (key: string) => {
+        const slot = await cluster.keySlot(`${prefix}:lease:${key}`)
+        return ((await (await cluster.masterOfSlot(slot)).cli('GET', `${prefix}:lease:${key}`)) as string | null) ?? undefined
+      }
+      const flush = async () => Promise.all((await cluster.masters()).map((m) => m.flushScripts()))
+      for (const fencingTokens of [true, false]) {
+        for (const before of [undefined, flush]) {
+          const prefix = `order-cluster-${fencingTokens}-${before ? 'cold' : 'warm'}:${RUN}`
+          const p = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix: prefix, fencingTokens }))
+          await check(annotate, await inCallOrder(p, prefix, owner(prefix), ROUNDS, before))
+        }
+      }
+    } finally {
+      await cluster.stop()
+    }
+  }, 60_000)
 })

@@ -299,3 +299,51 @@ describe.skipIf(EXTERNAL_REDIS)('minReplicas on a Cluster whose master failed ov
     judge(outcomes, ['renewal'])
   }, 60_000)
 })
+
+describe.skipIf(EXTERNAL_REDIS)('minReplicas on a server that does not run WAIT', () => {
+  /** A grant refused for want of WAIT: the code, and a message naming the command and the option. */
+  const noWait = (outcome: { code: string; message: string }) => {
+    expect(outcome.code).toBe('ERR_LEASE_UNSUPPORTED')
+    expect(outcome.message).toMatch(/WAIT/)
+    expect(outcome.message).toMatch(/minReplicas/)
+  }
+  const attempt = async (call: () => Promise<unknown>) => {
+    try {
+      await call()
+      return { code: 'ok', message: '' }
+    } catch (err) {
+      return { code: String(errorCode(err)), message: (err as Error).message }
+    }
+  }
+
+  for (const how of ['renamed away (--rename-command)', 'refused by the ACL user']) {
+    it(`WAIT ${how}: every grant rejects ERR_LEASE_UNSUPPORTED naming WAIT and minReplicas, later ones before anything is sent; reads and releases still work`, async () => {
+      const renamed = how.startsWith('renamed')
+      const server = await startRedis({ args: renamed ? ['--rename-command', 'WAIT', ''] : [] })
+      try {
+        let url = server.url
+        if (!renamed) {
+          await server.cli('ACL', 'SETUSER', 'nowait', 'on', '>pw', '~*', '&*', '+@all', '-wait')
+          url = server.url.replace('redis://', 'redis://nowait:pw@')
+        }
+        const p = closing(new RedisLeaseProvider({ url, minReplicas: 1, replicaTimeoutMs: REPLICA_TIMEOUT, commandTimeoutMs: COMMAND_TIMEOUT }))
+        const key = `replication:${RUN}:nowait`
+        noWait(await attempt(() => p.acquireLease(key, 'me', 60_000)))
+        // Known now: the next grants are refused before anything is sent.
+        const before = await server.commandCalls()
+        noWait(await attempt(() => p.acquireLease(`${key}:2`, 'me', 60_000)))
+        noWait(await attempt(() => p.renewLease(key, 'me', 60_000)))
+        noWait(await attempt(() => p.transferLease(key, 'me', 'you', 60_000)))
+        const after = await server.commandCalls()
+        expect((after['evalsha'] ?? 0) - (before['evalsha'] ?? 0)).toBe(0)
+        expect((after['set'] ?? 0) - (before['set'] ?? 0)).toBe(0)
+        // The first grant was written (unconfirmed): its owner reads it and releases it.
+        expect(await p.getLeaseOwner(key)).toBe('me')
+        await p.releaseLease(key, 'me')
+        expect(await p.getLeaseOwner(key)).toBeUndefined()
+      } finally {
+        await server.stop()
+      }
+    })
+  }
+})
