@@ -184,6 +184,11 @@ describe('what an operator reads is what is there', () => {
     expect(keys.length).toBe(13)
     expect(keys).toContain(long)
     expect(keys).toContain('bin\\xff\\xfe')
+    // What list shows, get can name, however long.
+    expect(await cli('get', long, '--url', server.url, '--prefix', where)).toMatchObject({ code: 0, stdout: expect.stringMatching(/^L+\to\t/) })
+    const json = await cli('list', '--url', server.url, '--prefix', where, '--json')
+    const rows = json.stdout.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as { key: string; rawKey?: string })
+    expect(rows.find((r) => r.rawKey !== undefined)).toEqual(expect.objectContaining({ key: 'bin\ufffd\ufffd', rawKey: Buffer.from('bin\xff\xfe', 'latin1').toString('base64') }))
     const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: where }))
     const all = await listAll(p)
     expect(all.length).toBe(13)

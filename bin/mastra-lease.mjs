@@ -17,7 +17,8 @@ const USAGE = String.raw`usage:
   --url       the Redis to read (default: $REDIS_URL, else redis://127.0.0.1:6379)
   --cluster   a seed node of a Redis Cluster, instead of --url (repeat for more)
   --prefix    the providers' keyPrefix (default mastra:topic)
-  --json      one JSON object per lease instead of tab-separated columns
+  --json      one JSON object per lease instead of tab-separated columns (with rawKey, the
+              key's bytes in base64, for a key that is not UTF-8)
 
 Keys and owners are shown escaped, so that each lease is one line of four columns: a
 backslash as \\, NUL as \0, tab, newline and CR as \t \n \r, other ASCII controls as \xHH,
@@ -131,7 +132,9 @@ try {
   // acquire as acquired) means nothing here, where the failure is this run's own error; the
   // provider's other warnings (the eviction policy) are the operator's to read.
   const logger = { warn: (message, fields) => fields?.failedCalls === undefined && process.stderr.write(`${redacted(message)}\n`) }
-  leases = new RedisLeaseProvider({ ...where, ...(values.prefix === undefined ? {} : { keyPrefix: values.prefix }), connectionName: 'mastra-lease-cli', logger })
+  // Whatever list shows, get and release can name: a key longer than the fleet's maxKeyBytes too.
+  const limits = { maxKeyBytes: 1 << 26, maxOwnerBytes: 1 << 26 }
+  leases = new RedisLeaseProvider({ ...where, ...(values.prefix === undefined ? {} : { keyPrefix: values.prefix }), connectionName: 'mastra-lease-cli', logger, ...limits })
 } catch (error) {
   fail(EXIT.usage, redacted(error.message))
 }
