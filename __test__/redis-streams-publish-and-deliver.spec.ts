@@ -206,6 +206,8 @@ describe('RedisStreamsPubSub', () => {
         [cycle, /circular/],
         [{ type: 'x', runId: 'r', data: { toJSON: () => { throw thrown } } }, /no JSON today/],
         [trap, /no JSON today/],
+        [new Proxy({ type: 'x', runId: 'r', data: {} }, { get: () => { throw thrown } }), /no JSON today/],
+        [{ type: 'x', runId: 'r', data: { toJSON: () => { throw Object.assign(new Error('coded inside'), { code: 'EINSIDE' }) } } }, /coded inside/],
       ]
       // A localOnly event is never written (live values survive): only the Proxy fails it.
       const cases = [...bad.map(([event, problem]) => [event, problem, undefined] as const), [trap, /no JSON today/, { localOnly: true }] as const]

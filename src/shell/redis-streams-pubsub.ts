@@ -84,14 +84,15 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       if (typeof event !== 'object' || event === null || Array.isArray(event)) {
         throw argumentError('event must be an object')
       }
+      const deliveryAttempt = attemptOf(readEvent(() => event.deliveryAttempt))
       if (options?.localOnly) {
-        const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt: attemptOf(event) }))
+        const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt }))
         for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
         return Promise.resolve()
       }
       // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
       // object holding a Date leaves V8's fast path and costs several times as much.
-      const json = readEvent(() => JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt: attemptOf(event) }))
+      const json = readEvent(() => JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
       return this.transport.publish(topic, json)
     } catch (err) {
       return Promise.reject(err)
@@ -313,13 +314,12 @@ function argumentError(message: string, cause?: unknown): TypeError {
 /**
  * What `read` makes of the caller's event; what reading it throws (a BigInt or a cycle JSON
  * cannot write, a throwing `toJSON`, a Proxy's trap) becomes a coded error, with what was
- * thrown as `cause`. A coded error (a bad `deliveryAttempt`) passes as it is.
+ * thrown as `cause`.
  */
 function readEvent<T>(read: () => T): T {
   try {
     return read()
   } catch (err) {
-    if (typeof (err as { code?: unknown })?.code === 'string') throw err
     throw argumentError(`event cannot be written as JSON: ${err instanceof Error ? err.message : String(err)}`, err)
   }
 }
@@ -329,8 +329,7 @@ function readEvent<T>(read: () => T): T {
  * must be a whole number of at least 1. An event read from a stream is read tolerantly
  * instead (see docs/streams.md): another process wrote it.
  */
-function attemptOf(event: Publishable): number {
-  const attempt: unknown = event.deliveryAttempt
+function attemptOf(attempt: unknown): number {
   if (attempt === undefined) return 1
   if (typeof attempt !== 'number') {
     throw argumentError(`event.deliveryAttempt must be a number, got ${attempt === null ? 'null' : typeof attempt}`)

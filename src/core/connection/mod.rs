@@ -450,6 +450,9 @@ impl Connection {
         // The reply itself could not be read: the server is not Redis. (A reply that does not
         // convert to what a caller expected is read later, and goes through classify_reply.)
         if err.kind() == redis::ErrorKind::Parse {
+            if self.target.follows_failover() {
+                self.forget_any(number);
+            }
             return Error::Protocol;
         }
         let err = if self.target.follows_failover() && (broken || moving) {
