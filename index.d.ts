@@ -53,13 +53,15 @@ export declare class RedisLeaseProvider {
   ping(): Promise<number>
   /**
    * One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
-   * token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor`
-   * back for the next page, until it is absent. A `SCAN` of every master (never `KEYS`),
-   * about `count` keys per page (default 1000); a lease that comes or goes meanwhile may or
-   * may not be listed. Rejects with `ERR_LEASE_INVALID_OPTION` for an unknown option or a
-   * cursor it did not answer.
+   * token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor` back for the next page, until it is absent.
+   * A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
+   * a lease that comes or goes meanwhile may or may not be listed. Plain reads (`GET`,
+   * `PTTL`, no script), so a read-only ACL user (`+@read`) may list. Every key is listed,
+   * one longer than `maxKeyBytes` too; a key that is not UTF-8 (written by another client)
+   * has U+FFFD in `key` and its bytes in `rawKey`. Rejects with `ERR_LEASE_INVALID_OPTION`
+   * for an unknown option or a cursor it did not answer.
    */
-  listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string }>; cursor?: string }>
+  listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>
   /**
    * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
    * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
@@ -130,11 +132,6 @@ export declare class RedisStreamsTransport {
    * at `maxDeliveryAttempts`. Never rejects, as `ack`.
    */
   nack(delivery: number): Promise<void>
-  /**
-   * The `deliveryAttempt` a publish stamps for the one an event carries: the same rule
-   * as for an event read from a stream.
-   */
-  deliveryAttemptOf(attempt: unknown): number
   /**
    * Warns, as for an event from a stream, that a `localOnly` event nacked at
    * `maxDeliveryAttempts` was dropped (through the logger, if any).

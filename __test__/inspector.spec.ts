@@ -2,6 +2,7 @@
 // under a prefix (SCAN, on every master of a cluster), and `npx mastra-lease` lists, reads and
 // releases them by name, with exit codes a script can rely on and no credentials printed.
 import { execFile } from 'node:child_process'
+import net from 'node:net'
 import path from 'node:path'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -10,7 +11,7 @@ import { RedisLeaseProvider } from '../dist/esm/index.js'
 import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { NODE } from './helpers/mastra-node.js'
-import { freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
 
 leaseSuite()
@@ -78,6 +79,24 @@ describe('listLeases', () => {
     expect(all.find((l) => l.key === 'timed')!.ttlMs).toBeGreaterThan(590_000)
   })
 
+  it('reads a page with plain reads at about the cost of getLease on each of its keys', async ({ annotate }) => {
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+    const keys = (await listAll(p)).map((l) => l.key)
+    const best = async (run: () => Promise<unknown>) => {
+      let fastest = Infinity
+      for (let i = 0; i < 5; i++) {
+        const started = performance.now()
+        await run()
+        fastest = Math.min(fastest, performance.now() - started)
+      }
+      return fastest
+    }
+    const listing = await best(() => listAll(p, 2_000))
+    const reads = await best(() => Promise.all(keys.map((k) => p.getLease(k))))
+    await annotate(`${keys.length} leases: listLeases ${listing.toFixed(1)} ms (SCAN and plain reads), getLease of each ${reads.toFixed(1)} ms (the script), ${(listing / reads).toFixed(2)}x`)
+    expect(listing).toBeLessThan(reads * 4)
+  })
+
   it('refuses an unknown option or a cursor it did not answer with ERR_LEASE_INVALID_OPTION', async () => {
     const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
     await expectRejection(() => p.listLeases({ cursr: '0' } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
@@ -89,20 +108,20 @@ describe('listLeases', () => {
 })
 
 describe('npx mastra-lease', () => {
-  it('list prints one tab-separated line per lease, a thread key as "resource ␀ thread"; --json one object each', async () => {
+  it('list prints one tab-separated line per lease, a thread key as "resource\\0thread"; --json one object each', async () => {
     const listed = await cli('list', '--url', server.url, '--prefix', prefix)
     expect(listed.code).toBe(0)
     const lines = listed.stdout.trim().split('\n')
     expect(lines.length).toBe(MANY + 1)
-    expect(lines).toContainEqual(expect.stringMatching(/^resource-1 \u2400 thread-1\trun-1\t\d+\t\d+$/))
+    expect(lines).toContainEqual(expect.stringMatching(/^resource-1\\0thread-1\trun-1\t\d+\t\d+$/))
     const json = await cli('list', '--url', server.url, '--prefix', prefix, '--json')
     const rows = json.stdout.trim().split('\n').map((l) => JSON.parse(l) as { key: string; owner: string })
     expect(rows.find((r) => r.key === THREAD)).toMatchObject({ owner: 'run-1', token: expect.any(Number), ttlMs: expect.any(Number) })
   })
 
   it('get prints the lease (exit 0), or says there is none (exit 1)', async () => {
-    const got = await cli('get', 'resource-1 \u2400 thread-1', '--url', server.url, '--prefix', prefix)
-    expect(got).toMatchObject({ code: 0, stdout: expect.stringMatching(/^resource-1 \u2400 thread-1\trun-1\t\d+\t\d+\n$/) })
+    const got = await cli('get', 'resource-1\\0thread-1', '--url', server.url, '--prefix', prefix)
+    expect(got).toMatchObject({ code: 0, stdout: expect.stringMatching(/^resource-1\\0thread-1\trun-1\t\d+\t\d+\n$/) })
     const missing = await cli('get', 'nope', '--url', server.url, '--prefix', prefix)
     expect(missing).toMatchObject({ code: 1, stdout: '', stderr: expect.stringContaining('no live lease on nope') })
   })
@@ -127,7 +146,7 @@ describe('npx mastra-lease', () => {
     const right = await cli('release', 'job-1', '--owner', 'worker-1', '--url', server.url, '--prefix', prefix)
     expect(right).toMatchObject({ code: 0, stdout: expect.stringContaining('released job-1') })
     expect(await p.getLeaseOwner('job-1')).toBeUndefined()
-    const thread = await cli('release', 'resource-1\u2400thread-1', '--owner', 'run-1', '--url', server.url, '--prefix', prefix)
+    const thread = await cli('release', 'resource-1\\0thread-1', '--owner', 'run-1', '--url', server.url, '--prefix', prefix)
     expect(thread.code).toBe(0)
     expect(await p.getLeaseOwner(THREAD)).toBeUndefined()
   })
@@ -142,6 +161,128 @@ describe('npx mastra-lease', () => {
     expect(down.code).toBe(3)
     expect(down.stderr).toMatch(/ERR_LEASE_(CONNECTION|TIMEOUT)/)
     expect(down.stdout + down.stderr).not.toContain('hunter2secret')
+  })
+})
+
+describe('what an operator reads is what is there', () => {
+  /** The leases `make` writes under a fresh prefix, and the prefix. */
+  async function populated(label: string, make: (p: RedisLeaseProvider) => Promise<unknown>, options: { maxKeyBytes?: number } = {}): Promise<string> {
+    const where = `insp-${label}:${RUN}`
+    const p = new RedisLeaseProvider({ url: server.url, keyPrefix: where, ...options })
+    await make(p)
+    await p.close()
+    return where
+  }
+  const columns = (line: string) => line.split('\t')
+
+  it('list escapes tabs, newlines, CR, ANSI escapes, bidi overrides and backslashes in keys and owners, one line and four columns per lease', async () => {
+    const keys = ['tab\there', 'line\nbreak', 'cr\rhere', 'ansi\x1b[31mred', 'bidi\u202eevil', 'back\\slash', 'nbsp\u00a0zwsp\u200b']
+    const where = await populated('escape', (p) => Promise.all(keys.map((k) => p.acquireLease(k, `owner\n${k.slice(0, 3)}\x1b[0m`, 600_000))))
+    const listed = await cli('list', '--url', server.url, '--prefix', where)
+    expect(listed.code).toBe(0)
+    const lines = listed.stdout.split('\n').filter((l) => l !== '')
+    expect(lines.length).toBe(keys.length)
+    expect(lines.every((l) => columns(l).length === 4)).toBe(true)
+    // Nothing left that moves the cursor, recolours the terminal or reorders the text.
+    expect(listed.stdout).not.toMatch(/[\x00-\x08\x0b-\x1f\x7f\u0080-\u009f\u00a0\u200b\u202e]/)
+    expect(lines.map((l) => columns(l)[0]).sort()).toEqual(
+      ['tab\\there', 'line\\nbreak', 'cr\\rhere', 'ansi\\x1b[31mred', 'bidi\\u202eevil', 'back\\\\slash', 'nbsp\\u00a0zwsp\\u200b'].sort(),
+    )
+    expect(lines.map((l) => columns(l)[1])).toContain('owner\\ntab\\x1b[0m')
+  })
+
+  it('list shows keys over maxKeyBytes and keys that are not UTF-8, escaped, instead of leaving them out', async () => {
+    const long = 'L'.repeat(5_000)
+    const where = await populated(
+      'odd',
+      (p) => Promise.all([...Array.from({ length: 11 }, (_, i) => p.acquireLease(`plain-${i}`, 'o', 600_000)), p.acquireLease(long, 'o', 600_000)]),
+      { maxKeyBytes: 8_192 },
+    )
+    // Bytes no JavaScript string can hold: written by another client.
+    await server.cli('EVAL', "return redis.call('SET', KEYS[1] .. '\\255\\254', 'o', 'PX', 600000)", 1, `${where}:lease:bin`)
+    const listed = await cli('list', '--url', server.url, '--prefix', where)
+    expect(listed.code).toBe(0)
+    const keys = listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l)[0])
+    expect(keys.length).toBe(13)
+    expect(keys).toContain(long)
+    expect(keys).toContain('bin\\xff\\xfe')
+    // What list shows, get can name, however long.
+    expect(await cli('get', long, '--url', server.url, '--prefix', where)).toMatchObject({ code: 0, stdout: expect.stringMatching(/^L+\to\t/) })
+    const json = await cli('list', '--url', server.url, '--prefix', where, '--json')
+    const rows = json.stdout.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as { key: string; rawKey?: string })
+    expect(rows.find((r) => r.rawKey !== undefined)).toEqual(expect.objectContaining({ key: 'bin\ufffd\ufffd', rawKey: Buffer.from('bin\xff\xfe', 'latin1').toString('base64') }))
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: where }))
+    const all = await listAll(p)
+    expect(all.length).toBe(13)
+    const bin = all.find((l) => l.key === 'bin\ufffd\ufffd') as { rawKey?: Buffer } | undefined
+    expect(bin?.rawKey).toEqual(Buffer.from([0x62, 0x69, 0x6e, 0xff, 0xfe]))
+    expect(all.find((l) => l.key === 'plain-1')).not.toHaveProperty('rawKey')
+  })
+
+  it('a NUL shows as \\0 and a real U+2400 as itself; get and release take the same escaped form, and refuse an escape they do not know', async () => {
+    const where = await populated('nul', (p) => Promise.all([p.acquireLease('res\0thr', 'owner\0nul', 600_000), p.acquireLease('res\u2400thr', 'owner-sym', 600_000)]))
+    const listed = await cli('list', '--url', server.url, '--prefix', where)
+    const rows = listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l).slice(0, 2))
+    expect(rows.sort()).toEqual([
+      ['res\\0thr', 'owner\\0nul'],
+      ['res\u2400thr', 'owner-sym'],
+    ])
+    expect(await cli('get', 'res\\0thr', '--url', server.url, '--prefix', where)).toMatchObject({ code: 0, stdout: expect.stringMatching(/^res\\0thr\towner\\0nul\t/) })
+    expect(await cli('get', 'res\u2400thr', '--url', server.url, '--prefix', where)).toMatchObject({ code: 0, stdout: expect.stringMatching(/^res\u2400thr\towner-sym\t/) })
+    expect(await cli('get', 'res\\u0000thr', '--url', server.url, '--prefix', where)).toMatchObject({ code: 0 })
+    const released = await cli('release', 'res\\0thr', '--owner', 'owner\\0nul', '--url', server.url, '--prefix', where)
+    expect(released.code).toBe(0)
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: where }))
+    expect(await p.getLeaseOwner('res\0thr')).toBeUndefined()
+    expect(await p.getLeaseOwner('res\u2400thr')).toBe('owner-sym')
+    const unknown = await cli('get', 'res\\qthr', '--url', server.url, '--prefix', where)
+    expect(unknown).toMatchObject({ code: 2, stderr: expect.stringContaining('\\q') })
+  })
+
+  it('a server that does not speak Redis protocol is a clear coded error (exit 3), without the warning meant for Mastra', async () => {
+    const http = net.createServer((socket) => socket.on('data', () => socket.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n')))
+    await new Promise<void>((resolve) => http.listen(0, '127.0.0.1', resolve))
+    try {
+      const { port } = http.address() as net.AddressInfo
+      const answered = await cli('get', 'k', '--url', `redis://127.0.0.1:${port}`)
+      expect(answered.code).toBe(3)
+      expect(answered.stderr).toContain('ERR_LEASE_PROTOCOL')
+      expect(answered.stderr).toMatch(/not speak Redis protocol/)
+      expect(answered.stderr).not.toContain('Incompatible type')
+      expect(answered.stderr).not.toContain('Mastra counts a failed acquireLease')
+    } finally {
+      http.close()
+    }
+  })
+
+  it('a failed run says what failed and nothing about Mastra', async () => {
+    const down = await cli('get', 'k', '--url', `redis://127.0.0.1:${await freePort()}`)
+    expect(down.code).toBe(3)
+    expect(down.stderr).toMatch(/ERR_LEASE_(CONNECTION|TIMEOUT)/)
+    expect(down.stderr).not.toContain('Mastra counts a failed acquireLease')
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('rediss:// against a server without TLS fails saying TLS is the likely cause', async () => {
+    const mismatch = await cli('get', 'k', '--url', `rediss://127.0.0.1:${server.port}`)
+    expect(mismatch.code).toBe(3)
+    expect(mismatch.stderr).toMatch(/ERR_LEASE_(TIMEOUT|CONNECTION)/)
+    expect(mismatch.stderr).toMatch(/TLS/)
+  })
+
+  // ACL users are the server's own: not created on a server the tests do not own.
+  it.skipIf(EXTERNAL_REDIS)('a read-only ACL user (+@read) can list the leases', async () => {
+    const where = await populated('acl', (p) => Promise.all([p.acquireLease('a', 'o', 600_000), p.acquireLease('res\0thr', 'run', 600_000)]))
+    const user = `reader-${RUN}`
+    await server.cli('ACL', 'SETUSER', user, 'on', '>read-only-secret', '~*', 'resetchannels', '-@all', '+@read')
+    const url = `redis://${user}:read-only-secret@127.0.0.1:${server.port}`
+    const listed = await cli('list', '--url', url, '--prefix', where)
+    expect(listed).toMatchObject({ code: 0, stderr: '' })
+    expect(listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l)[0]).sort()).toEqual(['a', 'res\\0thr'])
+    const p = closing(new RedisLeaseProvider({ url, keyPrefix: where }))
+    expect((await listAll(p)).map((l) => [l.key, l.owner, l.token]).sort()).toEqual([
+      ['a', 'o', expect.any(Number)],
+      ['res\0thr', 'run', expect.any(Number)],
+    ])
   })
 })
 

@@ -70,13 +70,18 @@ describe.each(holders)('%s.hold', (_name, make) => {
     expect(error).toMatchObject({ owner: 'B' })
   })
 
-  it('refuses unknown and unusable options with ERR_LEASE_INVALID_OPTION before taking anything', async () => {
+  it('refuses unknown and unusable options, and options whose Proxy traps throw, with ERR_LEASE_INVALID_OPTION before taking anything', async () => {
     const p = closing(make())
     const key = newKey()
     await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, wiat: true } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
     await expectRejection(() => p.hold(key, 'A', { ttl: 1_000 } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
     await expectRejection(() => p.hold(key, 'A', { ttlMs: 0.5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
     await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, signal: {} as never }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    const thrown = new Error('trapped')
+    for (const trap of [new Proxy({ ttlMs: 1_000 }, { ownKeys: () => { throw thrown } }), new Proxy({ ttlMs: 1_000 }, { get: () => { throw thrown } })]) {
+      const error = await expectRejection(() => p.hold(key, 'A', trap), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expect((error as Error & { cause?: unknown }).cause).toBe(thrown)
+    }
     await expectRejection(() => p.hold('', 'A', { ttlMs: 1_000 }), RangeError, 'ERR_LEASE_INVALID_KEY')
     expect(await p.getLeaseOwner(key)).toBeUndefined()
   })

@@ -7,6 +7,7 @@ import { PubSub, type Event, type EventCallback, type PubSubDeliveryMode, type S
 import { describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, withLeases } from '../dist/esm/index.js'
+import { expectThrow } from './helpers/lease.js'
 
 class RecordingTransport extends PubSub {
   calls: Array<[string, ...unknown[]]> = []
@@ -53,6 +54,22 @@ class RecordingTransport extends PubSub {
 }
 
 describe('LeasedPubSub', () => {
+  it('withLeases refuses, at the call, a transport that is not a PubSub and a provider without the five lease methods, naming what it takes', () => {
+    const leases = new MemoryLeaseProvider()
+    const transport = new RecordingTransport()
+    for (const inner of [null, undefined, {}, { publish() {} }]) {
+      const err = expectThrow(() => withLeases(inner as never, leases), TypeError, 'ERR_LEASE_INVALID_ARGUMENT')
+      expect(err.message).toMatch(/a PubSub .*publish, subscribe, unsubscribe and flush/)
+    }
+    const { releaseLease: _dropped, ...four } = { acquireLease() {}, getLeaseOwner() {}, releaseLease() {}, renewLease() {}, transferLease() {} }
+    for (const provider of [null, undefined, {}, four, 'redis://']) {
+      const err = expectThrow(() => withLeases(transport, provider as never), TypeError, 'ERR_LEASE_INVALID_ARGUMENT')
+      expect(err.message).toMatch(/a lease provider .*acquireLease, getLeaseOwner, releaseLease, renewLease and transferLease/)
+    }
+    // Structural, as Mastra's isLeaseProvider: any object with the five methods will do.
+    withLeases(transport, { acquireLease() {}, getLeaseOwner() {}, releaseLease() {}, renewLease() {}, transferLease() {} } as never)
+  })
+
   it('passes every PubSub member to the transport with its exact arguments', async () => {
     const transport = new RecordingTransport()
     const pubsub = withLeases(transport, new MemoryLeaseProvider())

@@ -168,6 +168,31 @@ describe('option getters that throw', () => {
   })
 })
 
+describe('options that Redis would refuse later, or that are not options at all', () => {
+  const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
+
+  it.each(Object.entries(redisClasses))('%s refuses a connectionName Redis cannot set (a space, a newline, a non-ASCII letter), saying why, before any I/O', (_name, make) => {
+    for (const name of ['a b', 'line\nbreak', 'tab\there', 'naïve']) {
+      const err = expectThrow(() => make({ url: redis.url, connectionName: name }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expect(err.message).toMatch(/connectionName .*spaces/)
+      expectThrow(() => make({ redisOptions: { url: redis.url, name } }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+    }
+    kept(make({ url: redis.url, connectionName: 'worker-1:eu/west' }))
+  })
+
+  it.each(Object.entries(classes))('%s refuses an array as options', (_name, make) => {
+    const err = expectThrow(() => make([] as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    expect(err.message).toContain('got an array')
+  })
+
+  it.each(Object.entries(redisClasses))('%s refuses a keyPrefix over 1024 bytes and takes one of 1024', (_name, make) => {
+    const err = expectThrow(() => make({ url: redis.url, keyPrefix: 'p'.repeat(1_000_000) }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+    expect(err.message).toContain('keyPrefix')
+    expectThrow(() => make({ url: redis.url, keyPrefix: 'é'.repeat(513) }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+    kept(make({ url: redis.url, keyPrefix: 'p'.repeat(1_024) }))
+  })
+})
+
 describe('loggers', () => {
   it('a logger with warn alone will do; one without warn is refused', () => {
     kept(new RedisLeaseProvider({ url: redis.url, logger: { warn() {} } }))
@@ -229,12 +254,18 @@ describe('streams arguments are checked as lease keys are', () => {
     expect(replacement.events).toEqual([])
   })
 
-  it("subscribe(topic, 5), startFrom: 'bogus' and an unknown subscribe option are errors", async () => {
+  it("subscribe(topic, 5), startFrom: 'bogus', an unknown subscribe option and options whose Proxy traps throw are errors", async () => {
     const p = pubsub()
     await expectRejection(() => p.subscribe('t', 5 as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
     await expectRejection(() => p.subscribe('t', () => {}, { startFrom: 'bogus' as never }), RangeError, 'ERR_STREAMS_INVALID_ARGUMENT')
     const err = await expectRejection(() => p.subscribe('t', () => {}, { grup: 'workers' } as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
     expect(err.message).toContain('unknown subscribe option "grup"')
+    const thrown = new Error('trapped')
+    const trap = new Proxy({}, { ownKeys: () => { throw thrown } })
+    const trapped = await expectRejection(() => p.subscribe('t', () => {}, trap as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
+    expect((trapped as Error & { cause?: unknown }).cause).toBe(thrown)
+    const getter = new Proxy({ group: 'g' }, { get: () => { throw thrown } })
+    expect(((await expectRejection(() => p.subscribe('t', () => {}, getter as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')) as Error & { cause?: unknown }).cause).toBe(thrown)
     // Mastra's batch option: a pubsub without native batching delivers unbatched.
     await p.subscribe('t', () => {}, { batch: { maxSize: 10 } } as never)
   })

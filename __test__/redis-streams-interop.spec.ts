@@ -229,6 +229,19 @@ describe('RedisStreamsPubSub alongside a node-redis peer of the same layout', ()
     expect(inbox.events.map((e) => e.deliveryAttempt ?? 1)).toEqual([1, 2])
   })
 
+  it("an event another writer stamped with a deliveryAttempt that is not a whole number of at least 1 ('x', -1, 1.5) counts as its first attempt: a nack writes it back as attempt 2", async () => {
+    const prefix = uniquePrefix('odd-attempt')
+    const ours = open({ keyPrefix: prefix, maxDeliveryAttempts: 2 })
+    const inbox = new Inbox(async (event, ack, nack) => (event.deliveryAttempt === 2 ? ack() : nack()))
+    await ours.subscribe('jobs', inbox.cb, { group: 'g' })
+    for (const deliveryAttempt of ['x', -1, 1.5]) {
+      const wire = { ...ev(1), id: randomUUID(), createdAt: new Date().toISOString(), deliveryAttempt }
+      await peer.xAdd(`${prefix}:jobs`, '*', { event: JSON.stringify(wire) })
+    }
+    await inbox.count(6)
+    expect(inbox.events.map((e) => e.deliveryAttempt).sort()).toEqual([-1, 1.5, 2, 2, 2, 'x'].sort())
+  })
+
   it('an entry that is not an event (no event field, or not JSON) is dropped with a warning, and the events after it still arrive', async () => {
     const prefix = uniquePrefix('malformed')
     const key = `${prefix}:jobs`

@@ -164,20 +164,17 @@ describe('RedisStreamsPubSub', () => {
       expect(event!.deliveryAttempt).toBe(3)
     })
 
-    it('always assigns its own id and createdAt, and a deliveryAttempt that is not a positive integer becomes 1', async () => {
+    it('always assigns its own id and createdAt, and deliveryAttempt 1 to an event without one', async () => {
       const prefix = uniquePrefix('stamp')
       const pubsub = open({ keyPrefix: prefix })
       const inbox = new Inbox()
       await pubsub.subscribe('stamp', inbox.cb)
       const forged = { ...ev(1), id: 'forged', createdAt: new Date(0) } as unknown as Parameters<typeof pubsub.publish>[1]
       await pubsub.publish('stamp', forged)
-      for (const deliveryAttempt of [0, -2, 1.5, '4', null]) {
-        await pubsub.publish('stamp', { ...ev(2), deliveryAttempt } as unknown as Parameters<typeof pubsub.publish>[1])
-      }
-      const events = await inbox.count(6)
+      const events = await inbox.count(1)
       expect(events[0]!.id).not.toBe('forged')
       expect(events[0]!.createdAt.getTime()).toBeGreaterThan(0)
-      expect(events.map((e) => e.deliveryAttempt)).toEqual([1, 1, 1, 1, 1, 1])
+      expect(events.map((e) => e.deliveryAttempt)).toEqual([1])
       // One key each in the stored JSON: a stamp replaces, never duplicates.
       const [, fields] = (await entries(redis, `${prefix}:stamp`))[0]!
       expect(fields[1]!.match(/"id":/g)).toHaveLength(1)
@@ -196,6 +193,65 @@ describe('RedisStreamsPubSub', () => {
         expect(err!.code).toBe('ERR_STREAMS_INVALID_ARGUMENT')
       }
       expect(await redis.cli('EXISTS', `${prefix}:bad`)).toBe(0)
+    })
+    it('rejects an event JSON cannot write (a BigInt, a cycle, a throwing toJSON, a Proxy whose trap throws) with a coded TypeError naming the problem (cause: what was thrown), and writes nothing', async () => {
+      const prefix = uniquePrefix('not-json')
+      const pubsub = open({ keyPrefix: prefix })
+      const cycle: Record<string, unknown> = { type: 'x', runId: 'r' }
+      cycle.data = cycle
+      const thrown = new Error('no JSON today')
+      const trap = new Proxy({ type: 'x', runId: 'r', data: {} }, { ownKeys: () => { throw thrown } })
+      const bad: Array<[unknown, RegExp]> = [
+        [{ type: 'x', runId: 'r', data: { n: 1n } }, /BigInt/],
+        [cycle, /circular/],
+        [{ type: 'x', runId: 'r', data: { toJSON: () => { throw thrown } } }, /no JSON today/],
+        [trap, /no JSON today/],
+        [new Proxy({ type: 'x', runId: 'r', data: {} }, { get: () => { throw thrown } }), /no JSON today/],
+        [{ type: 'x', runId: 'r', data: { toJSON: () => { throw Object.assign(new Error('coded inside'), { code: 'EINSIDE' }) } } }, /coded inside/],
+      ]
+      // A localOnly event is never written (live values survive): only the Proxy fails it.
+      const cases = [...bad.map(([event, problem]) => [event, problem, undefined] as const), [trap, /no JSON today/, { localOnly: true }] as const]
+      for (const [event, problem, options] of cases) {
+        const err = await pubsub.publish('bad', event as never, options).then(
+          () => undefined,
+          (e: unknown) => e as Error & { code?: string; cause?: unknown },
+        )
+        expect(err, String(problem)).toBeInstanceOf(TypeError)
+        expect(err!.code).toBe('ERR_STREAMS_INVALID_ARGUMENT')
+        expect(err!.message).toMatch(/^event /)
+        expect(err!.message).toMatch(problem)
+        expect(err!.cause).toBeInstanceOf(Error)
+      }
+      expect(await redis.cli('EXISTS', `${prefix}:bad`)).toBe(0)
+    })
+
+    it("rejects a deliveryAttempt that is not a whole number of at least 1 ('x', -1, 0, NaN, 1.5, 2^60) with a coded error, and writes nothing", async () => {
+      const prefix = uniquePrefix('bad-attempt')
+      const pubsub = open({ keyPrefix: prefix })
+      const bad: Array<[unknown, typeof TypeError | typeof RangeError]> = [
+        ['x', TypeError],
+        [null, TypeError],
+        [-1, RangeError],
+        [0, RangeError],
+        [Number.NaN, RangeError],
+        [1.5, RangeError],
+        [2 ** 60, RangeError],
+      ]
+      for (const [deliveryAttempt, cls] of bad) {
+        for (const options of [undefined, { localOnly: true }]) {
+          const err = await pubsub.publish('bad', { ...ev(1), deliveryAttempt } as never, options).then(
+            () => undefined,
+            (e: unknown) => e as Error & { code?: string },
+          )
+          expect(err, String(deliveryAttempt)).toBeInstanceOf(cls)
+          expect(err!.code).toBe('ERR_STREAMS_INVALID_ARGUMENT')
+          expect(err!.message).toContain('deliveryAttempt')
+        }
+      }
+      expect(await redis.cli('EXISTS', `${prefix}:bad`)).toBe(0)
+      await pubsub.publish('good', { ...ev(1), deliveryAttempt: 3 } as never)
+      const [, fields] = (await entries(redis, `${prefix}:good`))[0]!
+      expect(JSON.parse(fields[1]!)).toMatchObject({ deliveryAttempt: 3 })
     })
   })
 

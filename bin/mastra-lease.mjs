@@ -9,7 +9,7 @@ import { parseArgs } from 'node:util'
 
 import { RedisLeaseProvider } from 'mastra-lease'
 
-const USAGE = `usage:
+const USAGE = String.raw`usage:
   mastra-lease list              [--url URL | --cluster URL...] [--prefix PREFIX] [--json]
   mastra-lease get KEY           [--url URL | --cluster URL...] [--prefix PREFIX] [--json]
   mastra-lease release KEY --owner OWNER [--url URL | --cluster URL...] [--prefix PREFIX]
@@ -17,10 +17,15 @@ const USAGE = `usage:
   --url       the Redis to read (default: $REDIS_URL, else redis://127.0.0.1:6379)
   --cluster   a seed node of a Redis Cluster, instead of --url (repeat for more)
   --prefix    the providers' keyPrefix (default mastra:topic)
-  --json      one JSON object per lease instead of tab-separated columns
+  --json      one JSON object per lease instead of tab-separated columns (with rawKey, the
+              key's bytes in base64, for a key that is not UTF-8)
 
-Mastra's thread keys hold a NUL between resource and thread: it is shown as " \u2400 ", and
-a KEY given with \u2400 (spaces around it or not) means that NUL.`
+Keys and owners are shown escaped, so that each lease is one line of four columns: a
+backslash as \\, NUL as \0, tab, newline and CR as \t \n \r, other ASCII controls as \xHH,
+invisible, spacing and bidi characters (U+202E, ...) as \uHHHH, and the bytes of a key that
+are not UTF-8 as \xHH (80 to ff). Mastra's thread keys hold a NUL between resource and
+thread: resource\0thread. A KEY or OWNER given to get and release is read the same way
+(quote it for the shell: 'resource\0thread'); any other escape is a usage error.`
 
 const EXIT = { done: 0, nothing: 1, usage: 2, redis: 3 }
 
@@ -30,10 +35,62 @@ function fail(code, message) {
   process.exit(code)
 }
 
-/** A key as an operator reads it: a NUL as " ␀ ". */
-const shown = (key) => key.replaceAll('\0', ' \u2400 ')
-/** A key as an operator types it: "␀", with spaces around it or not, is a NUL. */
-const typed = (key) => key.replace(/ ?\u2400 ?/g, '\0')
+const ESCAPES = { '\0': '\\0', '\t': '\\t', '\n': '\\n', '\r': '\\r', '\\': '\\\\' }
+const UNESCAPES = { 0: '\0', t: '\t', n: '\n', r: '\r', '\\': '\\' }
+const hex = (n, width) => n.toString(16).padStart(width, '0')
+
+/**
+ * A key or an owner as an operator reads it: every character that could split a column,
+ * forge a line, recolour the terminal or reorder the text (controls, format characters such
+ * as bidi overrides, separators other than the plain space) and the backslash itself, as an
+ * escape that `typed` reads back.
+ */
+const shown = (text) =>
+  text.replace(/[\\\p{C}\p{Z}]/gu, (c) => {
+    if (c === ' ') return c
+    if (c in ESCAPES) return ESCAPES[c]
+    const code = c.codePointAt(0)
+    if (code < 0x80) return `\\x${hex(code, 2)}`
+    return code > 0xffff ? `\\u{${hex(code, 1)}}` : `\\u${hex(code, 4)}`
+  })
+
+const utf8 = new TextDecoder('utf-8', { fatal: true })
+/** A key that is not UTF-8 (`rawKey`), shown as `shown` shows text, each stray byte as \xHH. */
+function shownBytes(bytes) {
+  let out = ''
+  for (let i = 0; i < bytes.length; ) {
+    const lead = bytes[i]
+    const length = lead < 0x80 ? 1 : lead >= 0xc2 && lead <= 0xdf ? 2 : lead >= 0xe0 && lead <= 0xef ? 3 : lead >= 0xf0 && lead <= 0xf4 ? 4 : 0
+    let char
+    try {
+      char = length > 0 && i + length <= bytes.length ? utf8.decode(bytes.subarray(i, i + length)) : undefined
+    } catch {}
+    if (char === undefined) {
+      out += `\\x${hex(lead, 2)}`
+      i += 1
+    } else {
+      out += shown(char)
+      i += length
+    }
+  }
+  return out
+}
+
+/** A KEY or OWNER as an operator types it: `shown`'s escapes read back; any other is refused. */
+const typed = (text, what) =>
+  text.replace(/\\(?:u\{([0-9a-fA-F]{1,6})\}|u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|(.?))/gsu, (_all, braced, four, two, single) => {
+    if (braced !== undefined || four !== undefined) {
+      const code = parseInt(braced ?? four, 16)
+      if (code > 0x10ffff) fail(EXIT.usage, `${what}: \\u{${braced}} is past the last Unicode character`)
+      return String.fromCodePoint(code)
+    }
+    if (two !== undefined) {
+      if (parseInt(two, 16) >= 0x80) fail(EXIT.usage, `${what}: \\x${two} is a byte that is not UTF-8 text, and no lease call can name such a key`)
+      return String.fromCharCode(parseInt(two, 16))
+    }
+    if (single in UNESCAPES) return UNESCAPES[single]
+    fail(EXIT.usage, `${what}: unknown escape \\${single} (the escapes are \\\\ \\0 \\t \\n \\r \\xHH \\uHHHH \\u{H...})`)
+  })
 /** An error's text without credentials that a URL in it might carry. */
 const redacted = (text) => String(text).replace(/(\w+:\/\/)[^/@\s]*@/g, '$1***@')
 
@@ -65,20 +122,31 @@ if ((key === undefined ? 0 : 1) + extra.length !== wants[command]) fail(EXIT.usa
 if (command === 'release' && values.owner === undefined) fail(EXIT.usage, 'release needs --owner: only the owner you name can lose the lease')
 if (command !== 'release' && values.owner !== undefined) fail(EXIT.usage, `--owner is for release, not ${command}`)
 if (values.url !== undefined && values.cluster !== undefined) fail(EXIT.usage, 'give --url or --cluster, not both')
+const k = key === undefined ? undefined : typed(key, 'KEY')
+const owner = values.owner === undefined ? undefined : typed(values.owner, 'OWNER')
 
 let leases
 try {
   const where = values.cluster ? { cluster: { nodes: values.cluster } } : { url: values.url ?? process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' }
-  leases = new RedisLeaseProvider({ ...where, ...(values.prefix === undefined ? {} : { keyPrefix: values.prefix }), connectionName: 'mastra-lease-cli' })
+  // The warning meant for Mastra's users (lease calls are failing, and Mastra counts a failed
+  // acquire as acquired) means nothing here, where the failure is this run's own error; the
+  // provider's other warnings (the eviction policy) are the operator's to read.
+  const logger = { warn: (message, fields) => fields?.failedCalls === undefined && process.stderr.write(`${redacted(message)}\n`) }
+  // Whatever list shows, get and release can name: a key longer than the fleet's maxKeyBytes too.
+  const limits = { maxKeyBytes: 1 << 26, maxOwnerBytes: 1 << 26 }
+  leases = new RedisLeaseProvider({ ...where, ...(values.prefix === undefined ? {} : { keyPrefix: values.prefix }), connectionName: 'mastra-lease-cli', logger, ...limits })
 } catch (error) {
   fail(EXIT.usage, redacted(error.message))
 }
 
-// A lease without an expiry (another client's raw SET) has ttlMs null: "never" in a table.
-const line = (k, lease) =>
+/**
+ * One lease as a line; `raw`: its key's bytes, for a key that is not UTF-8 (`rawKey`). A lease
+ * without an expiry (another client's raw SET) has ttlMs null: "never" in a table.
+ */
+const line = (k, lease, raw) =>
   values.json
-    ? JSON.stringify({ key: k, owner: lease.owner, ttlMs: lease.ttlMs, token: lease.token ?? null })
-    : [shown(k), shown(lease.owner), lease.ttlMs ?? 'never', lease.token ?? ''].join('\t')
+    ? JSON.stringify({ key: k, ...(raw ? { rawKey: raw.toString('base64') } : {}), owner: lease.owner, ttlMs: lease.ttlMs, token: lease.token ?? null })
+    : [raw ? shownBytes(raw) : shown(k), shown(lease.owner), lease.ttlMs ?? 'never', lease.token ?? ''].join('\t')
 
 let code = EXIT.done
 try {
@@ -86,20 +154,18 @@ try {
     let cursor
     do {
       const page = await leases.listLeases(cursor === undefined ? {} : { cursor })
-      if (page.leases.length > 0) process.stdout.write(`${page.leases.map((l) => line(l.key, l)).join('\n')}\n`)
+      if (page.leases.length > 0) process.stdout.write(`${page.leases.map((l) => line(l.key, l, l.rawKey)).join('\n')}\n`)
       cursor = page.cursor
     } while (cursor !== undefined)
   } else if (command === 'get') {
-    const lease = await leases.getLease(typed(key))
+    const lease = await leases.getLease(k)
     if (lease === undefined) {
-      process.stderr.write(`mastra-lease: no live lease on ${shown(typed(key))}\n`)
+      process.stderr.write(`mastra-lease: no live lease on ${shown(k)}\n`)
       code = EXIT.nothing
     } else {
-      process.stdout.write(`${line(typed(key), lease)}\n`)
+      process.stdout.write(`${line(k, lease)}\n`)
     }
   } else {
-    const k = typed(key)
-    const owner = typed(values.owner)
     const before = await leases.getLease(k)
     if (before?.owner !== owner) {
       const held = before === undefined ? 'no live lease' : `held by ${shown(before.owner)}`

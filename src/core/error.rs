@@ -43,6 +43,23 @@ pub enum Error {
     /// Redis did not answer within `commandTimeoutMs`.
     #[error("Redis did not answer within {} ms", .0.as_millis())]
     Timeout(Duration),
+    /// [`Error::Timeout`] over TLS before anything was ever answered: a server without TLS
+    /// on that port waits for a command and never answers the handshake, which redis-rs
+    /// cannot tell from a slow server, so the likely cause is named.
+    #[error(
+        "Redis did not answer within {} ms, and nothing has answered over TLS yet: a rediss:// \
+         URL for a server without TLS on that port waits like this (is it redis:// instead?)",
+        .0.as_millis()
+    )]
+    TlsTimeout(Duration),
+    /// What answered at the address is not a Redis server: its reply is not Redis protocol
+    /// (RESP). The parser's own words (a byte offset, an unexpected byte) are left out: they
+    /// help nobody find the wrong URL.
+    #[error(
+        "the server does not speak Redis protocol (RESP): whatever listens at that address is \
+         not Redis, or not Redis alone"
+    )]
+    Protocol,
     /// Redis could not be reached, or the connection broke during the call.
     #[error("cannot reach Redis: {0}")]
     Connection(#[source] redis::RedisError),
@@ -142,7 +159,8 @@ impl Error {
             Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",
             Self::InvalidStreamsArgument { .. } => "ERR_STREAMS_INVALID_ARGUMENT",
             Self::Closed(_) => "ERR_LEASE_CLOSED",
-            Self::Timeout(_) => "ERR_LEASE_TIMEOUT",
+            Self::Timeout(_) | Self::TlsTimeout(_) => "ERR_LEASE_TIMEOUT",
+            Self::Protocol => "ERR_LEASE_PROTOCOL",
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
@@ -161,6 +179,8 @@ impl Error {
             | Self::InvalidStreamsArgument { .. }
             | Self::Closed(_) => false,
             Self::Timeout(_)
+            | Self::TlsTimeout(_)
+            | Self::Protocol
             | Self::Connection(_)
             | Self::Auth(_)
             | Self::Replication { .. }

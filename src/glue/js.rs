@@ -196,11 +196,16 @@ pub fn uint8_bytes(env: Env, value: Value) -> Option<Vec<u8>> {
 
 /// The items of an array, or `None` when `value` is not one; `Err` with what reading an
 /// item threw (a getter, a Proxy's trap).
-pub fn array_items(env: Env, value: Value) -> Result<Option<Vec<Value>>, Value> {
+/// Whether `value` is an array (`Array.isArray`).
+pub fn is_array(env: Env, value: Value) -> bool {
     let mut is_array = false;
     // SAFETY: a type check on a live value.
     unsafe { sys::napi_is_array(env, value, &mut is_array) };
-    if !is_array {
+    is_array
+}
+
+pub fn array_items(env: Env, value: Value) -> Result<Option<Vec<Value>>, Value> {
+    if !is_array(env, value) {
         return Ok(None);
     }
     let mut len = 0u32;
@@ -400,7 +405,16 @@ pub fn page(env: Env, page: &crate::core::lease::Page) -> Value {
         .iter()
         .map(|(key, l)| {
             let row = lease(env, &l.owner, l.token, l.ttl_ms);
-            set_property(env, row, c"key", string(env, key));
+            match std::str::from_utf8(key) {
+                Ok(key) => set_property(env, row, c"key", string(env, key)),
+                // No string holds these bytes: the key as text shows U+FFFD for them, and
+                // `rawKey` is the key as Redis holds it.
+                Err(_) => {
+                    let text = String::from_utf8_lossy(key);
+                    set_property(env, row, c"key", string(env, &text));
+                    set_property(env, row, c"rawKey", buffer(env, key));
+                }
+            }
             row
         })
         .collect();
@@ -408,6 +422,17 @@ pub fn page(env: Env, page: &crate::core::lease::Page) -> Value {
     set_property(env, out, c"leases", array(env, &rows));
     let cursor = string_or_undefined(env, page.cursor.as_deref());
     set_property(env, out, c"cursor", cursor);
+    out
+}
+
+/// A Node `Buffer` holding a copy of `bytes`.
+pub fn buffer(env: Env, bytes: &[u8]) -> Value {
+    let mut out = ptr::null_mut();
+    let mut data = ptr::null_mut();
+    // SAFETY: N-API copies `bytes.len()` bytes from a live slice into a new buffer.
+    unsafe {
+        sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut out)
+    };
     out
 }
 

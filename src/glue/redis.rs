@@ -161,15 +161,17 @@ impl RedisLeaseProvider {
     }
 
     /// One page of the live leases under `keyPrefix`, for operators: `{ leases: [{ key, owner,
-    /// token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor`
-    /// back for the next page, until it is absent. A `SCAN` of every master (never `KEYS`),
-    /// about `count` keys per page (default 1000); a lease that comes or goes meanwhile may or
-    /// may not be listed. Rejects with `ERR_LEASE_INVALID_OPTION` for an unknown option or a
-    /// cursor it did not answer.
+    /// token, ttlMs }], cursor }` (`ttlMs` `null` for a key that never expires); pass `cursor` back for the next page, until it is absent.
+    /// A `SCAN` of every master (never `KEYS`), about `count` keys per page (default 1000);
+    /// a lease that comes or goes meanwhile may or may not be listed. Plain reads (`GET`,
+    /// `PTTL`, no script), so a read-only ACL user (`+@read`) may list. Every key is listed,
+    /// one longer than `maxKeyBytes` too; a key that is not UTF-8 (written by another client)
+    /// has U+FFFD in `key` and its bytes in `rawKey`. Rejects with `ERR_LEASE_INVALID_OPTION`
+    /// for an unknown option or a cursor it did not answer.
     #[napi(
         catch_unwind,
         ts_args_type = "options?: { cursor?: string; count?: number }",
-        ts_return_type = "Promise<{ leases: Array<LeaseState & { key: string }>; cursor?: string }>"
+        ts_return_type = "Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>"
     )]
     pub fn list_leases<'env>(
         &self,

@@ -24,7 +24,7 @@ use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
 use crate::core::lock;
-use crate::core::streams::{self, Delivery, StreamsPubSub, SubscribeOptions};
+use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
 /// Most deliveries handed to JavaScript in one call.
@@ -306,18 +306,6 @@ impl RedisStreamsTransport {
                 Ok(Reply::Undefined)
             }),
         )
-    }
-
-    /// The `deliveryAttempt` a publish stamps for the one an event carries: the same rule
-    /// as for an event read from a stream.
-    #[napi(catch_unwind, ts_args_type = "attempt: unknown")]
-    pub fn delivery_attempt_of(&self, env: Env, attempt: Unknown) -> f64 {
-        let raw = env.raw();
-        let number = (js::type_of(raw, attempt.raw()) == ValueType::napi_number)
-            .then(|| args::safe_integer(js::number(raw, attempt.raw())))
-            .flatten()
-            .map(serde_json::Value::from);
-        streams::delivery_attempt(number.as_ref()) as f64
     }
 
     /// Warns, as for an event from a stream, that a `localOnly` event nacked at

@@ -52,12 +52,21 @@ function checked(options: HoldOptions): HoldOptions {
   if (options === null || typeof options !== 'object') {
     throw coded(new TypeError('hold: options must be an object with ttlMs'), 'ERR_LEASE_INVALID_OPTION')
   }
-  for (const name of Object.keys(options)) {
+  let names: string[]
+  let read: HoldOptions
+  try {
+    names = Object.keys(options)
+    read = { ttlMs: options.ttlMs, signal: options.signal, wait: options.wait, waitTimeoutMs: options.waitTimeoutMs }
+  } catch (err) {
+    const message = `hold: reading the options threw: ${err instanceof Error ? err.message : String(err)}`
+    throw coded(new TypeError(message, { cause: err }), 'ERR_LEASE_INVALID_OPTION')
+  }
+  for (const name of names) {
     if (!HOLD_OPTIONS.has(name)) {
       throw coded(new TypeError(`hold: unknown option ${name} (it takes ttlMs, signal, wait and waitTimeoutMs)`), 'ERR_LEASE_INVALID_OPTION')
     }
   }
-  const { ttlMs, signal, wait, waitTimeoutMs } = options
+  const { ttlMs, signal, wait, waitTimeoutMs } = read
   if (typeof ttlMs !== 'number') throw coded(new TypeError('hold: ttlMs must be a number'), 'ERR_LEASE_INVALID_OPTION')
   if (!Number.isSafeInteger(ttlMs) || ttlMs < 3) {
     throw coded(new RangeError(`hold: ttlMs must be a whole number of milliseconds, at least 3; got ${ttlMs}`), 'ERR_LEASE_INVALID_OPTION')

@@ -1,5 +1,6 @@
 import type { Event, EventCallback, LeaseProvider, PubSub, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
 
+import { coded } from './errors.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** A PubSub that can be closed: Mastra's transports have `close()`, the base class does not. */
@@ -82,5 +83,42 @@ export class LeasedPubSub extends PubSubWithLeases {
  * `new Mastra({ pubsub: withLeases(new UnixSocketPubSub(path), new RedisLeaseProvider({ url })) })`.
  */
 export function withLeases(inner: PubSub, leases: LeaseProvider): LeasedPubSub {
+  // Checked here, not at the first publish or lease call: Mastra swallows the errors of many
+  // lease calls, so a wrong argument would fail quietly, far from where it was given.
+  const notPubSub = missing(inner, PUBSUB_METHODS)
+  if (notPubSub.length > 0) {
+    throw argumentError(`withLeases: the first argument must be a PubSub (with publish, subscribe, unsubscribe and flush methods), got ${described(inner, notPubSub)}`)
+  }
+  // Structural, as Mastra's isLeaseProvider: a provider resolving another copy of
+  // @mastra/core will do.
+  const notProvider = missing(leases, LEASE_METHODS)
+  if (notProvider.length > 0) {
+    throw argumentError(
+      `withLeases: the second argument must be a lease provider (with acquireLease, getLeaseOwner, releaseLease, renewLease and transferLease methods), got ${described(leases, notProvider)}`,
+    )
+  }
   return new LeasedPubSub(inner, leases)
+}
+
+const PUBSUB_METHODS = ['publish', 'subscribe', 'unsubscribe', 'flush'] as const
+const LEASE_METHODS = ['acquireLease', 'getLeaseOwner', 'releaseLease', 'renewLease', 'transferLease'] as const
+
+/** The methods of `names` that `value` lacks; a getter or a Proxy trap that throws counts as lacking. */
+function missing(value: unknown, names: readonly string[]): string[] {
+  return names.filter((name) => {
+    try {
+      return typeof value !== 'object' || value === null || typeof (value as Record<string, unknown>)[name] !== 'function'
+    } catch {
+      return true
+    }
+  })
+}
+
+function described(value: unknown, missing: string[]): string {
+  if (value === null) return 'null'
+  return typeof value === 'object' ? `an object without ${missing.join(', ')}` : typeof value
+}
+
+function argumentError(message: string): TypeError {
+  return coded(new TypeError(message), 'ERR_LEASE_INVALID_ARGUMENT')
 }

@@ -84,15 +84,16 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       if (typeof event !== 'object' || event === null || Array.isArray(event)) {
         throw argumentError('event must be an object')
       }
-      const deliveryAttempt = event.deliveryAttempt === undefined ? 1 : this.transport.deliveryAttemptOf(event.deliveryAttempt)
+      const deliveryAttempt = attemptOf(readEvent(() => event.deliveryAttempt))
       if (options?.localOnly) {
-        const stamped: Event = { ...event, id, createdAt: new Date(), deliveryAttempt }
+        const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt }))
         for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
         return Promise.resolve()
       }
       // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
       // object holding a Date leaves V8's fast path and costs several times as much.
-      return this.transport.publish(topic, JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
+      const json = readEvent(() => JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
+      return this.transport.publish(topic, json)
     } catch (err) {
       return Promise.reject(err)
     }
@@ -103,9 +104,11 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * group share the events; without, every subscriber gets every event. A new group starts
    * at the stream's beginning (`startFrom: 'latest'` for new events only). A callback that
    * throws or rejects nacks its event: redelivered with `deliveryAttempt + 1`, up to
-   * `maxDeliveryAttempts`. While the callback runs, its event stays claimed however long it
-   * takes; one left unsettled (its process died, or the callback returned without ack or
-   * nack) is reclaimed after `reclaimIdleMs`.
+   * `maxDeliveryAttempts`. A group's event stays claimed until it is acked or nacked,
+   * however long after the callback returned that is, while this process lives (see
+   * `inFlightTimeoutMs` for a handler that never settles); once the process is gone, a
+   * sibling reclaims it after `reclaimIdleMs`. A fan-out event is done when its callback
+   * returns.
    */
   async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
     if (typeof cb !== 'function') throw argumentError(`the callback must be a function, got ${typeof cb}`)
@@ -304,8 +307,37 @@ function dateOf(text: string): Date {
 }
 
 /** The same coded error the native argument checks give. */
-function argumentError(message: string): TypeError {
-  return coded(new TypeError(message), 'ERR_STREAMS_INVALID_ARGUMENT')
+function argumentError(message: string, cause?: unknown): TypeError {
+  return coded(new TypeError(message, cause === undefined ? undefined : { cause }), 'ERR_STREAMS_INVALID_ARGUMENT')
+}
+
+/**
+ * What `read` makes of the caller's event; what reading it throws (a BigInt or a cycle JSON
+ * cannot write, a throwing `toJSON`, a Proxy's trap) becomes a coded error, with what was
+ * thrown as `cause`.
+ */
+function readEvent<T>(read: () => T): T {
+  try {
+    return read()
+  } catch (err) {
+    throw argumentError(`event cannot be written as JSON: ${err instanceof Error ? err.message : String(err)}`, err)
+  }
+}
+
+/**
+ * The `deliveryAttempt` a publish stamps: 1, or the one the caller set (a redelivery), which
+ * must be a whole number of at least 1. An event read from a stream is read tolerantly
+ * instead (see docs/streams.md): another process wrote it.
+ */
+function attemptOf(attempt: unknown): number {
+  if (attempt === undefined) return 1
+  if (typeof attempt !== 'number') {
+    throw argumentError(`event.deliveryAttempt must be a number, got ${attempt === null ? 'null' : typeof attempt}`)
+  }
+  if (!Number.isSafeInteger(attempt) || attempt < 1) {
+    throw coded(new RangeError(`event.deliveryAttempt must be a whole number of at least 1, got ${attempt}`), 'ERR_STREAMS_INVALID_ARGUMENT')
+  }
+  return attempt
 }
 
 /**
@@ -320,12 +352,20 @@ function subscribeOptions(options: SubscribeOptions | undefined | null): {
 } {
   if (options === undefined || options === null) return { group: undefined, startFrom: undefined }
   if (typeof options !== 'object') throw argumentError(`subscribe options must be an object, got ${typeof options}`)
-  for (const name of Object.keys(options)) {
+  let names: string[]
+  let read: { group: string | undefined; startFrom: SubscribeOptions['startFrom'] }
+  try {
+    names = Object.keys(options)
+    read = { group: options.group, startFrom: options.startFrom }
+  } catch (err) {
+    throw argumentError(`reading the subscribe options threw: ${err instanceof Error ? err.message : String(err)}`, err)
+  }
+  for (const name of names) {
     if (name !== 'group' && name !== 'startFrom' && name !== 'batch') {
       throw argumentError(`unknown subscribe option ${JSON.stringify(name)} (subscribe takes group, startFrom and batch)`)
     }
   }
-  return { group: options.group, startFrom: options.startFrom }
+  return read
 }
 
 /** Calls a subscriber; a throw or a rejection nacks the event, a return calls `done`. */

@@ -167,6 +167,10 @@ pub struct Connection {
     setup: Arc<Setup>,
     /// The connection of its own that listens to shard channels, opened on first use.
     listener: Listener,
+    /// Whether the URLs ask for TLS (`rediss://`), and whether any call has been answered
+    /// yet: a timeout before the first answer over TLS names the likely cause.
+    tls: bool,
+    answered: AtomicBool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -184,6 +188,13 @@ impl Connection {
     /// what a call after [`Connection::close`] says was closed.
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
         let target = Target::new(options, Protocol::AsTheUrlSays)?;
+        let rediss = |url: &String| url.starts_with("rediss://");
+        let tls = match &options.deployment {
+            Deployment::Single => rediss(&options.url),
+            Deployment::Cluster { nodes } | Deployment::Sentinel { nodes, .. } => {
+                nodes.iter().any(rediss)
+            }
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout))
@@ -214,6 +225,8 @@ impl Connection {
             closed: AtomicBool::new(false),
             setup: Arc::new(Setup::default()),
             listener: Listener::new(options),
+            tls,
+            answered: AtomicBool::new(false),
         })
     }
 
@@ -363,12 +376,14 @@ impl Connection {
     {
         let deadline = tokio::time::Instant::now() + budget;
         let (number, connection) = match tokio::time::timeout(budget, self.get()).await {
-            Ok(got) => got?,
-            Err(_) => return Err(Error::Timeout(self.timeout)),
+            Ok(Ok(got)) => got,
+            Ok(Err(err)) => return Err(self.explained(err)),
+            Err(_) => return Err(self.explained(Error::Timeout(self.timeout))),
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match tokio::time::timeout(left, work(connection)).await {
             Ok(Ok(value)) => {
+                self.answered.store(true, Ordering::Relaxed);
                 self.set_up_fresh();
                 Ok(value)
             }
@@ -377,11 +392,11 @@ impl Connection {
                 if matches!(err, Error::Timeout(_)) {
                     self.forget(number);
                 }
-                Err(err)
+                Err(self.explained(err))
             }
             Err(_) => {
                 self.forget(number);
-                Err(Error::Timeout(self.timeout))
+                Err(self.explained(Error::Timeout(self.timeout)))
             }
         }
     }
@@ -417,6 +432,17 @@ impl Connection {
             let _ = link.on_every_master(&setname).await;
         }
         Ok(link)
+    }
+
+    /// A timeout over TLS before anything ever answered becomes [`Error::TlsTimeout`], which
+    /// names the likely cause.
+    fn explained(&self, err: Error) -> Error {
+        match err {
+            Error::Timeout(after) if self.tls && !self.answered.load(Ordering::Relaxed) => {
+                Error::TlsTimeout(after)
+            }
+            err => err,
+        }
     }
 
     /// The shared link, made now if there is none (within the caller's bound).
@@ -469,6 +495,14 @@ impl Connection {
             matches!(err.kind(), redis::ErrorKind::Server(kind) if link::moving_kind(kind));
         // A refused password is not a lost master: it stays an authentication error.
         let broken = (err.is_unrecoverable_error() || err.is_io_error()) && !Error::is_auth(&err);
+        // The reply itself could not be read: the server is not Redis. (A reply that does not
+        // convert to what a caller expected is read later, and goes through classify_reply.)
+        if err.kind() == redis::ErrorKind::Parse {
+            if self.target.follows_failover() {
+                self.forget_any(number);
+            }
+            return Error::Protocol;
+        }
         let err = if self.target.follows_failover() && (broken || moving) {
             self.forget_any(number);
             Error::Connection(err)

@@ -1,19 +1,28 @@
 //! Listing the leases under a key prefix, for operators (`listLeases`, the `mastra-lease`
-//! command): a `SCAN` of every master, page by page, each key found read whole as
-//! `getLease` reads it. Never `KEYS`: a page costs Redis about `count` keys' work.
+//! command): a `SCAN` of every master, page by page, each key found read with plain reads
+//! (`GET`, `PTTL`). Never `KEYS`: a page costs Redis about `count` keys' work.
+//!
+//! Plain reads, not the script `getLease` runs: an operator's read-only ACL user (`+@read`)
+//! may list, and every key found is listed, whatever wrote it (a key that is not UTF-8, or
+//! longer than `maxKeyBytes`, which no lease call takes). The three reads of a lease are not
+//! one moment, as the script's are; the token key names its holder, so a token is never shown
+//! for another owner, and a lease that changes between them may show a later moment's TTL.
 
-use redis::Value;
+use std::collections::BTreeMap;
 
-use super::redis::RedisStore;
+use redis::{Pipeline, Value};
+
+use super::redis::{decode, RedisStore};
 use super::{keys, Answer, Call, Lease};
 use crate::core::connection::parse;
 use crate::core::error::{Error, InputErrorKind, Result};
 
-/// One page of a listing: the live leases found, and where the next page starts (`None`
-/// once every master has been scanned through).
+/// One page of a listing: the live leases found, each with its key as Redis holds it (after
+/// the prefix; any bytes), and where the next page starts (`None` once every master has been
+/// scanned through).
 #[derive(Debug)]
 pub struct Page {
-    pub leases: Vec<(String, Lease)>,
+    pub leases: Vec<(Vec<u8>, Lease)>,
     pub cursor: Option<String>,
 }
 
@@ -83,24 +92,67 @@ impl RedisStore {
             position.0[0].1 = next;
         }
         let prefix = self.layout().lease_prefix();
-        let keys: Vec<String> = found
+        let keys: Vec<Vec<u8>> = found
             .iter()
             .filter_map(|key| key.strip_prefix(prefix))
-            .filter_map(|key| String::from_utf8(key.to_vec()).ok())
+            .map(<[u8]>::to_vec)
             .collect();
-        let reads = keys.iter().map(|key| Call::Lease { key: key.clone() });
-        let answers = self.execute(reads.collect()).await;
-        let mut leases = Vec::with_capacity(keys.len());
-        for (key, answer) in keys.into_iter().zip(answers) {
-            match answer {
-                Ok(Answer::Lease(Some(lease))) => leases.push((key, lease)),
-                // Gone since the scan saw it, or a key this store's limits refuse to read.
-                Ok(_) | Err(Error::InvalidArgument { .. }) => {}
-                Err(err) => return Err(err),
-            }
-        }
+        let read = self.read(&keys).await?;
+        // A lease gone since the scan saw it is left out.
+        let leases = keys
+            .into_iter()
+            .zip(read)
+            .filter_map(|(key, lease)| Some((key, lease?)))
+            .collect();
         let cursor = (!position.0.is_empty()).then(|| position.text());
         Ok(Page { leases, cursor })
+    }
+
+    /// The live lease on each of `keys`, by plain reads: per key, `GET` and `PTTL` of the
+    /// lease key and `GET` of its token key (one slot), in one pipeline for the page (on a
+    /// cluster, where a pipeline holds one slot's keys, one per slot, all at once).
+    async fn read(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Lease>>> {
+        let cluster = self.connection().is_cluster();
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        let layout = self.layout();
+        let all: Vec<keys::LeaseKeys> = keys.iter().map(|key| layout.keys_of(key)).collect();
+        for (i, lease) in all.iter().enumerate() {
+            let slot = if cluster { keys::slot(&lease.lease) } else { 0 };
+            groups.entry(slot).or_default().push(i);
+        }
+        let pipes: Vec<(Vec<usize>, Pipeline)> = groups
+            .into_values()
+            .map(|group| {
+                let mut pipe = redis::pipe();
+                for &i in &group {
+                    let lease = &all[i];
+                    pipe.cmd("GET").arg(&lease.lease);
+                    pipe.cmd("PTTL").arg(&lease.lease);
+                    pipe.cmd("GET").arg(&lease.token);
+                }
+                (group, pipe)
+            })
+            .collect();
+        let connection = self.connection();
+        let sent = &pipes;
+        let replies = connection
+            .run(|link| async move {
+                let reads = sent.iter().map(|(_, pipe)| {
+                    let mut link = link.clone();
+                    async move { link.send_packed_commands(pipe, 0, pipe.len()).await }
+                });
+                futures::future::try_join_all(reads).await
+            })
+            .await?;
+        let mut leases = vec![None; keys.len()];
+        for ((group, _), replies) in pipes.iter().zip(replies) {
+            let mut replies = replies.into_iter();
+            for &i in group {
+                let three = replies.by_ref().take(3).collect();
+                leases[i] = lease_of(three).map_err(|err| connection.classify_reply(err))?;
+            }
+        }
+        Ok(leases)
     }
 
     /// One `SCAN` step on the master serving `slot` (on one server, on it): the next cursor
@@ -172,6 +224,52 @@ impl RedisStore {
     }
 }
 
+/// The lease that a key's plain reads (its owner, its PTTL, its token key) show, read as
+/// `getLease` reads the script's answer: `None` when it is not live.
+fn lease_of(replies: Vec<Value>) -> redis::RedisResult<Option<Lease>> {
+    let mut replies = replies.into_iter();
+    let (Some(owner), Some(pttl), Some(fence)) = (replies.next(), replies.next(), replies.next())
+    else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a read of the listing went unanswered",
+        )));
+    };
+    let Some(owner) = parse::<Option<Vec<u8>>>(owner)? else {
+        return Ok(None);
+    };
+    let pttl = parse::<i64>(pttl)?;
+    // -2: deleted or expired between the two reads.
+    if pttl == -2 {
+        return Ok(None);
+    }
+    let token = parse::<Option<Vec<u8>>>(fence)?
+        .and_then(|fence| token_of(&fence, &owner))
+        .and_then(|token| i64::try_from(token).ok());
+    let reply = Value::Array(vec![
+        Value::BulkString(owner),
+        Value::Int(pttl),
+        token.map_or(Value::Nil, Value::Int),
+    ]);
+    // The script's answer, so the TTL and the owner read as getLease's do.
+    match decode(&Call::Lease { key: String::new() }, reply)? {
+        Answer::Lease(lease) => Ok(lease),
+        _ => Ok(None),
+    }
+}
+
+/// The token a token key holds (`<token>:<transfer id>:<holder>`) when it names `owner`, as
+/// `lease.lua` reads it: a token key naming another holder is a leftover of a grant written
+/// without it.
+fn token_of(fence: &[u8], owner: &[u8]) -> Option<u64> {
+    let mut parts = fence.splitn(3, |&b| b == b':');
+    let (token, _, holder) = (parts.next()?, parts.next()?, parts.next()?);
+    if holder != owner || token.is_empty() || !token.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(token).ok()?.parse().ok()
+}
+
 /// `bytes` with SCAN's glob characters (`*?[]\`) escaped, to match them as themselves.
 fn glob_escaped(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
@@ -210,6 +308,19 @@ mod tests {
             let err = Position::parse(text, cluster).unwrap_err();
             assert_eq!(err.code(), "ERR_LEASE_INVALID_OPTION", "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_token_key_gives_its_token_to_the_holder_it_names_only() {
+        assert_eq!(token_of(b"42:id:run-1", b"run-1"), Some(42));
+        assert_eq!(
+            token_of(b"42::owner:with:colons", b"owner:with:colons"),
+            Some(42)
+        );
+        assert_eq!(token_of(b"42:id:run-2", b"run-1"), None);
+        assert_eq!(token_of(b":id:run-1", b"run-1"), None);
+        assert_eq!(token_of(b"4x:id:run-1", b"run-1"), None);
+        assert_eq!(token_of(b"42", b"run-1"), None);
     }
 
     #[test]

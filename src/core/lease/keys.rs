@@ -114,10 +114,16 @@ impl Layout {
 
     /// All three keys of the lease on `key`.
     pub fn keys(&self, key: &str) -> LeaseKeys {
-        let lease = self.lease(key);
+        self.keys_of(key.as_bytes())
+    }
+
+    /// [`Layout::keys`] of a key as Redis holds it: any bytes, for a listing that finds keys
+    /// another client wrote (not UTF-8, or longer than the limits take).
+    pub fn keys_of(&self, key: &[u8]) -> LeaseKeys {
+        let lease = [&self.lease_prefix[..], key].concat();
         let tag = TAGS[usize::from(slot(&lease))].as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
-        let token = [&counter[..], b":", key.as_bytes()].concat();
+        let token = [&counter[..], b":", key].concat();
         LeaseKeys {
             lease,
             token,

@@ -197,6 +197,10 @@ pub trait LeaseStore: Send + Sync {
     }
 }
 
+/// Longest `keyPrefix`, in UTF-8 bytes: it starts every key a provider or pubsub writes, so
+/// it is held to what an owner may be, and not to a key's own (larger) limit.
+pub const MAX_KEY_PREFIX_BYTES: usize = 1024;
+
 /// Upper bounds on input, checked before any work so a bad call changes nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

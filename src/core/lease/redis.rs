@@ -127,6 +127,16 @@ impl RedisStore {
                 "keyPrefix must not be empty",
             ));
         }
+        if key_prefix.len() > super::MAX_KEY_PREFIX_BYTES {
+            return Err(Error::option(
+                InputErrorKind::Range,
+                format!(
+                    "keyPrefix must be at most {} bytes (UTF-8), got {}",
+                    super::MAX_KEY_PREFIX_BYTES,
+                    key_prefix.len()
+                ),
+            ));
+        }
         if connection.is_cluster() && !Layout::cluster_safe(&key_prefix) {
             return Err(Error::option(
                 InputErrorKind::Range,
@@ -713,7 +723,7 @@ fn lua(call: &Call) -> Option<&'static Lua> {
 
 /// Reads a call's reply. A server error in the reply (OOM, WRONGTYPE, NOPERM, ...) is that
 /// call's error alone.
-fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
+pub(super) fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
     Ok(match call {
         // The acquire script's answer.
         Call::Acquire { .. } if matches!(reply, Value::Array(_)) => {

@@ -240,8 +240,10 @@ struct Head {
 }
 
 /// An event's `deliveryAttempt`: the whole number of at least 1 it carries, else 1 (a
-/// fresh event).
-pub fn delivery_attempt(value: Option<&Json>) -> u64 {
+/// fresh event). Read tolerantly: the entry was written by whatever process published it,
+/// maybe not ours, and a field we cannot count with must not cost the event (`publish`
+/// refuses such a value from its own caller).
+fn delivery_attempt(value: Option<&Json>) -> u64 {
     value
         .and_then(Json::as_u64)
         .filter(|&n| n >= 1)

@@ -57,7 +57,6 @@ use crate::core::lock;
 use crate::core::log::{Level, Logger, Notice, Throttle};
 
 pub use delivery::Delivery;
-pub use event::delivery_attempt;
 pub use subscription::Subscription;
 
 /// How to reach Redis, where topics live, and how delivery behaves. The defaults are those

@@ -39,8 +39,23 @@ impl Options {
             (Some(a), Some(b)) if a != b => {
                 return Err(conflict("connectionName and redisOptions.name"))
             }
-            (a, b) => a.or(b).or(d.name),
+            (a, b) => a.or(b),
         };
+        if let Some(name) = &name {
+            // Redis' own rule for CLIENT SETNAME, which would refuse it on every connection.
+            if !name.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(Error::option(
+                    InputErrorKind::Range,
+                    format!(
+                        "connectionName (or redisOptions.name) must be printable ASCII without \
+                         spaces: Redis refuses names with spaces, newlines or other characters \
+                         (CLIENT SETNAME); got {name:?}"
+                    ),
+                )
+                .into());
+            }
+        }
+        let name = name.or(d.name);
         // Where: one server by url, a cluster, or the master behind sentinels; one of them.
         let (deployment, nodes_credentials) = match (cluster, sentinel) {
             (Some(_), Some(_)) => return Err(conflict("cluster and sentinel")),

@@ -26,6 +26,13 @@ impl Options {
         let object = match value.map(|v| (v, js::type_of(env, v))) {
             None => None,
             Some((_, ValueType::napi_undefined | ValueType::napi_null)) => None,
+            Some((v, ValueType::napi_object)) if js::is_array(env, v) => {
+                return Err(Error::option(
+                    InputErrorKind::Type,
+                    "options must be an object, got an array",
+                )
+                .into())
+            }
             Some((v, ValueType::napi_object)) => Some(v),
             Some((_, kind)) => {
                 return Err(Error::option(
