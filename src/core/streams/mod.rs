@@ -13,7 +13,7 @@
 //!   where it reads.
 //! - `member.rs`: a subscription as its reader sees it; a consumer's subscriptions in turn.
 //! - `reader.rs`: a consumer's reader (reads, NOGROUP recovery, reconnects), and what the
-//!   fan-out reader shares with it.
+//!   fan-out reader shares with it (interrupting a blocking read, stopping a reader).
 //! - `fanout.rs`: the one reader of every fan-out subscription of this process (on a
 //!   cluster, one per hash slot their topics live in).
 //! - `delivery.rs`: a delivery, held until settled, and the table of those held.
