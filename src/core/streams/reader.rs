@@ -219,10 +219,11 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
 
 /// Interrupts a reader's blocking read: `CLIENT UNBLOCK` of its connection's id (`id()`; 0
 /// while none is known), from the shared connection to the reader's node (`node_key`'s), up
-/// to `tries` times a few milliseconds apart, until `done()`. A wake-up that arrives before
-/// the read is sent finds nothing to interrupt, hence the repeats. An unblocked read answers
-/// as if its BLOCK ran out: it took nothing. Fails when Redis refused the command (an ACL
-/// without `CLIENT UNBLOCK`) or could not be reached; the read then ends within BLOCK.
+/// to `tries` times, a few milliseconds apart and past [`WAKE_TRIES`] a tenth of a second
+/// apart, until `done()`. A wake-up that arrives before the read is sent finds nothing to
+/// interrupt, hence the repeats. An unblocked read answers as if its BLOCK ran out: it took
+/// nothing. Fails when Redis refused the command (an ACL without `CLIENT UNBLOCK`) or could
+/// not be reached; the read then ends within BLOCK.
 pub(super) async fn interrupt(
     shared: &Shared,
     node_key: &str,
@@ -230,7 +231,7 @@ pub(super) async fn interrupt(
     tries: usize,
     done: impl Fn() -> bool,
 ) -> Result<()> {
-    for _ in 0..tries {
+    for tried in 0..tries {
         if done() {
             return Ok(());
         }
@@ -245,7 +246,12 @@ pub(super) async fn interrupt(
                 .run(|mut c| async move { c.on_node_of(node, &unblock).await })
                 .await?;
         }
-        tokio::time::sleep(WAKE_PAUSE).await;
+        let pause = if tried < WAKE_TRIES {
+            WAKE_PAUSE
+        } else {
+            LATE_PAUSE
+        };
+        tokio::time::sleep(pause).await;
     }
     Ok(())
 }
@@ -253,6 +259,9 @@ pub(super) async fn interrupt(
 /// Tries of [`interrupt`] for a reader that will read again anyway (within BLOCK).
 pub(super) const WAKE_TRIES: usize = 20;
 const WAKE_PAUSE: Duration = Duration::from_millis(5);
+/// Past [`WAKE_TRIES`], a reader busy elsewhere (a reclaim pass, handing entries out) rather
+/// than about to send its read.
+const LATE_PAUSE: Duration = Duration::from_millis(100);
 
 /// Stops a reader already told to stop (it returns at its next turn): interrupts its blocking
 /// read until the task has ended (see [`interrupt`]) and waits for it, at most BLOCK + the
