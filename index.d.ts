@@ -153,7 +153,8 @@ export declare class RedisStreamsTransport {
   clearTopic(topic: string): Promise<void>
   /**
    * Stops every subscription, drains publishes and closes every connection; later calls
-   * reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). Idempotent,
+   * reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). When it
+   * resolves, no read of this transport is left that could take an entry. Idempotent,
    * bounded by the block and command timeouts.
    */
   close(): Promise<void>

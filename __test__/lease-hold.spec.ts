@@ -154,6 +154,88 @@ describe('when the lease is lost', () => {
   })
 })
 
+describe.skipIf(EXTERNAL_REDIS)('releasing through an outage', () => {
+  /** A server of the test's own, which it freezes, and a provider on it that gives up fast. */
+  async function frozenLater(commandTimeoutMs: number) {
+    const own = stopLater(await startRedis())
+    const p = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: `hold-outage:${RUN}`, commandTimeoutMs, connectTimeoutMs: commandTimeoutMs }))
+    return { own, p }
+  }
+  /** The scripts Redis ran (a release is one EVALSHA). */
+  const scripts = async (on: RedisServer) => (await on.commandCalls()).evalsha ?? 0
+
+  it('a release() that failed while the server was frozen is sent again by the next release(), which frees the lease; once one landed, release() sends nothing', async () => {
+    const { own, p } = await frozenLater(500)
+    const key = newKey()
+    const lease = await p.hold(key, 'A', { ttlMs: 10_000 })
+    own.freeze()
+    try {
+      const error = await lease.release().then(
+        () => undefined,
+        (err: unknown) => err,
+      )
+      expect(error).toMatchObject({ code: expect.stringMatching(/^ERR_LEASE_(TIMEOUT|CONNECTION)$/) })
+    } finally {
+      own.thaw()
+    }
+    expect(lease.signal.reason).toMatchObject({ code: 'ERR_LEASE_RELEASED' })
+    await sleep(200) // what the frozen server had buffered has run
+    const before = await scripts(own)
+    await lease.release()
+    // Sent (once more if the connection it went out on had broken meanwhile).
+    const sent = await scripts(own)
+    expect(sent).toBeGreaterThan(before)
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+    await Promise.all([lease.release(), lease.release()])
+    expect(await scripts(own)).toBe(sent)
+  })
+
+  it("the caller's signal aborting while the server is frozen releases the lease once the server answers again, and release() resolves when it has", async ({ annotate }) => {
+    const { own, p } = await frozenLater(500)
+    const key = newKey()
+    const caller = new AbortController()
+    const lease = await p.hold(key, 'A', { ttlMs: 10_000, signal: caller.signal })
+    own.freeze()
+    let thawedAt: number
+    try {
+      caller.abort(new Error('shutting down'))
+      expect(lease.signal.reason).toMatchObject({ message: 'shutting down' })
+      await sleep(2_000)
+    } finally {
+      own.thaw()
+      thawedAt = performance.now()
+    }
+    await lease.release()
+    const releasedMs = performance.now() - thawedAt
+    await annotate(`the signal's release landed ${releasedMs.toFixed(0)} ms after a 2 s freeze ended (TTL 10 s)`)
+    expect(await p.getLeaseOwner(key)).toBeUndefined()
+    expect(releasedMs).toBeLessThan(2_000)
+  })
+
+  it("when the server stays frozen until the TTL could have run out, the signal's release stops trying then, and release() rejects with the last attempt's error", async () => {
+    const { own, p } = await frozenLater(300)
+    const ttlMs = 1_500
+    const caller = new AbortController()
+    const lease = await p.hold(newKey(), 'A', { ttlMs, signal: caller.signal })
+    own.freeze()
+    try {
+      const abortedAt = performance.now()
+      caller.abort(new Error('shutting down'))
+      const error = await lease.release().then(
+        () => undefined,
+        (err: unknown) => err,
+      )
+      const rejectedMs = performance.now() - abortedAt
+      expect(error).toMatchObject({ code: expect.stringMatching(/^ERR_LEASE_(TIMEOUT|CONNECTION)$/) })
+      // The last renewal was sent at most a third of the TTL before the freeze.
+      expect(rejectedMs).toBeGreaterThan((ttlMs * 2) / 3 - 50)
+      expect(rejectedMs).toBeLessThan(ttlMs + 1_000)
+    } finally {
+      own.thaw()
+    }
+  })
+})
+
 describe('timers', () => {
   it('never keep a process alive: a child that holds a lease and returns exits by itself', async () => {
     const script = `

@@ -134,6 +134,29 @@ describe('connections of RedisStreamsPubSub', () => {
     expect(await settleAt(redis, name, 0, 500)).toBe(0)
   })
 
+  it('with blockMs 30 s, close() leaves no read of its own blocked when it resolves, and none of its connections a moment later', async ({ annotate }) => {
+    const redis = await server()
+    const name = uniqueName()
+    const pubsub = open(redis, name, { blockMs: 30_000 })
+    await pubsub.subscribe('a', new Inbox().cb)
+    await pubsub.subscribe('jobs', new Inbox().cb, { group: 'workers' })
+    await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
+    await pubsub.subscribe('more', new Inbox().cb, { group: 'workers' })
+    await pubsub.acquireLease('thread', 'run', 10_000)
+    expect(await settleAt(redis, name, 5)).toBe(5)
+    await sleep(100) // every reader blocked
+    const started = performance.now()
+    await pubsub.close()
+    const closeMs = performance.now() - started
+    const blocked = String(await redis.cli('CLIENT', 'LIST'))
+      .split('\n')
+      .filter((line) => line.includes(` name=${name} `) && /flags=\S*b/.test(line))
+    await annotate(`close() with 4 readers blocked for 30 s took ${closeMs.toFixed(0)} ms`)
+    expect(blocked).toEqual([])
+    expect(closeMs).toBeLessThan(1_000)
+    expect(await settleAt(redis, name, 0, 500)).toBe(0)
+  })
+
   it('an ACL user without CLIENT (no name, no id, no unblock) gets every event all the same; a topic added is read within blockMs', async () => {
     const redis = await server()
     await redis.cli('ACL', 'SETUSER', 'app', 'on', '>app-pw', '~*', '&*', '+@all', '-client')

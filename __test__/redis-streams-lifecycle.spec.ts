@@ -6,13 +6,14 @@
 // a lease is the string `<keyPrefix>:lease:<key>` holding the owner, with a PX expiry.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
+import type { Event } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { errorCode, settleWithin } from './helpers/lease.js'
 import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { ev, Inbox, numberOf, recordingLogger, sleep, uniquePrefix } from './helpers/streams.js'
-import { entries, pendingCount, publishRange, range, streamsSuite } from './helpers/streams-suite.js'
+import { deliveryAfterSiblingClose, entries, pendingCount, publishRange, range, streamsSuite } from './helpers/streams-suite.js'
 
 let redis: RedisServer
 beforeAll(async () => {
@@ -356,6 +357,84 @@ describe('RedisStreamsPubSub', () => {
       await server.kill()
       const r = await settleWithin(pubsub.close(), 2_000)
       expect(r.status).toBe('fulfilled')
+    })
+
+    it("an event published right after a group sibling's close() reaches the live sibling at once, not at the reclaim after reclaimIdleMs", async ({ annotate }) => {
+      const RECLAIM_IDLE_MS = 3_000
+      const options = { keyPrefix: uniquePrefix('close-sibling'), blockMs: 30_000, reclaimIdleMs: RECLAIM_IDLE_MS, reclaimIntervalMs: 500 }
+      const delayMs = await deliveryAfterSiblingClose(open, options, RECLAIM_IDLE_MS * 2)
+      await annotate(`one server: delivered ${delayMs.toFixed(0)} ms after the publish that followed a sibling's close (reclaimIdleMs ${RECLAIM_IDLE_MS})`)
+      expect(delayMs).toBeLessThan(RECLAIM_IDLE_MS / 6)
+    })
+
+    it('with an ACL user refused CLIENT (no id, no unblock), close() waits for the blocked read to end, and what is published after it reaches the live sibling at once', async ({ annotate }) => {
+      const server = await ownServer()
+      await server.cli('ACL', 'SETUSER', 'app', 'on', '>app-pw', '~*', '&*', '+@all', '-client')
+      const url = server.url.replace('redis://', 'redis://app:app-pw@')
+      const BLOCK_MS = 1_000
+      const RECLAIM_IDLE_MS = 3_000
+      const options = { url, keyPrefix: uniquePrefix('close-acl'), blockMs: BLOCK_MS, reclaimIdleMs: RECLAIM_IDLE_MS, reclaimIntervalMs: 500 }
+      const delayMs = await deliveryAfterSiblingClose(open, options, RECLAIM_IDLE_MS * 2)
+      await annotate(`without CLIENT: delivered ${delayMs.toFixed(0)} ms after the publish that followed a sibling's close`)
+      expect(delayMs).toBeLessThan(RECLAIM_IDLE_MS / 6)
+    })
+
+    it('close() of a consumer at maxInFlight, its reader waiting for room, resolves at once and leaves the events it never handed out to a sibling', async () => {
+      const prefix = uniquePrefix('close-full')
+      const closing = open({ keyPrefix: prefix, blockMs: 30_000, maxInFlight: 1 })
+      const held = new Inbox(() => {}) // never settles
+      await closing.subscribe('jobs', held.cb, { group: 'workers' })
+      const publisher = open({ keyPrefix: prefix })
+      await publisher.publish('jobs', ev(1))
+      await held.count(1)
+      await publisher.publish('jobs', ev(2))
+      await sleep(200) // the reader waits for a place; event 2 stays in the stream
+      const started = performance.now()
+      await closing.close()
+      expect(performance.now() - started).toBeLessThan(1_000)
+      const sibling = new Inbox()
+      await open({ keyPrefix: prefix }).subscribe('jobs', sibling.cb, { group: 'workers' })
+      await sibling.count(1, 2_000)
+      expect(sibling.numbers).toEqual([2])
+    })
+
+    it('close() while publishes run on it and on a sibling settles everything: its own later publishes reject with ERR_LEASE_CLOSED, and every event written reaches a consumer at once', async () => {
+      const prefix = uniquePrefix('close-concurrent')
+      const options = { keyPrefix: prefix, blockMs: 30_000, reclaimIdleMs: 60_000 }
+      const closing = open(options)
+      const sibling = open(options)
+      const received = new Map<number, string>()
+      const taker = (who: string) => (event: Event, ack?: () => Promise<void>) => {
+        received.set(numberOf(event), who)
+        return ack?.()
+      }
+      await closing.subscribe('jobs', taker('closing'), { group: 'workers' })
+      await sibling.subscribe('jobs', taker('sibling'), { group: 'workers' })
+      await closing.subscribe('news', new Inbox().cb)
+      await sleep(200) // both readers blocked
+      const outcomes: Array<{ n: number; on: 'closing' | 'sibling'; settled: Promise<PromiseSettledResult<void>> }> = []
+      let n = 0
+      let closed: Promise<PromiseSettledResult<void>> | undefined
+      for (let turn = 0; turn < 40; turn++) {
+        for (const [on, pubsub] of [['closing', closing], ['sibling', sibling]] as const) {
+          for (let k = 0; k < 5; k++) {
+            const number = ++n
+            outcomes.push({ n: number, on, settled: settleWithin(pubsub.publish('jobs', ev(number)), 5_000) })
+          }
+        }
+        if (turn === 20) closed = settleWithin(closing.close(), 5_000)
+        await sleep(2)
+      }
+      expect((await closed!).status).toBe('fulfilled')
+      const settled = await Promise.all(outcomes.map(async (o) => ({ ...o, result: await o.settled })))
+      const written = settled.filter((o) => o.result.status === 'fulfilled').map((o) => o.n)
+      const refused = settled.filter((o) => o.result.status === 'rejected')
+      expect(refused.length).toBeGreaterThan(0)
+      expect(refused.every((o) => o.on === 'closing')).toBe(true)
+      for (const o of refused) if (o.result.status === 'rejected') expect(errorCode(o.result.reason)).toBe('ERR_LEASE_CLOSED')
+      const deadline = Date.now() + 2_000
+      while (written.some((w) => !received.has(w)) && Date.now() < deadline) await sleep(20)
+      expect(written.filter((w) => !received.has(w)), 'events written but delivered to nobody within 2 s').toEqual([])
     })
   })
 

@@ -13,7 +13,7 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import { EXTERNAL_REDIS } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type RedisCluster } from './helpers/redis-topologies.js'
 import { ev, Inbox, numberOf, sleep, uniquePrefix } from './helpers/streams.js'
-import { pendingCount, streamsSuite } from './helpers/streams-suite.js'
+import { deliveryAfterSiblingClose, pendingCount, streamsSuite } from './helpers/streams-suite.js'
 
 const opened: RedisStreamsPubSub[] = []
 afterEach(async () => {
@@ -201,6 +201,14 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     }
     expect(slowest).toBeLessThan(BLOCK_MS / 4)
     expect(inbox.events).toEqual([])
+  })
+
+  it("an event published right after a group sibling's close() reaches the live sibling at once, not at the reclaim after reclaimIdleMs", async ({ annotate }) => {
+    const RECLAIM_IDLE_MS = 3_000
+    const options = { keyPrefix: uniquePrefix('close-sibling'), blockMs: 30_000, reclaimIdleMs: RECLAIM_IDLE_MS, reclaimIntervalMs: 500 }
+    const delayMs = await deliveryAfterSiblingClose(open, options, RECLAIM_IDLE_MS * 2)
+    await annotate(`cluster: delivered ${delayMs.toFixed(0)} ms after the publish that followed a sibling's close (reclaimIdleMs ${RECLAIM_IDLE_MS})`)
+    expect(delayMs).toBeLessThan(RECLAIM_IDLE_MS / 6)
   })
 
   it("Mastra's PullTransport, two consumers of one group: each job whose step acks 3 × reclaimIdleMs after its callback returned is handled exactly once", async () => {

@@ -113,3 +113,35 @@ export async function publishRange(pubsub: RedisStreamsPubSub, topic: string, fr
 
 /** The integers `from..to`. */
 export const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i)
+
+/**
+ * Two consumers of one group on `jobs`, both blocked in their reads, the one that closes
+ * blocked first, so the server would hand it the next entry; it closes, and an event is
+ * published at once. Answers how long after the publish the live consumer got it (`Infinity`
+ * if not within `waitMs`). A sibling takes over what a closed consumer took only by
+ * reclaiming it after `reclaimIdleMs`, which the caller sets well above what "at once" means.
+ */
+export async function deliveryAfterSiblingClose(
+  make: (options: RedisStreamsPubSubOptions) => RedisStreamsPubSub,
+  options: RedisStreamsPubSubOptions,
+  waitMs: number,
+): Promise<number> {
+  const closing = make(options)
+  const live = make(options)
+  const publisher = make(options)
+  await closing.subscribe('jobs', (_event, ack) => ack?.(), { group: 'workers' })
+  await sleep(100) // its reader blocks first
+  let deliveredAt: number | undefined
+  await live.subscribe('jobs', (_event, ack) => {
+    deliveredAt ??= performance.now()
+    return ack?.()
+  }, { group: 'workers' })
+  await publisher.publish('warm', ev(0)) // the publisher's connection is open
+  await sleep(200) // both readers are now blocked
+  await closing.close()
+  const publishedAt = performance.now()
+  await publisher.publish('jobs', ev(1))
+  const deadline = publishedAt + waitMs
+  while (deliveredAt === undefined && performance.now() < deadline) await sleep(10)
+  return deliveredAt === undefined ? Infinity : deliveredAt - publishedAt
+}

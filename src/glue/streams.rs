@@ -376,22 +376,31 @@ impl RedisStreamsTransport {
     }
 
     /// Stops every subscription, drains publishes and closes every connection; later calls
-    /// reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). Idempotent,
+    /// reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). When it
+    /// resolves, no read of this transport is left that could take an entry. Idempotent,
     /// bounded by the block and command timeouts.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         let Some(open) = self.open.take() else {
             return unknown(env, resolved(env.raw()));
         };
-        for (_, running) in lock(&open.subscriptions).drain() {
-            let _ = running.stop.send(());
-        }
+        let stopped: Vec<_> = lock(&open.subscriptions)
+            .drain()
+            .map(|(_, Running { stop, done })| {
+                let _ = stop.send(());
+                done
+            })
+            .collect();
         let inbox = open.inbox.clone();
         unknown(
             env,
             inbox.spawn(env.raw(), async move {
-                // Publishes are bounded by the command timeout, so this wait is too.
-                drop(open.publishes.write().await);
+                // Each subscription stops as an unsubscribe does (its reader interrupted, what
+                // it read handed back) while the connection is still open; publishes are
+                // bounded by the command timeout. So these waits are bounded too.
+                let (_, publishes) =
+                    futures::join!(futures::future::join_all(stopped), open.publishes.write());
+                drop(publishes);
                 open.pubsub.close().await;
                 Ok(Reply::Undefined)
             }),

@@ -11,7 +11,8 @@ export interface HoldOptions {
   ttlMs: number
   /**
    * Stops waiting or holding when aborted: `hold()` rejects with its reason, or the lease is
-   * released and `lease.signal` aborts with it.
+   * released and `lease.signal` aborts with it. A release that cannot reach Redis is tried
+   * again until it lands or the TTL could have run out; `lease.release()` tells how it went.
    */
   signal?: AbortSignal
   /**
@@ -39,7 +40,16 @@ export interface HeldLease {
    * `ERR_LEASE_RELEASED` after `release()`; the caller's own reason when its signal aborted.
    */
   readonly signal: AbortSignal
-  /** Stops renewing and releases the lease (if still held). Idempotent. */
+  /**
+   * Stops renewing and releases the lease (if still held): resolves once the release reached
+   * Redis, or when there was nothing to release (lost, or released already: a release that
+   * landed is not sent again). Rejects with the call's error when it could not reach Redis
+   * (`ERR_LEASE_TIMEOUT`, `ERR_LEASE_CONNECTION`): the lease is still held until its TTL runs
+   * out, and a later `release()` sends the release again. After the caller's signal aborted,
+   * the lease is released in the background, tried again until Redis answers or its TTL could
+   * have run out; `release()` then answers how that went, rejecting with the last attempt's
+   * error if none landed in time.
+   */
   release(): Promise<void>
   /** `await using lease = await leases.hold(…)` releases it on leaving the scope. */
   [Symbol.asyncDispose](): Promise<void>
@@ -172,13 +182,17 @@ export async function holdLease(leases: LeaseProvider, key: string, owner: strin
   }
   const lease = new Holding(leases, key, owner, ttlMs, grant.token, sent)
   if (signal?.aborted) {
-    await lease.end(signal.reason)
+    await lease.abandon(signal.reason)
     throw signal.reason
   }
   // Removed once the lease ends whichever way (the listener's own signal).
-  signal?.addEventListener('abort', () => void lease.end(signal.reason).catch(() => {}), { once: true, signal: lease.signal })
+  signal?.addEventListener('abort', () => void lease.abandon(signal.reason), { once: true, signal: lease.signal })
   return lease
 }
+
+/** Pauses between the attempts of a release the caller's signal asked for. */
+const RETRY_MIN_MS = 100
+const RETRY_MAX_MS = 1_000
 
 /** A lease being held: the renewal timer, and the deadline by which it is lost unless renewed. */
 class Holding implements HeldLease {
@@ -188,7 +202,17 @@ class Holding implements HeldLease {
   private deadline: NodeJS.Timeout | undefined
   /** The renewal in flight, if any: `release()` waits for it, so a release comes after it. */
   private renewing: Promise<void> | undefined
-  private released: Promise<void> | undefined
+  /** Until a release landed: the lease may still be held under this owner. */
+  private owed = false
+  /** The release call in flight, shared by the callers that meanwhile ask for one. */
+  private releasing: Promise<void> | undefined
+  /** The signal's release, tried again until it lands or the TTL could have run out. */
+  private retrying: Promise<void> | undefined
+  /**
+   * Until when the last grant or renewal that landed holds the lease at least (Redis counts
+   * the TTL from when it ran the call, a little later): past it, the TTL could have run out.
+   */
+  private heldUntil: number
 
   constructor(
     private readonly leases: LeaseProvider,
@@ -199,6 +223,7 @@ class Holding implements HeldLease {
     grantedAt: number,
   ) {
     this.signal = this.controller.signal
+    this.heldUntil = grantedAt + ttlMs
     this.confirmed(grantedAt)
     this.schedule()
   }
@@ -206,6 +231,7 @@ class Holding implements HeldLease {
   /** Held at least until `sentAt + ttlMs` (the call was sent then, so Redis applied it later). */
   private confirmed(sentAt: number): void {
     clearTimeout(this.deadline)
+    this.heldUntil = sentAt + this.ttlMs
     const left = sentAt + this.ttlMs - performance.now()
     this.deadline = setTimeout(() => this.lost('renewals failed until its TTL could have run out'), Math.max(0, left)).unref()
   }
@@ -243,20 +269,66 @@ class Holding implements HeldLease {
     clearTimeout(this.deadline)
   }
 
-  /** Stops holding: aborts the signal with `reason`, then releases, after any renewal in flight. */
-  end(reason: unknown): Promise<void> {
-    this.released ??= (async () => {
-      const wasHeld = !this.signal.aborted
-      this.stop()
-      this.controller.abort(reason)
-      await this.renewing
-      if (wasHeld) await this.leases.releaseLease(this.key, this.owner)
+  /** Stops holding: aborts the signal with `reason`; a lease still held is owed a release. */
+  private end(reason: unknown): void {
+    if (this.signal.aborted) return
+    this.owed = true
+    this.stop()
+    this.controller.abort(reason)
+  }
+
+  /**
+   * One release call, after any renewal in flight; callers meanwhile share it. Once one
+   * landed, nothing is sent again; one that failed leaves the release owed.
+   */
+  private send(): Promise<void> {
+    if (!this.owed) return Promise.resolve()
+    this.releasing ??= (async () => {
+      try {
+        await this.renewing
+        await this.leases.releaseLease(this.key, this.owner)
+        this.owed = false
+      } finally {
+        this.releasing = undefined
+      }
     })()
-    return this.released
+    return this.releasing
+  }
+
+  /**
+   * Ends the hold for the caller's signal, whom no error can reach: releases, and while
+   * Redis does not answer, tries again with backoff until it does or the TTL could have run
+   * out (Redis then expires the lease by itself). Resolves after the first attempt, whatever
+   * came of it; `release()` tells the rest. Its timers never keep the process alive.
+   */
+  abandon(reason: unknown): Promise<void> {
+    this.end(reason)
+    if (this.retrying) return this.retrying.catch(() => {})
+    const first = this.send()
+    const retrying = (async () => {
+      let pause = RETRY_MIN_MS
+      for (let attempt: Promise<void> = first; ; attempt = this.send()) {
+        try {
+          return await attempt
+        } catch (err) {
+          if (performance.now() + pause >= this.heldUntil) throw err
+        }
+        await new Promise((resolve) => setTimeout(resolve, pause).unref())
+        pause = Math.min(pause * 2, RETRY_MAX_MS)
+      }
+    })()
+    // Its outcome is release()'s to tell; once known, a later release() sends anew if owed.
+    this.retrying = retrying
+    retrying.then(
+      () => (this.retrying = undefined),
+      () => (this.retrying = undefined),
+    )
+    return first.catch(() => {})
   }
 
   release(): Promise<void> {
-    return this.end(coded(new Error(`the lease on ${JSON.stringify(this.key)} was released`), 'ERR_LEASE_RELEASED'))
+    this.end(coded(new Error(`the lease on ${JSON.stringify(this.key)} was released`), 'ERR_LEASE_RELEASED'))
+    return this.retrying ?? this.send()
   }
 
   [Symbol.asyncDispose](): Promise<void> {

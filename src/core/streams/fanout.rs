@@ -7,14 +7,13 @@
 //! others do not get it twice.
 //!
 //! When a topic is added, the blocking read is interrupted (`CLIENT UNBLOCK`, from the
-//! shared connection) so the next read includes it. Were that refused (an ACL without it),
+//! shared connection) so the next read includes it; so it is when the pubsub closes. Were that refused (an ACL without it),
 //! the new topic is read from the next read on, at most `blockMs` later: its starting point
 //! was fixed when it subscribed, so nothing is missed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use crate::core::connection::Link;
 use tokio::task::JoinHandle;
@@ -22,7 +21,7 @@ use tokio::task::JoinHandle;
 use super::delivery::{self, Origin};
 use super::event::{self, Entry, EntryId};
 use super::member::Member;
-use super::reader::{self, Backoff};
+use super::reader::{self, Backoff, WAKE_TRIES};
 use super::settle::{self, Settle};
 use super::Shared;
 use crate::core::error::Error;
@@ -69,9 +68,9 @@ impl Fanouts {
     }
 
     /// Stops every reader and forgets every subscription (the pubsub is closing).
-    pub async fn stop_all(&self) {
+    pub async fn stop_all(&self, shared: &Shared) {
         let readers: Vec<Arc<Fanout>> = lock(&self.readers).drain().map(|(_, r)| r).collect();
-        futures::future::join_all(readers.iter().map(|reader| reader.stop_all())).await;
+        futures::future::join_all(readers.iter().map(|reader| reader.stop_all(shared))).await;
     }
 }
 
@@ -170,16 +169,17 @@ impl Fanout {
         }
     }
 
-    /// Stops the reader and forgets every subscription (the pubsub is closing).
-    async fn stop_all(&self) {
+    /// Stops the reader and forgets every subscription (the pubsub is closing). Left without
+    /// topics, the reader returns once its read is interrupted (see [`reader::stop`]).
+    async fn stop_all(&self, shared: &Shared) {
         let task = {
             let mut state = self.state();
             state.topics.clear();
             state.reader.take()
         };
         if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
+            let id = || self.reader_id.load(Ordering::Acquire);
+            reader::stop(shared, &self.node_key, id, task).await;
         }
     }
 
@@ -190,33 +190,19 @@ impl Fanout {
         let shared = Arc::clone(shared);
         let fanout = Arc::clone(self);
         shared.runtime.clone().spawn(async move {
-            for _ in 0..WAKE_TRIES {
-                if fanout.seen.load(Ordering::Acquire) >= generation
+            let id = || fanout.reader_id.load(Ordering::Acquire);
+            let done = || {
+                fanout.seen.load(Ordering::Acquire) >= generation
                     || shared.closed.load(Ordering::Acquire)
-                {
-                    return;
-                }
-                let id = fanout.reader_id.load(Ordering::Acquire);
-                if id > 0 {
-                    let mut unblock = redis::cmd("CLIENT");
-                    unblock.arg("UNBLOCK").arg(id);
-                    // To the reader's node (on a cluster, not wherever a keyless command goes).
-                    let node = fanout.node_key.as_bytes();
-                    let sent = shared
-                        .writer
-                        .run(|mut c| async move { c.on_node_of(node, &unblock).await })
-                        .await;
-                    if let Err(err) = sent {
-                        shared.notice(
-                            Level::Debug,
-                            "could not interrupt the fan-out read (CLIENT UNBLOCK); a new topic \
-                             is read within blockMs",
-                            &[("err", err.full_message().into())],
-                        );
-                        return;
-                    }
-                }
-                tokio::time::sleep(WAKE_PAUSE).await;
+            };
+            let woken = reader::interrupt(&shared, &fanout.node_key, id, WAKE_TRIES, done).await;
+            if let Err(err) = woken {
+                shared.notice(
+                    Level::Debug,
+                    "could not interrupt the fan-out read (CLIENT UNBLOCK); a new topic is read \
+                     within blockMs",
+                    &[("err", err.full_message().into())],
+                );
             }
         });
     }
@@ -279,9 +265,6 @@ impl Fanout {
         }
     }
 }
-
-const WAKE_TRIES: usize = 20;
-const WAKE_PAUSE: Duration = Duration::from_millis(5);
 
 /// The fan-out reader: reads every topic with subscriptions and hands each subscription the
 /// entries past its position. Runs while there are fan-out subscriptions.

@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::event;
 use super::member::{Member, Members};
+use super::reader;
 use super::Shared;
 use crate::core::connection::parse;
 use crate::core::error::Result;
@@ -36,6 +37,12 @@ pub(crate) struct Consumer {
     cursor: Mutex<Cursor>,
     /// Numbers the readers started, so one replaced by a newer one stops.
     generations: AtomicU64,
+    /// The `CLIENT ID` of each reader's connection, by generation, while it has one the
+    /// server told: what interrupts its blocking read when it is stopped. By generation, as
+    /// a reader being stopped and the next one started meanwhile may both be reading.
+    reader_ids: Mutex<HashMap<u64, i64>>,
+    /// Wakes a reader waiting for room when it is stopped.
+    pub(super) stopping: Notify,
 }
 
 /// Where a reader is: the last entry read (where to create the group again after NOGROUP)
@@ -78,7 +85,26 @@ impl Consumer {
                 epoch: 0,
             }),
             generations: AtomicU64::new(0),
+            reader_ids: Mutex::new(HashMap::new()),
+            stopping: Notify::new(),
         })
+    }
+
+    /// Reader `generation`'s connection id, or 0 when none is known.
+    fn reader_id(&self, generation: u64) -> i64 {
+        lock(&self.reader_ids)
+            .get(&generation)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Records reader `generation`'s connection id (`None`: it has none, or no id is known).
+    pub(super) fn set_reader_id(&self, generation: u64, id: Option<i64>) {
+        let mut ids = lock(&self.reader_ids);
+        match id {
+            Some(id) => ids.insert(generation, id),
+            None => ids.remove(&generation),
+        };
     }
 
     /// Holds `entry` for delivery `id`; `false` if it is held already.
@@ -141,7 +167,7 @@ impl Consumer {
                 None
             }
         };
-        stop_reader(shared, reader).await;
+        self.stop_reader(shared, reader).await;
     }
 
     /// Stops serving every subscription (the pubsub is closing), and stops the reader.
@@ -151,7 +177,18 @@ impl Consumer {
             members.list.clear();
             members.reader.take()
         };
-        stop_reader(shared, reader).await;
+        self.stop_reader(shared, reader).await;
+    }
+
+    /// Stops a reader that was told to stop (taken out of `members`): its blocking read is
+    /// interrupted, so it takes no entry meanwhile, and whatever a read had taken it hands
+    /// back to the group before it ends (see [`reader::stop`]).
+    async fn stop_reader(&self, shared: &Shared, reader: Option<(u64, JoinHandle<()>)>) {
+        let Some((generation, task)) = reader else {
+            return;
+        };
+        self.stopping.notify_waiters();
+        reader::stop(shared, &self.key, || self.reader_id(generation), task).await;
     }
 
     /// Whether reader `generation` should go on: it is the current one and has subscriptions.
@@ -172,22 +209,6 @@ impl Consumer {
         cursor.position_event = None;
         cursor.anchor = "0";
         cursor.epoch += 1;
-    }
-}
-
-/// Waits for a reader that was told to stop. It may be inside a blocking read whose entries
-/// the group already counts as this consumer's, so it finishes the read (at most BLOCK + the
-/// command timeout) and hands what it read back to the group; only a reader that does not
-/// stop in that time is aborted.
-async fn stop_reader(shared: &Shared, reader: Option<(u64, JoinHandle<()>)>) {
-    let Some((_, mut task)) = reader else { return };
-    let bound = shared
-        .tuning
-        .block
-        .saturating_add(shared.tuning.command_timeout);
-    if tokio::time::timeout(bound, &mut task).await.is_err() {
-        task.abort();
-        let _ = task.await;
     }
 }
 

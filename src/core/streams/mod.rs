@@ -13,7 +13,7 @@
 //!   where it reads.
 //! - `member.rs`: a subscription as its reader sees it; a consumer's subscriptions in turn.
 //! - `reader.rs`: a consumer's reader (reads, NOGROUP recovery, reconnects), and what the
-//!   fan-out reader shares with it.
+//!   fan-out reader shares with it (interrupting a blocking read, stopping a reader).
 //! - `fanout.rs`: the one reader of every fan-out subscription of this process (on a
 //!   cluster, one per hash slot their topics live in).
 //! - `delivery.rs`: a delivery, held until settled, and the table of those held.
@@ -222,6 +222,7 @@ impl StreamsPubSub {
                 logger: options.logger,
                 closed: AtomicBool::new(false),
                 publishes: tokio::sync::RwLock::new(()),
+                readers: tokio::sync::RwLock::new(()),
                 consumers: Mutex::new(HashMap::new()),
                 fanout: fanout::Fanouts::default(),
                 deliveries: Mutex::new(HashMap::new()),
@@ -324,18 +325,31 @@ impl StreamsPubSub {
         }
     }
 
-    /// Stops every reader (a group's after its current read, whose entries go back to the
-    /// group), waits for publishes in flight, and closes every connection; takes no more
-    /// publishes or subscriptions. Deliveries still held stay pending in Redis, for a
-    /// sibling to reclaim after `reclaimIdleMs`; acking or nacking them afterwards does
-    /// nothing. Idempotent; bounded by the block and command timeouts even while Redis is
-    /// down.
+    /// Stops every reader, waits for publishes in flight, and closes every connection; takes
+    /// no more publishes or subscriptions. Each blocking read is interrupted (`CLIENT
+    /// UNBLOCK`), so when this returns no read of this pubsub is left that could take an
+    /// entry: what is published next goes to a live consumer. Where the server refuses
+    /// `CLIENT ID` or `CLIENT UNBLOCK`, a read is waited for instead (within BLOCK). Entries a
+    /// read took meanwhile, never handed out, go back to the group. Deliveries still held stay
+    /// pending in Redis, for a sibling to reclaim after `reclaimIdleMs`; acking or nacking
+    /// them afterwards does nothing. Idempotent; bounded by the block and command timeouts
+    /// even while Redis is down.
     pub async fn close(&self) {
         let shared = &self.shared;
         if !shared.closed.swap(true, Ordering::AcqRel) {
             let consumers: Vec<_> = shared.consumers().values().cloned().collect();
             let stops = consumers.iter().map(|consumer| consumer.stop_all(shared));
-            futures::join!(futures::future::join_all(stops), shared.fanout.stop_all());
+            futures::join!(
+                futures::future::join_all(stops),
+                shared.fanout.stop_all(shared)
+            );
+            // Readers an unsubscribe (or a dropped subscription) was stopping meanwhile, and
+            // what their subscriptions hand back, end too before the connection closes.
+            let bound = shared
+                .tuning
+                .block
+                .saturating_add(shared.tuning.command_timeout.saturating_mul(2));
+            let _ = tokio::time::timeout(bound, shared.readers.write()).await;
             self.flush().await;
             shared.writer.close();
             shared.deliveries().clear();
@@ -414,6 +428,9 @@ pub(crate) struct Shared {
     pub closed: AtomicBool,
     /// Publishes hold it shared while in flight; flush takes it exclusively.
     publishes: tokio::sync::RwLock<()>,
+    /// Group readers hold it shared while they may read, and leaving subscriptions while
+    /// they hand entries back; close takes it exclusively before closing the connection.
+    pub readers: tokio::sync::RwLock<()>,
     /// This process's consumer of each (stream key, group) it subscribed to: it stays for
     /// the pubsub's life, so a group sees one consumer name per process and topic.
     consumers: Mutex<HashMap<(String, String), Arc<group::Consumer>>>,

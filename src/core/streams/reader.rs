@@ -3,13 +3,15 @@
 //! stream or group) by creating the group again, and reconnects with backoff. A read whose
 //! reply was lost with its connection took entries this consumer never saw: after a broken
 //! connection the reader first reads its own pending entries back. Also what the fan-out
-//! reader shares with it: sending reads, gathering their entries, backoff.
+//! reader shares with it: sending reads, gathering their entries, backoff, interrupting a
+//! blocking read and stopping a reader.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
+use tokio::task::JoinHandle;
 
 use super::delivery::{self, Origin};
 use super::event::{self, Entry};
@@ -47,6 +49,15 @@ enum Source {
 /// from NOGROUP and reconnects. Runs while it is its consumer's current reader and the
 /// consumer has subscriptions.
 pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, generation: u64) {
+    // Held while the reader may still read: close waits for every reader, whoever stopped it.
+    let Ok(_reading) = shared.readers.try_read() else {
+        return; // the pubsub is closing
+    };
+    read(&shared, &consumer, generation).await;
+    consumer.set_reader_id(generation, None);
+}
+
+async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
     let tuning = shared.tuning.clone();
     let throttle = Throttle::default();
     let mut connection: Option<Link> = None;
@@ -72,30 +83,41 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
         );
     };
     loop {
+        // Told to stop while waiting for room, the reader stops at once, not when room comes.
+        let stopping = consumer.stopping.notified();
+        tokio::pin!(stopping);
+        stopping.as_mut().enable();
         if shared.closed.load(Ordering::Acquire) || !consumer.serves(generation) {
             return;
         }
         if let Some(places) = &consumer.room {
             // At `maxInFlight`: wait until a delivery is settled.
             if places.available_permits() == 0 {
-                match places.acquire().await {
-                    Ok(place) => drop(place),
-                    Err(_) => return,
+                tokio::select! {
+                    place = places.acquire() => match place {
+                        Ok(place) => drop(place),
+                        Err(_) => return,
+                    },
+                    _ = &mut stopping => {}
                 }
                 continue;
             }
         }
+        let room = tokio::select! {
+            room = member::channel_room(&consumer.members) => room,
+            _ = &mut stopping => continue,
+        };
         let free = consumer
             .room
             .as_ref()
             .map_or(usize::MAX, |places| places.available_permits())
-            .min(member::channel_room(&consumer.members).await)
+            .min(room)
             .max(1);
         let count = free.min(tuning.batch_count);
 
         if let Some(interval) = tuning.reclaim_interval {
             if Instant::now() >= reclaim_at {
-                match reclaim::reclaim(&shared, &consumer, &reclaim_cursor, count).await {
+                match reclaim::reclaim(shared, consumer, &reclaim_cursor, count).await {
                     Ok((cursor, entries)) => {
                         // A cursor other than 0-0 means more to scan: continue promptly.
                         reclaim_at = if cursor == "0-0" {
@@ -104,7 +126,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
                             Instant::now()
                         };
                         reclaim_cursor = cursor;
-                        deliver(&shared, &consumer, entries, Source::Reclaim).await;
+                        deliver(shared, consumer, entries, Source::Reclaim).await;
                     }
                     Err(err) => {
                         reclaim_at = later(interval);
@@ -121,7 +143,10 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
         let mut conn = match connection.take() {
             Some(conn) => conn,
             None => match shared.writer.dedicated(consumer.key.as_bytes()).await {
-                Ok((conn, _)) => conn,
+                Ok((conn, id)) => {
+                    consumer.set_reader_id(generation, id);
+                    conn
+                }
                 Err(err) => {
                     report("reader cannot connect; retrying", &err);
                     tokio::time::sleep(backoff.next()).await;
@@ -130,7 +155,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
             },
         };
         let (pipe, reads, epoch) =
-            read_commands(&shared, &consumer, free, backlog, history.as_deref());
+            read_commands(shared, consumer, free, backlog, history.as_deref());
         let outcome = tokio::time::timeout(
             tuning.block.saturating_add(tuning.command_timeout),
             read_all(&mut conn, &pipe, reads),
@@ -154,11 +179,11 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
                     backlog = full;
                     Source::Read
                 };
-                deliver(&shared, &consumer, entries, source).await;
+                deliver(shared, consumer, entries, source).await;
             }
             Ok(Err(err)) if err.code() == Some("NOGROUP") => {
                 connection = Some(conn);
-                recover_group(&shared, &consumer).await;
+                recover_group(shared, consumer).await;
                 // Grows only if recovery keeps failing (a successful read resets it).
                 tokio::time::sleep(backoff.next()).await;
             }
@@ -168,6 +193,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
                 if matches!(err.kind(), redis::ErrorKind::Server(_)) {
                     connection = Some(conn);
                 } else {
+                    consumer.set_reader_id(generation, None);
                     history = Some("0".to_owned());
                 }
                 report(
@@ -183,10 +209,98 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
                     "read timed out; reconnecting",
                     &Error::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
                 );
+                consumer.set_reader_id(generation, None);
                 history = Some("0".to_owned());
                 tokio::time::sleep(backoff.next()).await;
             }
         }
+    }
+}
+
+/// Interrupts a reader's blocking read: `CLIENT UNBLOCK` of its connection's id (`id()`; 0
+/// while none is known), from the shared connection to the reader's node (`node_key`'s), up
+/// to `tries` times, a few milliseconds apart and past [`WAKE_TRIES`] a tenth of a second
+/// apart, until `done()`. A wake-up that arrives before the read is sent finds nothing to
+/// interrupt, hence the repeats. An unblocked read answers as if its BLOCK ran out: it took
+/// nothing. Fails when Redis refused the command (an ACL without `CLIENT UNBLOCK`) or could
+/// not be reached; the read then ends within BLOCK.
+pub(super) async fn interrupt(
+    shared: &Shared,
+    node_key: &str,
+    id: impl Fn() -> i64,
+    tries: usize,
+    done: impl Fn() -> bool,
+) -> Result<()> {
+    for tried in 0..tries {
+        if done() {
+            return Ok(());
+        }
+        let id = id();
+        if id > 0 {
+            let mut unblock = redis::cmd("CLIENT");
+            unblock.arg("UNBLOCK").arg(id);
+            // To the reader's node (on a cluster, not wherever a keyless command goes).
+            let node = node_key.as_bytes();
+            shared
+                .writer
+                .run(|mut c| async move { c.on_node_of(node, &unblock).await })
+                .await?;
+        }
+        let pause = if tried < WAKE_TRIES {
+            WAKE_PAUSE
+        } else {
+            LATE_PAUSE
+        };
+        tokio::time::sleep(pause).await;
+    }
+    Ok(())
+}
+
+/// Tries of [`interrupt`] for a reader that will read again anyway (within BLOCK).
+pub(super) const WAKE_TRIES: usize = 20;
+const WAKE_PAUSE: Duration = Duration::from_millis(5);
+/// Past [`WAKE_TRIES`], a reader busy elsewhere (a reclaim pass, handing entries out) rather
+/// than about to send its read.
+const LATE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Stops a reader already told to stop (it returns at its next turn): interrupts its blocking
+/// read until the task has ended (see [`interrupt`]) and waits for it, at most BLOCK + the
+/// command timeout; one that has not ended by then is aborted. Where the read cannot be
+/// interrupted (an ACL that refuses `CLIENT ID` or `CLIENT UNBLOCK`), it is waited for: it
+/// ends within BLOCK, and a group reader hands back what it took. Dropping its connection
+/// instead would be quicker, but the server may still hand an entry to a read whose
+/// connection it has not yet seen close, and that entry would wait for a reclaim.
+pub(super) async fn stop(
+    shared: &Shared,
+    node_key: &str,
+    id: impl Fn() -> i64,
+    mut task: JoinHandle<()>,
+) {
+    let bound = shared
+        .tuning
+        .block
+        .saturating_add(shared.tuning.command_timeout);
+    let interrupting = async {
+        if let Err(err) = interrupt(shared, node_key, id, usize::MAX, || false).await {
+            shared.notice(
+                Level::Debug,
+                "could not interrupt a read (CLIENT UNBLOCK); waiting for it to end, within \
+                 blockMs",
+                &[("err", err.full_message().into())],
+            );
+        }
+        std::future::pending::<()>().await
+    };
+    let ended = tokio::time::timeout(bound, async {
+        tokio::select! {
+            _ = &mut task => {}
+            _ = interrupting => {}
+        }
+    })
+    .await;
+    if ended.is_err() {
+        task.abort();
+        let _ = task.await;
     }
 }
 

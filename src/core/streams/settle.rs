@@ -80,6 +80,12 @@ pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: 
             finish(shared, state);
             settled
         }
+        // Closed meanwhile: nothing more reaches Redis, and the entry stays pending there.
+        Err(Error::Closed(_)) => {
+            state.phase.store(DONE, Ordering::Release);
+            finish(shared, state);
+            Settled::Closed
+        }
         Err(err) => retry_later(shared, state, outcome, &err),
     }
 }
@@ -459,7 +465,12 @@ impl Delivery {
     }
 }
 
-/// Settles a delivery that never reached a subscriber (released, or dropped at the cap).
+/// Settles a delivery that never reached a subscriber (released, or dropped at the cap),
+/// once. Also while the pubsub closes: what a stopping reader took goes back to the group
+/// while the connection is still open.
 pub(super) async fn settle_unread(delivery: &Delivery, how: Settle) -> Settled {
-    settle(&delivery.shared, &delivery.state, how).await
+    if !delivery.state.begin() {
+        return Settled::Already;
+    }
+    conclude(&delivery.shared, &delivery.state, how).await
 }

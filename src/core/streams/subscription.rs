@@ -123,6 +123,8 @@ impl Drop for Subscription {
 
 impl Live {
     async fn leave(mut self) {
+        // A close waits for the hand-back below before it closes the connection.
+        let _leaving = self.shared.readers.try_read();
         // No delivery reaches this subscription any more: the reader hands it to another.
         self.rx.close();
         match &self.served_by {

@@ -391,3 +391,43 @@ async fn unsubscribe_stops_delivery_and_hands_buffered_entries_back_to_the_group
     got.sort_unstable();
     assert_eq!(got, [0, 1, 2]);
 }
+
+#[tokio::test]
+async fn close_leaves_no_read_blocked_even_while_an_unsubscribe_stops_the_reader() {
+    let server = Server::start("streams-close-unblock");
+    let long = StreamsOptions {
+        block: Duration::from_secs(30),
+        reclaim_idle: Duration::from_secs(30),
+        ..options(&server)
+    };
+    let (closing, _) = with_logger(long.clone());
+    let (live, _) = with_logger(long);
+    let leaving = subscribe(&closing, "z", group("g", StartFrom::Earliest)).await;
+    // The closing consumer's read on "z" blocks first, so it would get the next entry.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut sibling = subscribe(&live, "z", group("g", StartFrom::Earliest)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let unsubscribing = tokio::spawn(leaving.unsubscribe());
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    closing.close().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let blocked = server
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.contains("cmd=xreadgroup") && line.contains("flags=b"))
+        .count();
+    assert_eq!(blocked, 1, "only the sibling's read is blocked");
+    publish(&live, "z", ev(1)).await;
+    let delivery = tokio::time::timeout(Duration::from_millis(500), sibling.recv())
+        .await
+        .expect("the sibling got the entry at once")
+        .expect("subscription ended");
+    assert_eq!(n(&delivery), 1);
+    unsubscribing.await.unwrap();
+}
