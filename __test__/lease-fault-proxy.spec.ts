@@ -298,16 +298,18 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const prefix = newPrefix()
     const p = leases(proxy.url, prefix, { fencingTokens: false })
     await redis.cli('SET', `${prefix}:lease:held`, 'H', 'PX', LONG)
+    await redis.cli('SET', `${prefix}:lease:taken`, 'H', 'PX', LONG)
     await warmScripts(p)
     const before = proxy.stats().faults.droppedReplies
     proxy.dropReplies({ keepStream: true })
     const calls0 = await redis.commandCalls()
     // The claim's first run took the key: sent again, its SET NX finds its own owner and
-    // the script refreshes, so it answers true as the first run would have.
+    // the script refreshes, so it answers true as the first run would have. (Each on a key
+    // of its own: a key with two calls in one turn has its acquires sent as the script.)
     const inFlight: Array<[string, Promise<unknown>, unknown]> = [
       ['claim', p.acquireLease('free', 'X', LONG), { acquired: true, owner: 'X' }],
       ['refresh', p.acquireLease('held', 'H', LONG), { acquired: true, owner: 'H' }],
-      ['refusal', p.acquireLease('held', 'intruder', LONG), { acquired: false, owner: 'H' }],
+      ['refusal', p.acquireLease('taken', 'intruder', LONG), { acquired: false, owner: 'H' }],
     ]
     await resetUnder(proxy, before, inFlight)
     // Not vacuous: the three SETs ran on both sides of the reset; the script only after it,
