@@ -57,6 +57,20 @@ pub enum Error {
          could forget it"
     )]
     Replication { wanted: u32, confirmed: u32 },
+    /// The server has no such command: renamed away, left out by a managed service or a
+    /// fork, or older than the command. What needs it cannot work on that server.
+    #[error(
+        "the Redis server has no {command} command (renamed, left out by the service, or older \
+         than the command){}",
+        needed_by(command)
+    )]
+    Unsupported {
+        /// The command, as the server named it, in capitals.
+        command: String,
+        /// The server's own words.
+        #[source]
+        source: redis::RedisError,
+    },
     /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
     #[error("Redis returned an error: {0}")]
     Server(#[source] redis::RedisError),
@@ -133,6 +147,7 @@ impl Error {
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
+            Self::Unsupported { .. } => "ERR_LEASE_UNSUPPORTED_COMMAND",
             Self::Server(_) => "ERR_LEASE_REDIS",
             Self::Internal(_) => "ERR_LEASE_INTERNAL",
         }
@@ -150,6 +165,7 @@ impl Error {
             | Self::Connection(_)
             | Self::Auth(_)
             | Self::Replication { .. }
+            | Self::Unsupported { .. }
             | Self::Server(_)
             | Self::Internal(_) => true,
         }
@@ -222,6 +238,21 @@ impl Error {
             })
     }
 
+    /// The command a server answered it does not know (`unknown command 'X'`, as Redis,
+    /// Valkey, KeyDB and Dragonfly word it), in capitals; `None` for any other error. An
+    /// unknown command inside a script is not named by the server, so not found here.
+    pub(crate) fn is_unknown_command(err: &redis::RedisError) -> Option<String> {
+        const SAID: &str = "unknown command ";
+        let text = err.to_string();
+        let at = text.to_ascii_lowercase().find(SAID)?;
+        let named = text[at + SAID.len()..].strip_prefix(['\'', '`'])?;
+        let command: String = named
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '|' | '.'))
+            .collect();
+        (!command.is_empty()).then(|| command.to_ascii_uppercase())
+    }
+
     /// Sorts a redis-rs error into the variant a caller can act on.
     pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
         if err.is_timeout() {
@@ -233,6 +264,12 @@ impl Error {
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             return Self::Connection(err);
         }
+        if let Some(command) = Self::is_unknown_command(&err) {
+            return Self::Unsupported {
+                command,
+                source: err,
+            };
+        }
         if matches!(
             err.kind(),
             redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
@@ -240,6 +277,17 @@ impl Error {
             return Self::Server(err);
         }
         Self::Connection(err)
+    }
+}
+
+/// What needs `command`, for the message of an [`Error::Unsupported`].
+fn needed_by(command: &str) -> &'static str {
+    match command {
+        "EVALSHA" => {
+            ": every lease call but getLeaseOwner, and the streams' settling, reclaiming and \
+             trimming, run a script by its SHA; mastra-lease cannot work on this server"
+        }
+        _ => "",
     }
 }
 
@@ -270,5 +318,54 @@ mod tests {
             Error::from_redis(unrelated, timeout),
             Error::Connection(_)
         ));
+    }
+
+    /// The error a server's reply line makes, as redis-rs hands it over.
+    fn reply(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn an_unknown_command_is_named_in_capitals_however_the_server_quotes_it() {
+        let timeout = Duration::from_secs(1);
+        for (line, command) in [
+            // Redis and Valkey 7
+            (
+                "ERR unknown command 'evalsha', with args beginning with: 'abc' '0' ",
+                "EVALSHA",
+            ),
+            // Redis 6 and KeyDB
+            (
+                "ERR unknown command `SSUBSCRIBE`, with args beginning with: `k`, ",
+                "SSUBSCRIBE",
+            ),
+            // Dragonfly
+            ("ERR unknown command 'WAIT'", "WAIT"),
+        ] {
+            assert_eq!(
+                Error::is_unknown_command(&reply(line)).as_deref(),
+                Some(command)
+            );
+            let err = Error::from_redis(reply(line), timeout);
+            assert_eq!(err.code(), "ERR_LEASE_UNSUPPORTED_COMMAND");
+            assert!(
+                err.full_message().contains(command),
+                "{}",
+                err.full_message()
+            );
+        }
+        // Inside a script the server does not name the command: that stays a script error.
+        let in_script =
+            "ERR Unknown Redis command called from script script: dd13fa9e, on @user_script:1.";
+        assert_eq!(Error::is_unknown_command(&reply(in_script)), None);
+        assert_eq!(
+            Error::from_redis(reply(in_script), timeout).code(),
+            "ERR_LEASE_REDIS"
+        );
+        assert_eq!(
+            Error::from_redis(reply("WRONGTYPE Operation"), timeout).code(),
+            "ERR_LEASE_REDIS"
+        );
     }
 }
