@@ -277,29 +277,61 @@ impl Link {
     }
 }
 
-impl Link {
-    /// Subscribes a shard channel (`SSUBSCRIBE`; on a cluster at the node of its slot). The
-    /// link must speak RESP3 and send its pushes somewhere ([`Target::listening`]).
-    pub async fn ssubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Self::Cluster(cluster) => cluster.ssubscribe(channel).await,
-            _ => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(self).await,
-        }
-    }
+/// Which of Redis's two pub/sub spaces a listener's channels are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Channels {
+    /// Shard channels (`SSUBSCRIBE`, Redis 7.0): on a cluster a message stays in its slot's
+    /// shard.
+    Shard,
+    /// Classic channels (`SUBSCRIBE`), for a server without shard channels: on a cluster
+    /// every message goes to every node.
+    Classic,
+}
 
-    /// Undoes [`Link::ssubscribe`].
-    pub async fn sunsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Self::Cluster(cluster) => cluster.sunsubscribe(channel).await,
-            _ => {
-                redis::cmd("SUNSUBSCRIBE")
-                    .arg(channel)
-                    .exec_async(self)
-                    .await
+impl Link {
+    /// Subscribes `channel` (on a cluster, a shard channel at the node of its slot). The link
+    /// must speak RESP3 and send its pushes somewhere ([`Target::listening`]).
+    pub(super) async fn subscribe(
+        &mut self,
+        channels: Channels,
+        channel: &[u8],
+    ) -> RedisResult<()> {
+        match (self, channels) {
+            (Self::Cluster(cluster), Channels::Shard) => cluster.ssubscribe(channel).await,
+            (Self::Cluster(cluster), Channels::Classic) => cluster.subscribe(channel).await,
+            (link, Channels::Shard) => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(link).await,
+            (link, Channels::Classic) => {
+                redis::cmd("SUBSCRIBE").arg(channel).exec_async(link).await
             }
         }
     }
 
+    /// Undoes [`Link::subscribe`].
+    pub(super) async fn unsubscribe(
+        &mut self,
+        channels: Channels,
+        channel: &[u8],
+    ) -> RedisResult<()> {
+        match (self, channels) {
+            (Self::Cluster(cluster), Channels::Shard) => cluster.sunsubscribe(channel).await,
+            (Self::Cluster(cluster), Channels::Classic) => cluster.unsubscribe(channel).await,
+            (link, Channels::Shard) => {
+                redis::cmd("SUNSUBSCRIBE")
+                    .arg(channel)
+                    .exec_async(link)
+                    .await
+            }
+            (link, Channels::Classic) => {
+                redis::cmd("UNSUBSCRIBE")
+                    .arg(channel)
+                    .exec_async(link)
+                    .await
+            }
+        }
+    }
+}
+
+impl Link {
     /// Runs `cmd` on every master (one server's link: on it), answering each node's reply,
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {

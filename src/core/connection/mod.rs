@@ -186,6 +186,7 @@ impl Connection {
         let dedicated = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(None);
+        let setup = Arc::new(Setup::default());
         Ok(Self {
             target,
             config,
@@ -198,8 +199,8 @@ impl Connection {
             name: options.name.clone(),
             subject,
             closed: AtomicBool::new(false),
-            setup: Arc::new(Setup::default()),
-            listener: Listener::new(options),
+            listener: Listener::new(options, setup.clone()),
+            setup,
         })
     }
 
@@ -240,9 +241,7 @@ impl Connection {
 
     /// Reports `notice` to the logger, if one is set.
     pub fn notice(&self, notice: Notice) {
-        if let Some(logger) = self.setup.logger.get() {
-            logger.log(notice);
-        }
+        self.setup.notice(notice);
     }
 
     /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not
