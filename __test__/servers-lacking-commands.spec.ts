@@ -5,12 +5,13 @@
 // what cannot work without its command (EVALSHA) fails with a code naming it.
 import { randomUUID } from 'node:crypto'
 
-import { describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, type HeldLease } from '../dist/esm/index.js'
 import { expectRejection, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, stopLater } from './helpers/lease-runs.js'
-import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
+import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
 
 leaseSuite()
 
@@ -140,6 +141,43 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on a server without shard channels', ()
     expect(waiting.at - granted).toBeGreaterThanOrEqual(1_490)
     await waiting.lease!.release()
     expect(logger.wakeUps).toHaveLength(1)
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('waiting on a Redis Cluster without shard channels', () => {
+  let cluster: RedisCluster
+  beforeAll(async () => {
+    cluster = await startCluster({ replicasPerMaster: 0 })
+    for (const node of cluster.nodes) {
+      await node.cli('ACL', 'SETUSER', 'classic', 'on', '>pw', '~*', '&*', '+@all', '-ssubscribe', '-spublish', '-sunsubscribe')
+    }
+  }, 60_000)
+  afterAll(async () => {
+    await cluster?.stop()
+  })
+
+  it('an ACL user without SSUBSCRIBE and SPUBLISH is woken on every master through PUBLISH and SUBSCRIBE, with one warning', async ({ annotate }) => {
+    const logger = new Collect()
+    const prefix = `lacking-cluster-${randomUUID().slice(0, 8)}`
+    const options = { cluster: { nodes: cluster.urls, username: 'classic', password: 'pw' }, keyPrefix: prefix }
+    const holder = closing(new RedisLeaseProvider(options))
+    const waiter = closing(new RedisLeaseProvider({ ...options, logger }))
+    const keys = Array.from({ length: 12 }, newKey)
+    const masters = new Set(await Promise.all(keys.map(async (key) => (await cluster.masterOfSlot(await cluster.keySlot(`${prefix}:lease:${key}`))).port)))
+    expect(masters.size).toBe(3) // the keys span every master
+    await Promise.all(keys.map((key) => holder.acquireLease(key, 'A', 60_000)))
+    const waits = keys.map((key) => pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true })))
+    await sleep(300)
+    for (const waiting of waits) expect(waiting.settled).toBe(false)
+    const released = performance.now()
+    await Promise.all(keys.map((key) => holder.releaseLease(key, 'A')))
+    await Promise.all(waits.map((w) => w.done))
+    const slowest = Math.max(...waits.map((w) => w.at - released))
+    await annotate(`cluster, classic channels: 12 waiters granted within ${slowest.toFixed(1)} ms of the releases`)
+    for (const waiting of waits) expect(waiting.lease).toMatchObject({ owner: 'B' })
+    expect(slowest).toBeLessThan(2_000)
+    expect(logger.wakeUps).toHaveLength(1)
+    await Promise.all(waits.map((w) => w.lease!.release()))
   })
 })
 
