@@ -45,7 +45,7 @@ const AGAIN: Duration = Duration::from_millis(100);
 const AGAIN_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The `code` field of the warning that waiters listen another way, or not at all.
-pub const WAKE_UPS_WARNING_CODE: &str = "MASTRA_LEASE_WAKE_UPS";
+const WAKE_UPS_WARNING_CODE: &str = "MASTRA_LEASE_WAKE_UPS";
 
 /// How the listener listens, from the best the server allows down: [`Channels::Shard`],
 /// [`Channels::Classic`], or not at all.
