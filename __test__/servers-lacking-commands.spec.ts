@@ -3,12 +3,15 @@
 // commands are renamed to nothing (`--rename-command X ""`) or an ACL user without them.
 // Waiting falls back (classic PUBLISH/SUBSCRIBE, else the holder's TTL) with one warning;
 // what cannot work without its command (EVALSHA) fails with a code naming it.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
 import { randomUUID } from 'node:crypto'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { RedisLeaseProvider, type HeldLease } from '../dist/esm/index.js'
+import { RedisLeaseProvider, RedisStreamsPubSub, type HeldLease } from '../dist/esm/index.js'
 import { expectRejection, sleep } from './helpers/lease.js'
+import { ev, Inbox, recordingLogger } from './helpers/streams.js'
 import { closing, leaseSuite, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
 import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
@@ -199,5 +202,22 @@ describe.skipIf(EXTERNAL_REDIS)('a server without EVALSHA', () => {
     expect(await p.getLeaseOwner(key)).toBeUndefined()
     // Mastra swallows these failures: the provider's warning about failing calls has the code.
     expect(logger.lines.find((l) => l.level === 'warn')?.fields).toMatchObject({ code: 'ERR_LEASE_UNSUPPORTED_COMMAND' })
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('the streams transport on a server without XAUTOCLAIM', () => {
+  it('delivers every event to its group, and a warning (not a flood) says reclaiming fails', async () => {
+    const server = await serverWithout('XAUTOCLAIM')
+    const logger = recordingLogger()
+    const pubsub = closing(new RedisStreamsPubSub({ url: server.url, logger, blockMs: 100, reclaimIdleMs: 100, reclaimIntervalMs: 50 }))
+    const inbox = new Inbox()
+    await pubsub.subscribe('jobs', inbox.cb, { group: 'workers' })
+    for (let n = 1; n <= 5; n++) await pubsub.publish('jobs', ev(n))
+    await inbox.until((events) => events.length === 5, 5_000, 'five events')
+    await sleep(1_000) // some twenty reclaim passes
+    const reclaims = logger.lines.filter((l) => l.message.includes('reclaim'))
+    expect(reclaims.length).toBeGreaterThan(1)
+    expect(reclaims.filter((l) => l.level === 'warn')).toHaveLength(1) // then debug notes
+    expect(inbox.numbers).toEqual([1, 2, 3, 4, 5])
   })
 })
