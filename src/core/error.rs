@@ -287,6 +287,10 @@ fn needed_by(command: &str) -> &'static str {
             ": every lease call but getLeaseOwner, and the streams' settling, reclaiming and \
              trimming, run a script by its SHA; mastra-lease cannot work on this server"
         }
+        "XAUTOCLAIM" => {
+            ": reclaiming what a dead consumer left (Redis 6.2) needs it; set reclaimIntervalMs \
+             to 0 on this server"
+        }
         _ => "",
     }
 }
