@@ -287,6 +287,9 @@ fn needed_by(command: &str) -> &'static str {
             ": every lease call but getLeaseOwner, and the streams' settling, reclaiming and \
              trimming, run a script by its SHA; mastra-lease cannot work on this server"
         }
+        "WAIT" => {
+            ": minReplicas confirms every grant with it; leave minReplicas off on this server"
+        }
         "XAUTOCLAIM" => {
             ": reclaiming what a dead consumer left (Redis 6.2) needs it; set reclaimIntervalMs \
              to 0 on this server"
@@ -359,6 +362,9 @@ mod tests {
                 err.full_message()
             );
         }
+        // What needs the command is named with it.
+        let wait = Error::from_redis(reply("ERR unknown command 'WAIT'"), timeout);
+        assert!(wait.to_string().contains("minReplicas"), "{wait}");
         // Inside a script the server does not name the command: that stays a script error.
         let in_script =
             "ERR Unknown Redis command called from script script: dd13fa9e, on @user_script:1.";
