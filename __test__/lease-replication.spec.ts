@@ -303,7 +303,7 @@ describe.skipIf(EXTERNAL_REDIS)('minReplicas on a Cluster whose master failed ov
 describe.skipIf(EXTERNAL_REDIS)('minReplicas on a server that does not run WAIT', () => {
   /** A grant refused for want of WAIT: the code, and a message naming the command and the option. */
   const noWait = (outcome: { code: string; message: string }) => {
-    expect(outcome.code).toBe('ERR_LEASE_UNSUPPORTED')
+    expect(outcome.code).toBe('ERR_LEASE_UNSUPPORTED_COMMAND')
     expect(outcome.message).toMatch(/WAIT/)
     expect(outcome.message).toMatch(/minReplicas/)
   }
@@ -317,7 +317,7 @@ describe.skipIf(EXTERNAL_REDIS)('minReplicas on a server that does not run WAIT'
   }
 
   for (const how of ['renamed away (--rename-command)', 'refused by the ACL user']) {
-    it(`WAIT ${how}: every grant rejects ERR_LEASE_UNSUPPORTED naming WAIT and minReplicas, later ones before anything is sent; reads and releases still work`, async () => {
+    it(`WAIT ${how}: every grant rejects ERR_LEASE_UNSUPPORTED_COMMAND naming WAIT and minReplicas, later ones before anything is sent; reads and releases still work`, async () => {
       const renamed = how.startsWith('renamed')
       const server = await startRedis({ args: renamed ? ['--rename-command', 'WAIT', ''] : [] })
       try {

@@ -74,18 +74,20 @@ pub enum Error {
          could forget it"
     )]
     Replication { wanted: u32, confirmed: u32 },
-    /// The server does not run a command an option needs (renamed away, left out by a managed
-    /// service, or refused by the ACL user): every call that needs it is refused so, before
-    /// anything is sent once the refusal is known.
+    /// The server does not run a command: renamed away, left out by a managed service or a
+    /// fork, older than the command, or (for `WAIT`) refused to the ACL user. What needs it
+    /// cannot work on that server.
     #[error(
-        "the server does not run {command} ({reason}), which {option} needs: allow {command}, \
-         or drop {option} for this server"
+        "the Redis server does not run {command} (renamed, left out by the service, older than \
+         the command, or refused to this user){}",
+        needed_by(command)
     )]
     Unsupported {
-        command: &'static str,
-        option: &'static str,
-        /// What the server answered.
-        reason: String,
+        /// The command, as the server named it, in capitals.
+        command: String,
+        /// The server's own words.
+        #[source]
+        source: redis::RedisError,
     },
     /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
     #[error("Redis returned an error: {0}")]
@@ -164,7 +166,7 @@ impl Error {
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
-            Self::Unsupported { .. } => "ERR_LEASE_UNSUPPORTED",
+            Self::Unsupported { .. } => "ERR_LEASE_UNSUPPORTED_COMMAND",
             Self::Server(_) => "ERR_LEASE_REDIS",
             Self::Internal(_) => "ERR_LEASE_INTERNAL",
         }
@@ -257,6 +259,21 @@ impl Error {
             })
     }
 
+    /// The command a server answered it does not know (`unknown command 'X'`, as Redis,
+    /// Valkey, KeyDB and Dragonfly word it), in capitals; `None` for any other error. An
+    /// unknown command inside a script is not named by the server, so not found here.
+    pub(crate) fn is_unknown_command(err: &redis::RedisError) -> Option<String> {
+        const SAID: &str = "unknown command ";
+        let text = err.to_string();
+        let at = text.to_ascii_lowercase().find(SAID)?;
+        let named = text[at + SAID.len()..].strip_prefix(['\'', '`'])?;
+        let command: String = named
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '|' | '.'))
+            .collect();
+        (!command.is_empty()).then(|| command.to_ascii_uppercase())
+    }
+
     /// Sorts a redis-rs error into the variant a caller can act on.
     pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
         if err.is_timeout() {
@@ -268,6 +285,12 @@ impl Error {
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             return Self::Connection(err);
         }
+        if let Some(command) = Self::is_unknown_command(&err) {
+            return Self::Unsupported {
+                command,
+                source: err,
+            };
+        }
         if matches!(
             err.kind(),
             redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
@@ -275,6 +298,24 @@ impl Error {
             return Self::Server(err);
         }
         Self::Connection(err)
+    }
+}
+
+/// What needs `command`, for the message of an [`Error::Unsupported`].
+fn needed_by(command: &str) -> &'static str {
+    match command {
+        "EVALSHA" => {
+            ": every lease call but getLeaseOwner, and the streams' settling, reclaiming and \
+             trimming, run a script by its SHA; mastra-lease cannot work on this server"
+        }
+        "WAIT" => {
+            ": minReplicas confirms every grant with it; leave minReplicas off on this server"
+        }
+        "XAUTOCLAIM" => {
+            ": reclaiming what a dead consumer left (Redis 6.2) needs it; set reclaimIntervalMs \
+             to 0 on this server"
+        }
+        _ => "",
     }
 }
 
@@ -305,5 +346,57 @@ mod tests {
             Error::from_redis(unrelated, timeout),
             Error::Connection(_)
         ));
+    }
+
+    /// The error a server's reply line makes, as redis-rs hands it over.
+    fn reply(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn an_unknown_command_is_named_in_capitals_however_the_server_quotes_it() {
+        let timeout = Duration::from_secs(1);
+        for (line, command) in [
+            // Redis and Valkey 7
+            (
+                "ERR unknown command 'evalsha', with args beginning with: 'abc' '0' ",
+                "EVALSHA",
+            ),
+            // Redis 6 and KeyDB
+            (
+                "ERR unknown command `SSUBSCRIBE`, with args beginning with: `k`, ",
+                "SSUBSCRIBE",
+            ),
+            // Dragonfly
+            ("ERR unknown command 'WAIT'", "WAIT"),
+        ] {
+            assert_eq!(
+                Error::is_unknown_command(&reply(line)).as_deref(),
+                Some(command)
+            );
+            let err = Error::from_redis(reply(line), timeout);
+            assert_eq!(err.code(), "ERR_LEASE_UNSUPPORTED_COMMAND");
+            assert!(
+                err.full_message().contains(command),
+                "{}",
+                err.full_message()
+            );
+        }
+        // What needs the command is named with it.
+        let wait = Error::from_redis(reply("ERR unknown command 'WAIT'"), timeout);
+        assert!(wait.to_string().contains("minReplicas"), "{wait}");
+        // Inside a script the server does not name the command: that stays a script error.
+        let in_script =
+            "ERR Unknown Redis command called from script script: dd13fa9e, on @user_script:1.";
+        assert_eq!(Error::is_unknown_command(&reply(in_script)), None);
+        assert_eq!(
+            Error::from_redis(reply(in_script), timeout).code(),
+            "ERR_LEASE_REDIS"
+        );
+        assert_eq!(
+            Error::from_redis(reply("WRONGTYPE Operation"), timeout).code(),
+            "ERR_LEASE_REDIS"
+        );
     }
 }

@@ -5,6 +5,11 @@
 //! and a confirmation never delays a read, a refusal, a release, a publish or another
 //! batch's confirmation.
 //!
+//! On a cluster a lent link is a plain connection to the master of the caller's slot (a
+//! cluster connection of its own would first connect to every node, and wait for any that
+//! does not answer); the slots' masters are read once (`CLUSTER SLOTS`) and again after a
+//! lent link met a moved slot or a lost node.
+//!
 //! A link is opened when none is idle, up to [`MOST_LENT`] at once; a caller past that waits
 //! for one to come back (within its own bound). A caller keeps its link for the next ones
 //! ([`Lent::keep`]) only once its work on it finished; a link dropped otherwise (its work
@@ -14,6 +19,7 @@ use std::sync::Mutex;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use super::link::{master_in, Node, SlotMap};
 use super::Link;
 use crate::core::lock;
 
@@ -25,8 +31,11 @@ pub(super) const MOST_LENT: usize = 64;
 const KEPT_IDLE: usize = 4;
 
 pub(super) struct Exclusive {
-    idle: Mutex<Vec<Link>>,
+    /// Idle links, with the cluster node each leads to.
+    idle: Mutex<Vec<(Option<Node>, Link)>>,
     lent: Semaphore,
+    /// On a cluster: the slots' masters, as last read.
+    slots: Mutex<SlotMap>,
 }
 
 impl Default for Exclusive {
@@ -34,6 +43,7 @@ impl Default for Exclusive {
         Self {
             idle: Mutex::new(Vec::new()),
             lent: Semaphore::new(MOST_LENT),
+            slots: Mutex::new(SlotMap::new()),
         }
     }
 }
@@ -44,22 +54,41 @@ impl Exclusive {
         self.lent.acquire().await.ok()
     }
 
-    /// An idle link, if one is kept.
-    pub(super) fn take(&self) -> Option<Link> {
-        lock(&self.idle).pop()
+    /// An idle link to `node`, if one is kept.
+    pub(super) fn take(&self, node: Option<&Node>) -> Option<Link> {
+        let mut idle = lock(&self.idle);
+        let at = idle.iter().rposition(|(to, _)| to.as_ref() == node)?;
+        Some(idle.swap_remove(at).1)
     }
 
     /// Keeps `link` for the next caller, or drops it when enough are kept.
-    fn give_back(&self, link: Link) {
+    fn give_back(&self, node: Option<Node>, link: Link) {
         let mut idle = lock(&self.idle);
         if idle.len() < KEPT_IDLE && !self.lent.is_closed() {
-            idle.push(link);
+            idle.push((node, link));
         }
     }
 
     /// Drops every idle link (the deployment moved: they lead to the old master).
     pub(super) fn forget_idle(&self) {
         lock(&self.idle).clear();
+    }
+
+    /// The master of `slot`, as last read.
+    pub(super) fn master_of(&self, slot: u16) -> Option<Node> {
+        master_in(&lock(&self.slots), slot)
+    }
+
+    /// Remembers the slots' masters.
+    pub(super) fn set_slots(&self, map: SlotMap) {
+        *lock(&self.slots) = map;
+    }
+
+    /// Forgets the slots' masters and the idle links to them: a slot moved or a node was
+    /// lost, so they are read again on the next lend.
+    pub(super) fn forget_slots(&self) {
+        lock(&self.slots).clear();
+        self.forget_idle();
     }
 
     /// Lends no more links; those lent are dropped when they come back.
@@ -72,14 +101,21 @@ impl Exclusive {
 /// A link lent to one caller. Dropped, it is closed; [`Lent::keep`] keeps it for the next.
 pub struct Lent<'a> {
     link: Link,
+    node: Option<Node>,
     pool: &'a Exclusive,
     _place: SemaphorePermit<'a>,
 }
 
 impl<'a> Lent<'a> {
-    pub(super) fn new(link: Link, pool: &'a Exclusive, place: SemaphorePermit<'a>) -> Self {
+    pub(super) fn new(
+        link: Link,
+        node: Option<Node>,
+        pool: &'a Exclusive,
+        place: SemaphorePermit<'a>,
+    ) -> Self {
         Self {
             link,
+            node,
             pool,
             _place: place,
         }
@@ -93,6 +129,6 @@ impl<'a> Lent<'a> {
     /// Gives the link back for the next caller: only once nothing of this caller's is still
     /// on its way on it.
     pub fn keep(self) {
-        self.pool.give_back(self.link);
+        self.pool.give_back(self.node, self.link);
     }
 }

@@ -124,16 +124,28 @@ impl Target {
     }
 
     /// A connection of its own, opened now, for a caller that has it to itself: to the
-    /// server, a cluster connection of its own (commands routed by slot, as on the shared
-    /// one), or the master the sentinels name now.
-    pub(super) async fn exclusive(&self, config: &AsyncConnectionConfig) -> RedisResult<Link> {
-        match self {
-            Self::Single(client) => client
+    /// server, to `node` (a cluster's master, found by the caller), or to the master the
+    /// sentinels name now.
+    pub(super) async fn exclusive(
+        &self,
+        config: &AsyncConnectionConfig,
+        node: Option<&Node>,
+    ) -> RedisResult<Link> {
+        match (self, node) {
+            (Self::Single(client), _) => client
                 .get_multiplexed_async_connection_with_config(config)
                 .await
                 .map(Link::Direct),
-            Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
-            Self::Sentinel(sentinels) => sentinels.connect(config).await.map(Link::Master),
+            (Self::Cluster { nodes, .. }, Some((host, port))) => nodes
+                .client(host, *port)?
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Link::Master),
+            (Self::Cluster { .. }, None) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a link of its own on a cluster needs the node",
+            ))),
+            (Self::Sentinel(sentinels), _) => sentinels.connect(config).await.map(Link::Master),
         }
     }
 
@@ -220,33 +232,59 @@ impl NodeClients {
     }
 }
 
+/// A cluster node, by host and port.
+pub(super) type Node = (String, u16);
+
+/// Which master serves which slots: ranges of slots, first and last included.
+pub(super) type SlotMap = Vec<(u16, u16, Node)>;
+
 /// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
-async fn master_of(mut cluster: ClusterConnection, key: &[u8]) -> RedisResult<(String, u16)> {
+async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
     let slot = crate::core::lease::keys::slot(key);
+    master_in(&slot_map(cluster).await?, slot).ok_or_else(no_master)
+}
+
+/// The master serving `slot`, in `map`.
+pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<Node> {
+    map.iter()
+        .find(|(start, end, _)| (*start..=*end).contains(&slot))
+        .map(|(_, _, node)| node.clone())
+}
+
+/// What a caller gets when no master serves a slot.
+pub(super) fn no_master() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Server(ServerErrorKind::ClusterDown),
+        "no node serves the slot",
+    ))
+}
+
+/// Every slot range and its master, from `CLUSTER SLOTS` on the cluster link (answered by
+/// every version, where `CLUSTER SHARDS` would do as well).
+pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<SlotMap> {
     let reply = redis::cmd("CLUSTER")
         .arg("SLOTS")
         .query_async::<Value>(&mut cluster)
         .await?;
     let ranges: Vec<Vec<Value>> = parse(reply)?;
+    let mut map = SlotMap::new();
     for range in ranges {
         let mut fields = range.into_iter();
         let (Some(start), Some(end), Some(master)) = (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
-        let (start, end): (u16, u16) = (parse(start)?, parse(end)?);
-        if (start..=end).contains(&slot) {
-            let node: Vec<Value> = parse(master)?;
-            let mut node = node.into_iter();
-            if let (Some(host), Some(port)) = (node.next(), node.next()) {
-                return Ok((parse::<String>(host)?, parse::<u16>(port)?));
-            }
+        let node: Vec<Value> = parse(master)?;
+        let mut node = node.into_iter();
+        if let (Some(host), Some(port)) = (node.next(), node.next()) {
+            map.push((
+                parse(start)?,
+                parse(end)?,
+                (parse::<String>(host)?, parse::<u16>(port)?),
+            ));
         }
     }
-    Err(redis::RedisError::from((
-        redis::ErrorKind::Server(ServerErrorKind::ClusterDown),
-        "no node serves the slot",
-    )))
+    Ok(map)
 }
 
 /// One connection, of whichever kind the target opens.
@@ -258,8 +296,9 @@ pub enum Link {
     Direct(MultiplexedConnection),
     /// The shared connection to a cluster.
     Cluster(ClusterConnection),
-    /// A connection to the master the sentinels named: a READONLY reply (the node was
-    /// demoted) fails the whole request, so the caller's connection is given up.
+    /// A connection to a master found beforehand (the one the sentinels named, a cluster
+    /// slot's): a reply saying it no longer is (READONLY, MOVED, ...) fails the whole request,
+    /// so the caller's connection is given up.
     Master(MultiplexedConnection),
 }
 
@@ -291,29 +330,61 @@ impl Link {
     }
 }
 
-impl Link {
-    /// Subscribes a shard channel (`SSUBSCRIBE`; on a cluster at the node of its slot). The
-    /// link must speak RESP3 and send its pushes somewhere ([`Target::listening`]).
-    pub async fn ssubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Self::Cluster(cluster) => cluster.ssubscribe(channel).await,
-            _ => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(self).await,
-        }
-    }
+/// Which of Redis's two pub/sub spaces a listener's channels are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Channels {
+    /// Shard channels (`SSUBSCRIBE`, Redis 7.0): on a cluster a message stays in its slot's
+    /// shard.
+    Shard,
+    /// Classic channels (`SUBSCRIBE`), for a server without shard channels: on a cluster
+    /// every message goes to every node.
+    Classic,
+}
 
-    /// Undoes [`Link::ssubscribe`].
-    pub async fn sunsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Self::Cluster(cluster) => cluster.sunsubscribe(channel).await,
-            _ => {
-                redis::cmd("SUNSUBSCRIBE")
-                    .arg(channel)
-                    .exec_async(self)
-                    .await
+impl Link {
+    /// Subscribes `channel` (on a cluster, a shard channel at the node of its slot). The link
+    /// must speak RESP3 and send its pushes somewhere ([`Target::listening`]).
+    pub(super) async fn subscribe(
+        &mut self,
+        channels: Channels,
+        channel: &[u8],
+    ) -> RedisResult<()> {
+        match (self, channels) {
+            (Self::Cluster(cluster), Channels::Shard) => cluster.ssubscribe(channel).await,
+            (Self::Cluster(cluster), Channels::Classic) => cluster.subscribe(channel).await,
+            (link, Channels::Shard) => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(link).await,
+            (link, Channels::Classic) => {
+                redis::cmd("SUBSCRIBE").arg(channel).exec_async(link).await
             }
         }
     }
 
+    /// Undoes [`Link::subscribe`].
+    pub(super) async fn unsubscribe(
+        &mut self,
+        channels: Channels,
+        channel: &[u8],
+    ) -> RedisResult<()> {
+        match (self, channels) {
+            (Self::Cluster(cluster), Channels::Shard) => cluster.sunsubscribe(channel).await,
+            (Self::Cluster(cluster), Channels::Classic) => cluster.unsubscribe(channel).await,
+            (link, Channels::Shard) => {
+                redis::cmd("SUNSUBSCRIBE")
+                    .arg(channel)
+                    .exec_async(link)
+                    .await
+            }
+            (link, Channels::Classic) => {
+                redis::cmd("UNSUBSCRIBE")
+                    .arg(channel)
+                    .exec_async(link)
+                    .await
+            }
+        }
+    }
+}
+
+impl Link {
     /// Runs `cmd` on every master (one server's link: on it), answering each node's reply,
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {

@@ -8,22 +8,33 @@
 //! woken (it checks again for itself), a fresh connection is opened in the background with
 //! every channel subscribed again, and everyone is woken once more when it is up. A wake-up
 //! therefore means "the key may have changed": a listener must check, never assume.
+//!
+//! A server that refuses `SSUBSCRIBE` (older than 7.0, a service or a fork that leaves shard
+//! channels out, a renamed command, an ACL without it) gets the same channels as classic
+//! ones (`SUBSCRIBE`): the scripts publish with `PUBLISH` where `SPUBLISH` is refused.
+//! One that refuses `SUBSCRIBE` too gets no subscription at all: a listen then succeeds and
+//! hears nothing, and waiters wake at the lease's TTL (their own timer). Each step down is
+//! told once, as a warning, and holds for the listener's life: a server does not grow
+//! commands back between two waits.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::cluster::ClusterConfig;
-use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisResult, Value};
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisError, RedisResult, Value};
+use serde_json::Value as Json;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use super::link::{Link, Protocol, Target};
+use super::link::{Channels, Link, Protocol, Target};
+use super::setup::Setup;
 use super::ConnectionOptions;
 use crate::core::error::{Error, Result};
 use crate::core::lock;
+use crate::core::log::{Level, Notice};
 
 /// What a listener calls, with nothing to say but "look again".
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
@@ -32,6 +43,15 @@ pub type Wake = Arc<dyn Fn() + Send + Sync>;
 /// [`AGAIN_AT_MOST`].
 const AGAIN: Duration = Duration::from_millis(100);
 const AGAIN_AT_MOST: Duration = Duration::from_secs(2);
+
+/// The `code` field of the warning that waiters listen another way, or not at all.
+const WAKE_UPS_WARNING_CODE: &str = "MASTRA_LEASE_WAKE_UPS";
+
+/// How the listener listens, from the best the server allows down: [`Channels::Shard`],
+/// [`Channels::Classic`], or not at all.
+const SHARD: u8 = 0;
+const CLASSIC: u8 = 1;
+const DEAF: u8 = 2;
 
 /// The listening connection and who listens to what.
 pub struct Listener {
@@ -51,6 +71,10 @@ struct Shared {
     timeout: Duration,
     /// Given to each listening connection (`CLIENT SETNAME`), as to every other.
     name: Option<String>,
+    /// Where the warnings go: the connection's logger.
+    setup: Arc<Setup>,
+    /// [`SHARD`], [`CLASSIC`] or [`DEAF`]: only ever moves down.
+    channels_kind: AtomicU8,
     /// The listeners of each channel, by the id [`Listener::listen`] answered.
     channels: Mutex<HashMap<Vec<u8>, Vec<Listening>>>,
     next: AtomicU64,
@@ -66,10 +90,11 @@ struct Shared {
 /// One listener of a channel: its id and what to call.
 type Listening = (u64, Wake);
 
-/// A listening connection: its number and the channels subscribed on it.
+/// A listening connection: its number and the channels subscribed on it, and how.
 struct Live {
     number: u64,
     link: Link,
+    kind: Channels,
     subscribed: HashSet<Vec<u8>>,
 }
 
@@ -77,8 +102,8 @@ impl Listener {
     /// Connects nowhere and builds nothing yet: the deployment `options` name (already
     /// checked by the connection they belong to) is reached when someone first listens.
     /// Every subscription, connecting included, is bounded by the command timeout; each
-    /// connection is named as the options say.
-    pub(super) fn new(options: &ConnectionOptions) -> Self {
+    /// connection is named as the options say; warnings go to `setup`'s logger.
+    pub(super) fn new(options: &ConnectionOptions, setup: Arc<Setup>) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout));
@@ -94,6 +119,8 @@ impl Listener {
                 cluster,
                 timeout: options.command_timeout,
                 name: options.name.clone(),
+                setup,
+                channels_kind: AtomicU8::new(SHARD),
                 channels: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
                 live: tokio::sync::Mutex::new(None),
@@ -106,7 +133,8 @@ impl Listener {
 
     /// Calls `wake` whenever a message is published on `channel` (and whenever messages may
     /// have been missed), until [`Listener::unlisten`] with the id it answers. Resolves once
-    /// Redis confirmed the subscription, so anything published afterwards is heard; fails,
+    /// Redis confirmed the subscription, so anything published afterwards is heard (or at
+    /// once, hearing nothing, on a server that refuses both kinds of subscription); fails,
     /// listening to nothing, when it could not be made within the timeout.
     pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
         let shared = &self.shared;
@@ -137,7 +165,7 @@ impl Listener {
                 let unused = !lock(&shared.channels).contains_key(&channel);
                 if let (Some(live), true) = (live.as_mut(), unused) {
                     if live.subscribed.remove(&channel) {
-                        let unsubscribe = live.link.sunsubscribe(&channel);
+                        let unsubscribe = live.link.unsubscribe(live.kind, &channel);
                         let _ = tokio::time::timeout(shared.timeout, unsubscribe).await;
                     }
                 }
@@ -178,21 +206,46 @@ impl Listener {
 
 impl Shared {
     /// Makes sure `channel` is subscribed on the connection, opening one if there is none
-    /// (which subscribes every channel), within the timeout.
+    /// (which subscribes every channel), within the timeout. A refused subscription steps
+    /// down a kind and tries again on a fresh connection.
     async fn subscribe(self: &Arc<Self>, channel: &[u8]) -> Result<()> {
         let target = self.target()?;
         let work = async {
             let mut live = self.live.lock().await;
-            match live.as_mut() {
-                Some(live) if live.subscribed.contains(channel) => Ok(()),
-                Some(live) => {
-                    live.link.ssubscribe(channel).await?;
-                    live.subscribed.insert(channel.to_vec());
-                    Ok(())
-                }
-                None => {
-                    *live = Some(self.open(target).await?);
-                    Ok(())
+            let before = self.kind();
+            let mut refusal = None;
+            loop {
+                let Some(kind) = self.kind() else {
+                    self.tell(before, refusal);
+                    return Ok(());
+                };
+                let (used, done) = match live.as_mut() {
+                    Some(live) if live.subscribed.contains(channel) => (live.kind, Ok(())),
+                    Some(live) => {
+                        let done = live.link.subscribe(live.kind, channel).await;
+                        if done.is_ok() {
+                            live.subscribed.insert(channel.to_vec());
+                        }
+                        (live.kind, done)
+                    }
+                    None => match self.open(target, kind).await {
+                        Ok(opened) => {
+                            *live = Some(opened);
+                            (kind, Ok(()))
+                        }
+                        Err(err) => (kind, Err(err)),
+                    },
+                };
+                match done {
+                    Err(err) if refused(&err) => {
+                        *live = None;
+                        self.step_down(used);
+                        refusal = Some(err);
+                    }
+                    other => {
+                        self.tell(before, refusal);
+                        return other;
+                    }
                 }
             }
         };
@@ -201,6 +254,53 @@ impl Shared {
             Ok(Err(err)) => Err(Error::from_redis(err, self.timeout)),
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
+    }
+
+    /// How to subscribe: `None` when the server refuses every kind.
+    fn kind(&self) -> Option<Channels> {
+        match self.channels_kind.load(Ordering::Acquire) {
+            SHARD => Some(Channels::Shard),
+            CLASSIC => Some(Channels::Classic),
+            _ => None,
+        }
+    }
+
+    /// The server refused subscriptions of `kind`: the next kind from now on.
+    fn step_down(&self, kind: Channels) {
+        let to = match kind {
+            Channels::Shard => CLASSIC,
+            Channels::Classic => DEAF,
+        };
+        self.channels_kind.fetch_max(to, Ordering::AcqRel);
+    }
+
+    /// One warning, when the listener stepped down from `before` (a refusal, `err`, moved it):
+    /// what waiters get now. Called with the connection's lock held, so one caller tells each
+    /// step.
+    fn tell(&self, before: Option<Channels>, err: Option<RedisError>) {
+        let (now, Some(err)) = (self.kind(), err) else {
+            return;
+        };
+        if now == before {
+            return;
+        }
+        let message = match now {
+            Some(_) => {
+                "mastra-lease: Redis refused SSUBSCRIBE: waiters listen for releases with SUBSCRIBE \
+                 instead, which hears the releases that servers without SPUBLISH publish (with \
+                 PUBLISH); a release published with SPUBLISH wakes them only at the lease's TTL"
+            }
+            None => {
+                "mastra-lease: Redis refused SSUBSCRIBE and SUBSCRIBE: waiters hear no releases and \
+                 take a lease once its holder's TTL runs out"
+            }
+        };
+        let fields = [
+            ("code", Json::from(WAKE_UPS_WARNING_CODE)),
+            ("err", Json::from(err.to_string())),
+        ];
+        self.setup
+            .notice(Notice::new(Level::Warn, message, &fields));
     }
 
     /// The RESP3 target, built by the first caller (its options were checked when the
@@ -213,9 +313,9 @@ impl Shared {
         Ok(self.target.get_or_init(|| target))
     }
 
-    /// A fresh connection with every channel listened to subscribed on it, its pushes read
-    /// by a task of its own.
-    async fn open(self: &Arc<Self>, target: &Target) -> RedisResult<Live> {
+    /// A fresh connection with every channel listened to subscribed on it as `kind`, its
+    /// pushes read by a task of its own.
+    async fn open(self: &Arc<Self>, target: &Target, kind: Channels) -> RedisResult<Live> {
         let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
         let (pushes, heard) = mpsc::unbounded_channel();
         let mut link = target
@@ -231,7 +331,7 @@ impl Shared {
         let subscribed: HashSet<Vec<u8>> = lock(&self.channels).keys().cloned().collect();
         let subscriptions = subscribed.iter().map(|channel| {
             let mut link = link.clone();
-            async move { link.ssubscribe(channel).await }
+            async move { link.subscribe(kind, channel).await }
         });
         for done in futures::future::join_all(subscriptions).await {
             done?;
@@ -239,6 +339,7 @@ impl Shared {
         Ok(Live {
             number,
             link,
+            kind,
             subscribed,
         })
     }
@@ -290,13 +391,18 @@ impl Shared {
                     break;
                 }
                 // A connection was open before, so the target exists.
-                let Some(target) = self.target.get() else {
+                let (Some(target), Some(kind)) = (self.target.get(), self.kind()) else {
                     break;
                 };
-                match tokio::time::timeout(self.timeout, self.open(target)).await {
+                match tokio::time::timeout(self.timeout, self.open(target, kind)).await {
                     Ok(Ok(opened)) => {
                         *live = Some(opened);
                         true
+                    }
+                    Ok(Err(err)) if refused(&err) => {
+                        self.step_down(kind);
+                        self.tell(Some(kind), Some(err));
+                        continue;
                     }
                     Ok(Err(_)) | Err(_) => false,
                 }
@@ -338,4 +444,11 @@ async fn read_pushes(
         }
     }
     // Every sender is gone: the connection was dropped (replaced, or the listener closed).
+}
+
+/// Whether the server refused a subscription for good: an unknown command (renamed away, left
+/// out, older than the command) or one the ACL user may not run, or a channel it may not
+/// use. Anything else (a timeout, a broken connection) is the call's error.
+fn refused(err: &RedisError) -> bool {
+    Error::is_unknown_command(err).is_some() || err.code() == Some("NOPERM")
 }

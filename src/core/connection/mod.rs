@@ -209,6 +209,7 @@ impl Connection {
         let lent = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout));
+        let setup = Arc::new(Setup::default());
         Ok(Self {
             target,
             config,
@@ -223,8 +224,8 @@ impl Connection {
             name: options.name.clone(),
             subject,
             closed: AtomicBool::new(false),
-            setup: Arc::new(Setup::default()),
-            listener: Listener::new(options),
+            listener: Listener::new(options, setup.clone()),
+            setup,
             tls,
             answered: AtomicBool::new(false),
         })
@@ -267,9 +268,7 @@ impl Connection {
 
     /// Reports `notice` to the logger, if one is set.
     pub fn notice(&self, notice: Notice) {
-        if let Some(logger) = self.setup.logger.get() {
-            logger.log(notice);
-        }
+        self.setup.notice(notice);
     }
 
     /// Opens a connection of its own for a caller that blocks on it (XREAD BLOCK must not
@@ -315,7 +314,9 @@ impl Connection {
         }
     }
 
-    /// Calls `wake` whenever something is published on the shard channel `channel`, and
+    /// Calls `wake` whenever something is published on the shard channel `channel` (the
+    /// classic one of that name on a server that refuses shard channels; nothing at all on
+    /// one that refuses both, which the listener warns about once), and
     /// whenever messages may have been missed (the listening connection was lost, and again
     /// once it is back), until [`Connection::unlisten`] with the id it answers. Resolves once
     /// Redis confirmed the subscription, within the command timeout. The subscriptions share
@@ -404,26 +405,49 @@ impl Connection {
     /// A link no other caller sends anything on until it is dropped or kept: for `WAIT`,
     /// which holds up every later command of its connection and confirms only that
     /// connection's writes. Waits for one when [`exclusive::MOST_LENT`] are lent already; the
-    /// caller bounds the wait. On a cluster the link is a cluster connection of its own.
-    pub async fn lend(&self) -> Result<Lent<'_>> {
+    /// caller bounds the wait. On a cluster the link leads to the master of `key`'s slot.
+    pub async fn lend(&self, key: &[u8]) -> Result<Lent<'_>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
         }
         let Some(place) = self.exclusive.place().await else {
             return Err(Error::Closed(self.subject));
         };
-        let link = match self.exclusive.take() {
-            Some(link) => link,
-            None => self.open_exclusive().await?,
+        let node = match self.target.is_cluster() {
+            true => Some(self.master_of(key).await?),
+            false => None,
         };
-        Ok(Lent::new(link, &self.exclusive, place))
+        let link = match self.exclusive.take(node.as_ref()) {
+            Some(link) => link,
+            None => self.open_exclusive(node.as_ref()).await?,
+        };
+        Ok(Lent::new(link, node, &self.exclusive, place))
+    }
+
+    /// The cluster master serving `key`'s slot: as last read, or read now on the shared link.
+    async fn master_of(&self, key: &[u8]) -> Result<link::Node> {
+        let slot = crate::core::lease::keys::slot(key);
+        if let Some(node) = self.exclusive.master_of(slot) {
+            return Ok(node);
+        }
+        let Link::Cluster(cluster) = self.link().await? else {
+            return Err(Error::Internal(
+                "a cluster's shared link is a cluster link".into(),
+            ));
+        };
+        let map = link::slot_map(cluster)
+            .await
+            .map_err(|err| self.classify(err))?;
+        let node = link::master_in(&map, slot);
+        self.exclusive.set_slots(map);
+        node.ok_or_else(|| self.classify(link::no_master()))
     }
 
     /// A link to lend, named like every other (best effort, as elsewhere).
-    async fn open_exclusive(&self) -> Result<Link> {
+    async fn open_exclusive(&self, node: Option<&link::Node>) -> Result<Link> {
         let mut link = self
             .target
-            .exclusive(&self.lent)
+            .exclusive(&self.lent, node)
             .await
             .map_err(|err| self.classify(err))?;
         if let Some(name) = &self.name {
@@ -506,9 +530,14 @@ impl Connection {
         let err = if self.target.follows_failover() && (broken || moving) {
             self.forget_any(number);
             Error::Connection(err)
-        } else if self.target.is_cluster() && moving {
-            // The cluster connection follows the new slot owners by itself.
-            Error::Connection(err)
+        } else if self.target.is_cluster() && (moving || broken) {
+            // The cluster connection follows the new slot owners by itself; the lent links
+            // read them again.
+            self.exclusive.forget_slots();
+            match moving {
+                true => Error::Connection(err),
+                false => Error::from_redis(err, self.timeout),
+            }
         } else {
             Error::from_redis(err, self.timeout)
         };

@@ -51,6 +51,13 @@ impl Setup {
         (named || self.logger.get().is_some()) && self.fresh.swap(false, Ordering::Relaxed)
     }
 
+    /// Reports `notice` to the logger, if one is set.
+    pub(super) fn notice(&self, notice: Notice) {
+        if let Some(logger) = self.logger.get() {
+            logger.log(notice);
+        }
+    }
+
     /// The connection in use is being replaced: set up the next one.
     pub(super) fn renew(&self) {
         self.fresh.store(true, Ordering::Relaxed);

@@ -344,7 +344,8 @@ impl RedisStore {
     ) -> Result<Vec<(usize, Result<Answer>)>> {
         let deadline = tokio::time::Instant::from_std(timing.deadline);
         let timeout = Error::Timeout(self.connection.timeout());
-        let Ok(lent) = tokio::time::timeout_at(deadline, self.connection.lend()).await else {
+        let key = self.layout.lease(calls[pipeline.sent[0]].call.key());
+        let Ok(lent) = tokio::time::timeout_at(deadline, self.connection.lend(&key)).await else {
             return Err(timeout);
         };
         let mut lent = lent?;
@@ -362,16 +363,15 @@ impl RedisStore {
             .decode_all(calls, &pipeline.sent, replies)
             .into_iter()
             .partition(|(_, answer)| answer.as_ref().is_ok_and(Answer::granted));
-        let Some(&(first, _)) = granted.first() else {
+        if granted.is_empty() {
             lent.keep();
             return Ok(now);
-        };
+        }
         answered(now);
         let left = wanted.timeout.saturating_sub(timing.started.elapsed());
         let wait_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
         let mut wait = redis::cmd("WAIT");
         wait.arg(wanted.replicas).arg(wait_ms);
-        let key = self.layout.lease(calls[first].call.key());
         let confirmed = tokio::time::timeout_at(deadline, lent.link().on_node_of(&key, &wait));
         let failure = match confirmed.await {
             Ok(Ok(reply)) => match parse::<u32>(reply) {
@@ -398,19 +398,14 @@ impl RedisStore {
     }
 
     /// What a failed `WAIT` means for the grants it was to confirm. A server that does not
-    /// run it (renamed away, a managed service without it, an ACL that refuses it) is
-    /// remembered: every later grant is refused before anything is sent.
+    /// run it (renamed away, a managed service without it, an ACL user refused it) is
+    /// remembered: every later grant is refused so before anything is sent.
     fn wait_failed(&self, err: redis::RedisError) -> Error {
-        let refused = err.code() == Some("NOPERM")
-            || err
-                .detail()
-                .is_some_and(|detail| detail.contains("unknown command"))
-            || err.to_string().contains("unknown command");
+        let refused = err.code() == Some("NOPERM") || Error::is_unknown_command(&err).is_some();
         if refused {
             let err = Error::Unsupported {
-                command: "WAIT",
-                option: "minReplicas",
-                reason: err.to_string(),
+                command: "WAIT".to_owned(),
+                source: err,
             };
             return self.no_wait.get_or_init(|| err).clone();
         }

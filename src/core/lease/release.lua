@@ -4,14 +4,19 @@
 -- ARGV[1]  owner
 -- Returns  1 when the lease was deleted, 0 when the owner did not hold it (a no-op).
 -- A release publishes "released" on the lease key's name (a shard channel, so on a cluster
--- it stays in the key's shard), waking processes that wait for the key (watch.rs).
+-- it stays in the key's shard), waking processes that wait for the key (watch.rs); where
+-- SPUBLISH is refused, on the classic channel of that name, where such a server's waiters
+-- listen (listener.rs).
 -- Atomically: the ownership check and the delete are one step, so a lease another owner
 -- acquired or renewed in between is never deleted. The slot's counter stays: the next
 -- claim's token is still greater.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  -- pcall: SPUBLISH came with Redis 7.0; before, waiters wake at the lease's TTL instead.
-  redis.pcall('SPUBLISH', KEYS[1], 'released')
+  -- pcall: a publish that fails (SPUBLISH came with Redis 7.0; a service or an ACL may refuse
+  -- both) must not fail the release; waiters then wake at the lease's TTL.
+  if type(redis.pcall('SPUBLISH', KEYS[1], 'released')) == 'table' then
+    redis.pcall('PUBLISH', KEYS[1], 'released')
+  end
   return 1
 end
 return 0

@@ -15,14 +15,17 @@
 -- transfer's id, tokens or not: the same transfer run again (its reply was lost with a
 -- connection, or a cluster client sent it again after a reconnect) finds it and answers 1
 -- again, refreshing the TTL; any other transfer that finds toOwner already holding the lease
--- answers 0. A transfer publishes "transferred" on the lease key's name, as a release does
--- (waiters look again; the key is not free, but its holder changed).
+-- answers 0. A transfer publishes "transferred" on the lease key's name, as a release does,
+-- on the classic channel where SPUBLISH is refused (waiters look again; the key is not free,
+-- but its holder changed).
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   local token = #KEYS > 2 and redis.call('INCR', KEYS[3]) or ''
   redis.call('SET', KEYS[2], token .. ':' .. ARGV[4] .. ':' .. ARGV[2], 'PX', ARGV[3])
-  redis.pcall('SPUBLISH', KEYS[1], 'transferred')
+  if type(redis.pcall('SPUBLISH', KEYS[1], 'transferred')) == 'table' then
+    redis.pcall('PUBLISH', KEYS[1], 'transferred')
+  end
   return 1
 end
 if current == ARGV[2] then

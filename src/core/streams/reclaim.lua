@@ -15,7 +15,15 @@
 -- Returns  { next cursor, { [id, fields], ... }, { times delivered, ... } } with the two
 --          lists aligned; ids whose entry was deleted are left out (Redis 7 already drops
 --          them from the pending list; on 6.2 they come back as nil and are skipped).
-local reply = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+local reply = redis.pcall('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+if reply.err then
+  -- Inside a script Redis does not name a command it lacks: a server without XAUTOCLAIM
+  -- (before 6.2, or renamed away) is told as outside one, by name.
+  if string.find(reply.err, 'Unknown Redis command', 1, true) then
+    return redis.error_reply("ERR unknown command 'XAUTOCLAIM'")
+  end
+  return reply
+end
 local claimed = {}
 local delivered = {}
 for _, entry in ipairs(reply[2]) do
