@@ -306,8 +306,9 @@ export interface RedisLeaseProviderOptions {
   sentinel?: SentinelOptions
   /**
    * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-   * transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
-   * round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+   * transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
+   * connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
+   * reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
    */
   minReplicas?: number
   /**
@@ -387,8 +388,9 @@ export interface RedisStreamsOptions {
   sentinel?: SentinelOptions
   /**
    * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-   * transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
-   * round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+   * transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
+   * connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
+   * reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
    */
   minReplicas?: number
   /**

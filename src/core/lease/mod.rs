@@ -124,7 +124,7 @@ impl Call {
         }
     }
 
-    /// Whether the call may grant or move a lease (its pipeline then ends with `WAIT`).
+    /// Whether the call may grant or move a lease (under `minReplicas`, confirmed by `WAIT`).
     pub fn grants(&self) -> bool {
         matches!(
             self,

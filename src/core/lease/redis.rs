@@ -48,8 +48,8 @@ pub struct Grants {
     /// acquire a plain `SET NX`: a quarter of Redis's work per acquire.
     pub fencing_tokens: bool,
     /// Failover-safe grants: a write that grants or moves a lease (acquire, renew,
-    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
-    /// round trip). Default none.
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, on a link
+    /// lent to it alone). Default none.
     pub replication: Option<Replication>,
 }
 

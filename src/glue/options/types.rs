@@ -113,8 +113,9 @@ pub struct RedisLeaseProviderOptions {
     #[napi(ts_type = "SentinelOptions")]
     pub sentinel: Option<Value>,
     /// Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
-    /// round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
+    /// connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
+    /// reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
     pub min_replicas: Option<u32>,
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
@@ -178,8 +179,9 @@ pub struct RedisStreamsOptions {
     #[napi(ts_type = "SentinelOptions")]
     pub sentinel: Option<Value>,
     /// Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, in the same
-    /// round trip); fewer in time reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+    /// transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
+    /// connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
+    /// reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
     pub min_replicas: Option<u32>,
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
