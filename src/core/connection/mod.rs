@@ -528,7 +528,9 @@ impl Connection {
             return Error::Protocol;
         }
         let err = if self.target.follows_failover() && (broken || moving) {
+            // Every link to the old master goes, the idle lent ones too.
             self.forget_any(number);
+            self.exclusive.forget_idle();
             Error::Connection(err)
         } else if self.target.is_cluster() && (moving || broken) {
             // The cluster connection follows the new slot owners by itself; the lent links
