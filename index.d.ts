@@ -133,6 +133,13 @@ export declare class RedisStreamsTransport {
    */
   nack(delivery: number): Promise<void>
   /**
+   * The handler of a delivery is alive (the callback's `extend()`): its in-flight timeout
+   * counts from now, and a group's entry has its idle time reset in Redis if it is still
+   * this consumer's. Never rejects: a settled or unknown delivery, a closed transport, or
+   * a Redis that cannot be reached (within the command timeout) all resolve.
+   */
+  extend(delivery: number): Promise<void>
+  /**
    * Warns, as for an event from a stream, that a `localOnly` event nacked at
    * `maxDeliveryAttempts` was dropped (through the logger, if any).
    */

@@ -1,7 +1,7 @@
 //! `RedisStreamsTransport`: the native half of `RedisStreamsPubSub` — Mastra's PubSub over
 //! Redis Streams, with the leases on the same connection. The TypeScript shell turns it into
-//! a Mastra `PubSub` (event objects, callbacks with ack/nack, `localOnly`); this class moves
-//! JSON text and delivery ids across, nothing more.
+//! a Mastra `PubSub` (event objects, callbacks with ack, nack and extend, `localOnly`); this
+//! class moves JSON text and delivery ids across, nothing more.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -300,6 +300,30 @@ impl RedisStreamsTransport {
                 // A panic is a bug, and reported as one on stderr; the nack still resolves.
                 let _ = guarded(async {
                     delivery.nack().await;
+                    Ok(())
+                })
+                .await;
+                Ok(Reply::Undefined)
+            }),
+        )
+    }
+
+    /// The handler of a delivery is alive (the callback's `extend()`): its in-flight timeout
+    /// counts from now, and a group's entry has its idle time reset in Redis if it is still
+    /// this consumer's. Never rejects: a settled or unknown delivery, a closed transport, or
+    /// a Redis that cannot be reached (within the command timeout) all resolve.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn extend<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
+        let raw = env.raw();
+        let Some((open, delivery)) = self.held(delivery) else {
+            return unknown(env, resolved(raw));
+        };
+        unknown(
+            env,
+            open.inbox.defer(raw, async move {
+                // A panic is a bug, and reported as one on stderr; the extend still resolves.
+                let _ = guarded(async {
+                    delivery.extend().await;
                     Ok(())
                 })
                 .await;

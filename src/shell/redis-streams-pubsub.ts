@@ -28,6 +28,19 @@ export interface RedisStreamsPubSubOptions extends Omit<RedisStreamsOptions, 'lo
 type Publishable = Omit<Event, 'id' | 'createdAt'>
 
 /**
+ * A subscriber as `subscribe` calls it: `extend()` fourth, the heartbeat of a long handler
+ * (Mastra's next core passes it; 1.71's `EventCallback` has three arguments, and a callback
+ * of this type is one, so `subscribe` takes it as it is). `extend()` always resolves; see
+ * `subscribe`.
+ */
+export type ExtendableEventCallback = (
+  event: Event,
+  ack?: () => Promise<void>,
+  nack?: () => Promise<void>,
+  extend?: () => Promise<void>,
+) => void | Promise<void>
+
+/**
  * Mastra's PubSub over Redis Streams, and its LeaseProvider, in one object:
  * `new Mastra({ pubsub: new RedisStreamsPubSub({ url: process.env.REDIS_URL }) })`.
  *
@@ -100,15 +113,21 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   }
 
   /**
-   * Delivers the topic's events to `cb(event, ack, nack)`. With `group`, subscribers of the
-   * group share the events; without, every subscriber gets every event. A new group starts
-   * at the stream's beginning (`startFrom: 'latest'` for new events only). A callback that
-   * throws or rejects nacks its event: redelivered with `deliveryAttempt + 1`, up to
+   * Delivers the topic's events to `cb(event, ack, nack, extend)`. With `group`, subscribers
+   * of the group share the events; without, every subscriber gets every event. A new group
+   * starts at the stream's beginning (`startFrom: 'latest'` for new events only). A callback
+   * that throws or rejects nacks its event: redelivered with `deliveryAttempt + 1`, up to
    * `maxDeliveryAttempts`. A group's event stays claimed until it is acked or nacked,
    * however long after the callback returned that is, while this process lives (see
    * `inFlightTimeoutMs` for a handler that never settles); once the process is gone, a
    * sibling reclaims it after `reclaimIdleMs`. A fan-out event is done when its callback
    * returns.
+   *
+   * `extend()` says the handler is alive: `inFlightTimeoutMs`, if set, counts again from
+   * then, and a group's entry has its idle time in Redis reset if this consumer still owns
+   * it (never taken back from a sibling). It always resolves, within `commandTimeoutMs`
+   * even when Redis cannot be reached, and does nothing once the event is settled. Without
+   * `inFlightTimeoutMs` it is never needed: held events are kept claimed anyway.
    */
   async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
     if (typeof cb !== 'function') throw argumentError(`the callback must be a function, got ${typeof cb}`)
@@ -228,7 +247,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       this.localRetries.set(timer, { ran, done })
     }
     if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, true))
-    invoke(cb, event, ack, nack)
+    // Nothing times a localOnly event out, and nothing of it is in Redis: nothing to extend.
+    invoke(cb, event, ack, nack, resolvedExtend)
   }
 
   /** Who gets a nacked `localOnly` event again, if anyone is still subscribed to take it. */
@@ -260,13 +280,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       if (told.hasSubscribers) told.publish(delivered(topic, group, event, false))
       return this.transport[how](delivery)
     }
+    const extend = (): Promise<void> => (settled ? Promise.resolve() : this.transport.extend(delivery))
     // A group's event stays held (kept claimed) until it is acked or nacked, however long
     // after the callback returns that is: Mastra's workers return at once and ack when the
     // step ends. A fan-out event, which holds nothing in Redis, is done once its callback
     // returned.
     const returned = group === undefined ? () => settled || this.transport.returned(delivery) : undefined
     if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, false))
-    invoke(cb, event, settle('ack'), settle('nack'), returned)
+    invoke(cb, event, settle('ack'), settle('nack'), extend, returned)
   }
 }
 
@@ -368,17 +389,23 @@ function subscribeOptions(options: SubscribeOptions | undefined | null): {
   return read
 }
 
-/** Calls a subscriber; a throw or a rejection nacks the event, a return calls `done`. */
+const resolvedExtend = (): Promise<void> => Promise.resolve()
+
+/**
+ * Calls a subscriber with `extend` fourth (a callback of three arguments ignores it); a throw
+ * or a rejection nacks the event, a return calls `done`.
+ */
 function invoke(
-  cb: EventCallback,
+  cb: EventCallback | ExtendableEventCallback,
   event: Event,
   ack: () => Promise<void>,
   nack: () => Promise<void>,
+  extend: () => Promise<void>,
   done: () => unknown = () => {},
 ): void {
   const failed = () => void nack().catch(() => {})
   try {
-    const result = cb(event, ack, nack)
+    const result = (cb as ExtendableEventCallback)(event, ack, nack, extend)
     if (result && typeof (result as Promise<void>).then === 'function') (result as Promise<void>).then(done, failed)
     else done()
   } catch {

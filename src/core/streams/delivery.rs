@@ -7,19 +7,26 @@
 //! process's end, after which a sibling reclaims the entry once it has been idle for
 //! `reclaimIdleMs`.
 //!
+//! A handler that works long may say it is alive ([`Delivery::extend`]): the in-flight timeout
+//! counts again from then, and a group's entry has its idle time in Redis reset, if it is
+//! still this consumer's. The hold itself needs no heartbeat: the keeper keeps every held
+//! entry claimed anyway; `extend` is what lets a live handler outlast `inFlightTimeoutMs`.
+//!
 //! Settling never fails for the caller. A settle that cannot reach Redis (an outage, a
 //! connection broken twice) answers [`Settled::Retrying`] and is sent again in the background
 //! until it lands, the entry kept claimed meanwhile; every way of settling is safe to run
 //! twice (an XACK, an ownership-checked script, an append that finds itself already done).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::group::Consumer;
-use super::Shared;
+use super::{reclaim, Shared};
+use crate::core::error::Error;
+use crate::core::lock;
 
 /// How a delivery ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +52,23 @@ pub enum Settled {
     /// lands, and the entry stays claimed by this consumer meanwhile.
     Retrying,
     /// The pubsub was closed: nothing was sent, and the entry stays pending for a sibling.
+    Closed,
+}
+
+/// What [`Delivery::extend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extended {
+    /// The in-flight timeout counts from now; a group's entry had its idle time reset.
+    Kept,
+    /// The in-flight timeout counts from now, but the entry is no longer this consumer's in
+    /// Redis (a sibling took it over, or the stream was deleted): nothing changed there.
+    NotOwned,
+    /// The in-flight timeout counts from now, but Redis could not be reached to reset the
+    /// entry's idle time (the keeper's next pass keeps it claimed, as for every held entry).
+    Unreachable,
+    /// Not held (settled, being settled, or never handed out): nothing changed.
+    NotHeld,
+    /// The pubsub was closed: nothing changed.
     Closed,
 }
 
@@ -102,6 +126,31 @@ impl Delivery {
     pub fn entry_id(&self) -> &str {
         &self.state.entry_id
     }
+
+    /// The handler is alive and still working on it: the in-flight timeout (if set) counts
+    /// from now, and a group's entry has its idle time in Redis reset (`keep.lua`), only if
+    /// it is still this consumer's, so a late heartbeat never takes an entry back from a
+    /// sibling. Does nothing once settled. Bounded by the command timeout; never fails (a
+    /// Redis that cannot be reached answers [`Extended::Unreachable`]).
+    pub async fn extend(&self) -> Extended {
+        let (shared, state) = (&self.shared, &self.state);
+        if shared.closed.load(Ordering::Acquire) {
+            return Extended::Closed;
+        }
+        if !state.touch() {
+            return Extended::NotHeld;
+        }
+        let Origin::Group(consumer) = &state.origin else {
+            return Extended::Kept;
+        };
+        match reclaim::keep(shared, consumer, std::slice::from_ref(&state.entry_id)).await {
+            Ok(kept) if kept > 0 => Extended::Kept,
+            Ok(_) => Extended::NotOwned,
+            // The stream or group is gone, and with it every pending entry.
+            Err(Error::Server(err)) if err.code() == Some("NOGROUP") => Extended::NotOwned,
+            Err(_) => Extended::Unreachable,
+        }
+    }
 }
 
 /// Read, waiting in a subscription's channel.
@@ -139,8 +188,9 @@ pub(crate) struct State {
     pub(super) json: Arc<str>,
     pub(super) attempt: u64,
     pub(super) phase: AtomicU8,
-    /// When it was handed to the subscriber (for the in-flight timeout).
-    taken_at: OnceLock<Instant>,
+    /// When it was handed to the subscriber, or its handler last said it was alive
+    /// ([`Delivery::extend`]): what the in-flight timeout counts from.
+    held_since: Mutex<Option<Instant>>,
     /// This delivery's place among its consumer's `maxInFlight`, given back when it is done.
     pub(super) permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
@@ -177,9 +227,19 @@ impl State {
     pub fn take(&self) -> bool {
         let taken = self.advance(QUEUED, HELD);
         if taken {
-            let _ = self.taken_at.set(Instant::now());
+            *lock(&self.held_since) = Some(Instant::now());
         }
         taken
+    }
+
+    /// Counts the hold from now; `false` if it is not held (settled, or settling).
+    fn touch(&self) -> bool {
+        let mut since = lock(&self.held_since);
+        if self.phase.load(Ordering::Acquire) != HELD {
+            return false;
+        }
+        *since = Some(Instant::now());
+        true
     }
 
     /// How long it has been held by its subscriber, if it is held and not settling.
@@ -187,9 +247,7 @@ impl State {
         if self.phase.load(Ordering::Acquire) != HELD {
             return None;
         }
-        self.taken_at
-            .get()
-            .map(|at| now.saturating_duration_since(*at))
+        lock(&self.held_since).map(|at| now.saturating_duration_since(at))
     }
 
     pub fn is_group(&self) -> bool {
@@ -221,7 +279,7 @@ pub(super) fn register(
         json,
         attempt,
         phase: AtomicU8::new(QUEUED),
-        taken_at: OnceLock::new(),
+        held_since: Mutex::new(None),
         permit: Mutex::new(permit),
     });
     shared.deliveries().insert(id, Arc::clone(&state));

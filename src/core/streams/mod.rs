@@ -4,7 +4,8 @@
 //! the event as JSON: the layout of Mastra's own Redis Streams backend, so processes running
 //! either can share topics. [`StreamsPubSub::publish_stamped_batch`] appends events the
 //! caller stamped; [`StreamsPubSub::subscribe`] returns a [`Subscription`] whose deliveries
-//! arrive on a channel. A [`Delivery`] is held by its consumer until it is acked or nacked.
+//! arrive on a channel. A [`Delivery`] is held by its consumer until it is acked or nacked;
+//! its handler may say it is still alive ([`Delivery::extend`]).
 //!
 //! The files, by concept:
 //! - `publish.rs`: appends, and the second send of appends a broken connection cut off.
@@ -16,7 +17,8 @@
 //!   fan-out reader shares with it (interrupting a blocking read, stopping a reader).
 //! - `fanout.rs`: the one reader of every fan-out subscription of this process (on a
 //!   cluster, one per hash slot their topics live in).
-//! - `delivery.rs`: a delivery, held until settled, and the table of those held.
+//! - `delivery.rs`: a delivery, held until settled (its handler's heartbeat, `extend`), and
+//!   the table of those held.
 //! - `settle.rs`: ack, nack, redelivery, the attempt cap; settles that could not reach Redis
 //!   retried in the background.
 //! - `reclaim.rs`: taking over what a dead consumer left idle; keeping held entries claimed.

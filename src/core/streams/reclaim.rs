@@ -40,26 +40,10 @@ const KEEP_CHUNK: usize = 500;
 /// Resets the idle time of every entry this pubsub's consumers hold.
 pub(super) async fn keep_claimed(shared: &Shared, failures: &Throttle) {
     let consumers: Vec<_> = shared.consumers().values().cloned().collect();
-    let mut calls = Vec::new();
-    for consumer in &consumers {
-        let held = consumer.held_entries();
-        for ids in held.chunks(KEEP_CHUNK) {
-            let mut invocation = scripts::KEEP.script().prepare_invoke();
-            invocation
-                .key(&consumer.key)
-                .arg(&consumer.group)
-                .arg(&consumer.name)
-                .arg(ids);
-            calls.push((consumer, invocation));
-        }
-    }
-    let runs = calls.into_iter().map(|(consumer, invocation)| {
-        let writer = &shared.writer;
-        async move {
-            let run =
-                writer.run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await });
-            (consumer, run.await)
-        }
+    let held: Vec<_> = consumers.iter().map(|c| (c, c.held_entries())).collect();
+    let runs = held.iter().flat_map(|(consumer, ids)| {
+        ids.chunks(KEEP_CHUNK)
+            .map(move |ids| async move { (*consumer, keep(shared, consumer, ids).await) })
     });
     for (consumer, result) in futures::future::join_all(runs).await {
         match result {
@@ -77,4 +61,19 @@ pub(super) async fn keep_claimed(shared: &Shared, failures: &Throttle) {
             ),
         }
     }
+}
+
+/// Resets the idle time of those of `ids` (at most `KEEP_CHUNK`) the consumer still owns
+/// (`keep.lua`); answers how many it owned.
+pub(super) async fn keep(shared: &Shared, consumer: &Consumer, ids: &[String]) -> Result<i64> {
+    let mut invocation = scripts::KEEP.script().prepare_invoke();
+    invocation
+        .key(&consumer.key)
+        .arg(&consumer.group)
+        .arg(&consumer.name)
+        .arg(ids);
+    shared
+        .writer
+        .run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await })
+        .await
 }

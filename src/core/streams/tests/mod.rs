@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
 
-use super::delivery::Settled;
+use super::delivery::{Extended, Settled};
 use super::*;
 use crate::core::connection::ConnectionOptions;
 use crate::core::test_redis::Server;

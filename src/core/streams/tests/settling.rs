@@ -120,6 +120,38 @@ async fn a_delivery_held_past_the_in_flight_timeout_is_nacked_on_its_behalf() {
 }
 
 #[tokio::test]
+async fn extend_pushes_back_the_in_flight_timeout_and_keeps_only_an_entry_still_owned() {
+    let server = Server::start("streams-extend");
+    let ps = StreamsPubSub::new(StreamsOptions {
+        in_flight_timeout: Some(Duration::from_millis(300)),
+        ..options(&server)
+    })
+    .unwrap();
+    let mut sub = subscribe(&ps, "x", group("g", StartFrom::Earliest)).await;
+    publish(&ps, "x", ev(1)).await;
+    let working = next(&mut sub).await;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(working.extend().await, Extended::Kept);
+    }
+    nothing_within(&mut sub, 50).await;
+    assert_eq!(working.ack().await, Settled::Acked);
+    assert_eq!(
+        working.extend().await,
+        Extended::NotHeld,
+        "settled: nothing to extend"
+    );
+
+    publish(&ps, "x", ev(2)).await;
+    let taken_over = next(&mut sub).await;
+    let id = taken_over.entry_id().to_owned();
+    server.cli(&["XCLAIM", "t:x", "g", "sibling", "0", &id, "JUSTID"]);
+    assert_eq!(taken_over.extend().await, Extended::NotOwned);
+    let detail = server.cli(&["XPENDING", "t:x", "g", "-", "+", "10"]);
+    assert!(detail.contains("sibling"), "still the sibling's: {detail}");
+}
+
+#[tokio::test]
 async fn a_delivery_held_unusually_long_is_warned_about() {
     let server = Server::start("streams-long-hold");
     let (ps, logger) = with_logger(StreamsOptions {
