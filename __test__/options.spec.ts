@@ -12,7 +12,7 @@ import net from 'node:net'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
+import { errorCode, expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { Inbox, recordingLogger } from './helpers/streams.js'
 
@@ -413,18 +413,22 @@ describe("redisOptions.socket, as node-redis takes it", () => {
     }
   })
 
-  it('connectTimeout bounds opening a connection as connectTimeoutMs does: a server that never answers is given up on in time', async () => {
+  it('connectTimeout bounds opening a connection as connectTimeoutMs does: a server that never answers is given up on well before the default 2 s', async ({ annotate }) => {
     const silent = net.createServer(() => {}) // accepts, never answers
     await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
     const url = `redis://127.0.0.1:${(silent.address() as net.AddressInfo).port}`
     try {
-      for (const options of [{ redisOptions: { url, socket: { connectTimeout: 200 } } }, { url, connectTimeoutMs: 200 }]) {
+      for (const [label, options] of [
+        ['redisOptions.socket.connectTimeout', { redisOptions: { url, socket: { connectTimeout: 200 } } }],
+        ['connectTimeoutMs', { url, connectTimeoutMs: 200 }],
+      ] as const) {
         const p = kept(new RedisLeaseProvider({ ...options, commandTimeoutMs: 5_000, logger: { warn() {} } }))
         const started = performance.now()
-        await expectRejection(() => p.getLeaseOwner('k'), Error, 'ERR_LEASE_TIMEOUT').catch(async () => {
-          await expectRejection(() => p.getLeaseOwner('k'), Error, 'ERR_LEASE_CONNECTION')
-        })
-        expect(performance.now() - started, JSON.stringify(options)).toBeLessThan(2_500)
+        const err = await p.getLeaseOwner('k').then(() => undefined, (e: unknown) => e)
+        const elapsed = performance.now() - started
+        await annotate(`${label} 200: the call gave up after ${elapsed.toFixed(0)} ms`)
+        expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION'], label).toContain(errorCode(err))
+        expect(elapsed, label).toBeLessThan(1_500)
       }
     } finally {
       silent.close()
