@@ -266,6 +266,20 @@ export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | 
 }
 
 /**
+ * `cluster` in node-redis' shape (`createCluster`'s options), as Mastra's own backend takes
+ * it: the same as `ClusterOptions`. A root node's `socket` or credentials, any other field of
+ * `defaults`, and `useReplicas: true` are refused by name.
+ */
+export interface NodeRedisClusterOptions {
+  /** The seed nodes, `[{ url }]`, as `ClusterOptions.nodes`. */
+  rootNodes: Array<{ url: string }>
+  /** Every node's ACL user and password, as `ClusterOptions.username` and `password`. */
+  defaults?: { username?: string; password?: string }
+  /** `false` only: every call goes to the masters. */
+  useReplicas?: false
+}
+
+/**
  * The fields of node-redis client options (Mastra's own backend's `redisOptions`) that
  * mean something here, with the same meaning, so a configuration written for Mastra's
  * backend works unchanged. Any other field is refused by name.
@@ -281,8 +295,17 @@ export interface RedisClientOptions {
   database?: number
   /** The connection name, as `connectionName`. */
   name?: string
-  /** `{ tls: true }` for TLS with a `redis://` URL (as `rediss://`). */
-  socket?: { tls?: boolean }
+  /**
+   * node-redis' socket options: `tls: true` for TLS with a `redis://` URL (as
+   * `rediss://`); `connectTimeout`, as `connectTimeoutMs` (both given must agree);
+   * `noDelay` (`TCP_NODELAY`, default true); `keepAlive` (TCP keepalive probes: `true`,
+   * `false`, or node-redis 4's delay in milliseconds; default on after 5000 ms) and
+   * `keepAliveInitialDelay` (node-redis 5's delay beside `keepAlive: true`).
+   * `reconnectStrategy` is refused: there is no reconnection loop to pace or stop (the
+   * next call opens a broken connection again; every call settles within
+   * `commandTimeoutMs`). Any other field is refused by name.
+   */
+  socket?: { tls?: boolean; connectTimeout?: number; noDelay?: boolean; keepAlive?: boolean | number; keepAliveInitialDelay?: number }
 }
 
 /** Options of `new RedisLeaseProvider(options?)`. */
@@ -294,15 +317,17 @@ export interface RedisLeaseProviderOptions {
   url?: string
   /**
    * node-redis client options, as Mastra's backend takes them: `url`, `username`,
-   * `password`, `database`, `name`, `socket.tls`. Any other field throws.
+   * `password`, `database`, `name`, and in `socket` `tls`, `connectTimeout`, `noDelay`,
+   * `keepAlive`, `keepAliveInitialDelay`. Any other field throws.
    */
   redisOptions?: RedisClientOptions
   /**
    * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-   * URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
-   * each topic's stream are spread over the masters by hash slot. Not with `url`.
+   * URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
+   * defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
+   * masters by hash slot. Not with `url`.
    */
-  cluster?: ClusterOptions
+  cluster?: ClusterOptions | NodeRedisClusterOptions
   /**
    * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
    * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
@@ -345,7 +370,10 @@ export interface RedisLeaseProviderOptions {
    * Redis backend, so both can share a fleet's leases.
    */
   keyPrefix?: string
-  /** Bound on one attempt to open the connection, in milliseconds. Default 2000. */
+  /**
+   * Bound on one attempt to open the connection, in milliseconds (node-redis'
+   * `redisOptions.socket.connectTimeout`). Default 2000.
+   */
   connectTimeoutMs?: number
   /**
    * Bound on every call, connecting included, in milliseconds: a call settles within it
@@ -381,10 +409,11 @@ export interface RedisStreamsOptions {
   redisOptions?: RedisClientOptions
   /**
    * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-   * URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
-   * each topic's stream are spread over the masters by hash slot. Not with `url`.
+   * URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
+   * defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
+   * masters by hash slot. Not with `url`.
    */
-  cluster?: ClusterOptions
+  cluster?: ClusterOptions | NodeRedisClusterOptions
   /**
    * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
    * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
@@ -424,7 +453,10 @@ export interface RedisStreamsOptions {
    * `mastra:topic`, Mastra's own layout.
    */
   keyPrefix?: string
-  /** Bound on one attempt to open a connection, in milliseconds. Default 2000. */
+  /**
+   * Bound on one attempt to open a connection, in milliseconds (node-redis'
+   * `redisOptions.socket.connectTimeout`). Default 2000.
+   */
   connectTimeoutMs?: number
   /**
    * Bound on every non-blocking command (publish, ack, lease calls), connecting
@@ -445,11 +477,17 @@ export interface RedisStreamsOptions {
    * counted in a warning; 0 never does. Default 10 × `maxStreamLength`.
    */
   hardMaxStreamLength?: number
-  /** A stream idle this long expires; 0 (the default) never. */
+  /**
+   * A stream idle this long expires; 0 (the default) never. Every append (publish,
+   * redelivery) and every stream a subscribe makes (again after `clearTopic` too) sets it
+   * again.
+   */
   streamIdleTtlMs?: number
   /**
    * A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
-   * this, then dropped with a warning; 0 or `Infinity` redeliver forever. Default 5.
+   * this, then dropped with a warning; `Infinity` redelivers forever, and so does 0 (as
+   * Mastra's backend takes it), with a warning once per instance (code
+   * `MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS`). Default 5.
    */
   maxDeliveryAttempts?: number
   /**
@@ -484,8 +522,9 @@ export interface RedisStreamsOptions {
   maxTtlMs?: number
   /**
    * Gets dropped-event warnings, connection trouble (at most once per 30 s), events held
-   * unusually long, the eviction-policy warning, and debug notes when it has `debug`.
-   * Without it, the eviction-policy warning goes to `process.emitWarning`.
+   * unusually long, the eviction-policy warning, the `maxDeliveryAttempts: 0` warning, and
+   * debug notes when it has `debug`. Without it, the eviction-policy and
+   * `maxDeliveryAttempts: 0` warnings go to `process.emitWarning`.
    */
   logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
 }

@@ -6,10 +6,13 @@
 // arguments as the lease methods do.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
+import { execFileSync } from 'node:child_process'
+import net from 'node:net'
+
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
+import { errorCode, expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { Inbox, recordingLogger } from './helpers/streams.js'
 
@@ -104,7 +107,8 @@ describe("redisOptions, as Mastra's Redis Streams backend takes them", () => {
       [{ socket: { ca: 'pem' } }, /give TLS material in the tls option/],
       [{ pingInterval: 1000 }, /redisOptions\.pingInterval is not supported/],
       [{ RESP: 3 }, /redisOptions\.RESP is not supported/],
-      [{ urll: 'redis://x' }, /redisOptions\.urll is not supported: redisOptions takes url, username, password, database, name and socket\.tls/],
+      [{ urll: 'redis://x' }, /redisOptions\.urll is not supported: redisOptions takes url, username, password, database, name and socket/],
+      [{ socket: { keepAlives: true } }, /redisOptions\.socket\.keepAlives is not supported.*did you mean keepAlive\?/],
       [{ database: -1 }, /redisOptions\.database must be a whole number/],
     ] as Array<[AnyOptions, RegExp]>) {
       for (const make of [classes.RedisLeaseProvider, classes.RedisStreamsPubSub]) {
@@ -215,13 +219,21 @@ describe('loggers', () => {
 })
 
 describe('closed instances say what is closed', () => {
-  it('the streams pubsub says "the streams pubsub is closed", its leases too; a lease provider, "the lease provider"', async () => {
+  it(`the streams pubsub says "the streams pubsub is closed", with Mastra's "cannot publish (subscribe) on closed client" for publish and subscribe; a lease provider, "the lease provider"`, async () => {
     const pubsub = new RedisStreamsPubSub({ url: redis.url })
     await pubsub.close()
-    for (const call of [() => pubsub.publish('t', { type: 'x', runId: 'r', data: {} }), () => pubsub.subscribe('t', () => {}), () => pubsub.acquireLease('k', 'o', 1000)]) {
+    for (const [call, message] of [
+      [() => pubsub.publish('t', { type: 'x', runId: 'r', data: {} }), 'the streams pubsub is closed: cannot publish on closed client'],
+      [() => pubsub.publish('t', { type: 'x', runId: 'r', data: {} }, { localOnly: true }), 'the streams pubsub is closed: cannot publish on closed client'],
+      [() => pubsub.subscribe('t', () => {}), 'the streams pubsub is closed: cannot subscribe on closed client'],
+      [() => pubsub.acquireLease('k', 'o', 1000), 'the streams pubsub is closed'],
+    ] as Array<[() => Promise<unknown>, string]>) {
       const err = await expectRejection(call, Error, 'ERR_LEASE_CLOSED')
-      expect(err.message).toBe('the streams pubsub is closed')
+      expect(err.message).toBe(message)
     }
+    // What code written against Mastra's backend matches on.
+    await expect(pubsub.publish('t', { type: 'x', runId: 'r', data: {} })).rejects.toThrow(/cannot publish on closed client/)
+    await expect(pubsub.subscribe('t', () => {})).rejects.toThrow(/cannot subscribe on closed client/)
     for (const p of [new RedisLeaseProvider({ url: redis.url }), new MemoryLeaseProvider()]) {
       await p.close()
       const err = await expectRejection(() => p.getLeaseOwner('k'), Error, 'ERR_LEASE_CLOSED')
@@ -320,6 +332,156 @@ describe('cluster, sentinel, minReplicas and fencingTokens', () => {
       await kept(make({ cluster: { nodes: NODES, username: 'u', password: 'p' }, minReplicas: 1, replicaTimeoutMs: 200 })).close()
       await kept(make({ sentinel: { nodes: NODES, masterName: 'm', username: 'u', password: 'p', database: 2 }, minReplicas: 2 })).close()
       await kept(make({ cluster: { nodes: NODES }, fencingTokens: false })).close()
+    }
+  })
+})
+
+describe("maxDeliveryAttempts 0, as Mastra's backend takes it", () => {
+  const about = <T extends { message: string }>(lines: T[]) => lines.filter((l) => /maxDeliveryAttempts/.test(l.message))
+  const turn = () => new Promise((r) => setTimeout(r, 50)) // notices reach JavaScript on a later turn
+
+  it("is unlimited, with Mastra's warning through the logger once per instance; Infinity and the default give none", async () => {
+    const logger = recordingLogger()
+    for (const maxDeliveryAttempts of [0, 0, Infinity, undefined]) {
+      const pubsub = kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts, logger }))
+      await pubsub.publish(uniqueKey('attempts'), { type: 'x', runId: 'r', data: {} })
+    }
+    await turn()
+    const warned = about(logger.warnings())
+    expect(warned, 'one warning per instance given 0').toHaveLength(2)
+    expect(warned[0]!.message).toMatch(/maxDeliveryAttempts 0 is taken as Infinity.*pass Infinity to disable the cap explicitly/)
+    expect(warned[0]!.fields).toMatchObject({ code: 'MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS' })
+  })
+
+  it('without a logger, the warning goes to process.emitWarning with its code, once per instance', async () => {
+    const seen: Array<Error & { code?: string }> = []
+    const listener = (warning: Error & { code?: string }) => void seen.push(warning)
+    process.on('warning', listener)
+    try {
+      kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: 0 }))
+      kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: Infinity }))
+      await turn()
+      const warned = seen.filter((w) => w.code === 'MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS')
+      expect(warned).toHaveLength(1)
+      expect(warned[0]!.message).toMatch(/maxDeliveryAttempts 0 is taken as Infinity/)
+    } finally {
+      process.off('warning', listener)
+    }
+  })
+})
+
+describe("redisOptions.socket, as node-redis takes it", () => {
+  const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
+
+  it.each(Object.entries(redisClasses))('%s takes connectTimeout, noDelay and keepAlive (true, false, or a delay in ms), and keepAliveInitialDelay', async (_name, make) => {
+    for (const socket of [
+      { connectTimeout: 500 },
+      { noDelay: true },
+      { noDelay: false },
+      { keepAlive: true },
+      { keepAlive: false },
+      { keepAlive: 10_000 },
+      { keepAlive: true, keepAliveInitialDelay: 10_000 },
+      { connectTimeout: 500, noDelay: true, keepAlive: true, tls: false },
+    ]) {
+      await kept(make({ redisOptions: { url: redis.url, socket } })).close()
+    }
+    // The same bound given both ways is one bound.
+    await kept(make({ url: redis.url, connectTimeoutMs: 500, redisOptions: { socket: { connectTimeout: 500 } } })).close()
+  })
+
+  it.each(Object.entries(redisClasses))('%s refuses a socket field given badly, or connectTimeout and connectTimeoutMs that differ, by name', (_name, make) => {
+    for (const [socket, cls, message, top] of [
+      [{ connectTimeout: 500 }, TypeError, /connectTimeoutMs and redisOptions\.socket\.connectTimeout conflict/, { connectTimeoutMs: 600 }],
+      [{ connectTimeout: 0 }, RangeError, /redisOptions\.socket\.connectTimeout must be a whole number/],
+      [{ connectTimeout: '500' }, TypeError, /redisOptions\.socket\.connectTimeout must be a number/],
+      [{ noDelay: 'yes' }, TypeError, /redisOptions\.socket\.noDelay must be a boolean/],
+      [{ keepAlive: 'on' }, TypeError, /redisOptions\.socket\.keepAlive must be a boolean or a delay in milliseconds/],
+      [{ keepAlive: -1 }, RangeError, /redisOptions\.socket\.keepAlive must be/],
+      [{ keepAlive: false, keepAliveInitialDelay: 1_000 }, TypeError, /keepAliveInitialDelay with keepAlive false/],
+      [{ keepAlive: 2_000, keepAliveInitialDelay: 1_000 }, TypeError, /keepAlive and redisOptions\.socket\.keepAliveInitialDelay conflict/],
+    ] as Array<[AnyOptions, typeof TypeError, RegExp, AnyOptions?]>) {
+      const err = expectThrow(() => make({ ...top, redisOptions: { url: redis.url, socket } }), cls, 'ERR_LEASE_INVALID_OPTION')
+      expect(err.message, JSON.stringify(socket)).toMatch(message)
+    }
+  })
+
+  it.each(Object.entries(redisClasses))('%s refuses reconnectStrategy in every form, saying that a broken connection is opened again by the next call', (_name, make) => {
+    for (const reconnectStrategy of [false, 500, (retries: number) => Math.min(retries * 50, 500)]) {
+      const err = expectThrow(() => make({ redisOptions: { url: redis.url, socket: { reconnectStrategy } } }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expect(err.message).toMatch(/redisOptions\.socket\.reconnectStrategy is not supported: .*the next call opens it again/)
+    }
+  })
+
+  it('connectTimeout bounds opening a connection as connectTimeoutMs does: a server that never answers is given up on well before the default 2 s', async ({ annotate }) => {
+    const silent = net.createServer(() => {}) // accepts, never answers
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
+    const url = `redis://127.0.0.1:${(silent.address() as net.AddressInfo).port}`
+    try {
+      for (const [label, options] of [
+        ['redisOptions.socket.connectTimeout', { redisOptions: { url, socket: { connectTimeout: 200 } } }],
+        ['connectTimeoutMs', { url, connectTimeoutMs: 200 }],
+      ] as const) {
+        const p = kept(new RedisLeaseProvider({ ...options, commandTimeoutMs: 5_000, logger: { warn() {} } }))
+        const started = performance.now()
+        const err = await p.getLeaseOwner('k').then(() => undefined, (e: unknown) => e)
+        const elapsed = performance.now() - started
+        await annotate(`${label} 200: the call gave up after ${elapsed.toFixed(0)} ms`)
+        expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION'], label).toContain(errorCode(err))
+        expect(elapsed, label).toBeLessThan(1_500)
+      }
+    } finally {
+      silent.close()
+    }
+  })
+
+  it.skipIf(EXTERNAL_REDIS || process.platform !== 'linux')('keepAlive puts TCP keepalive probes on the connection, on by default as in node-redis; keepAlive false leaves them off', async () => {
+    const probes = async (socket: AnyOptions | undefined): Promise<boolean> => {
+      const name = `ka-${uniqueKey('').slice(-10).replace(/\W/g, '')}`
+      const p = kept(new RedisLeaseProvider({ url: redis.url, connectionName: name, ...(socket && { redisOptions: { socket } }) }))
+      await p.getLeaseOwner('k')
+      // The connection is named beside the first call, not before it: look until it shows.
+      let port: string | undefined
+      for (const deadline = Date.now() + 2_000; port === undefined && Date.now() < deadline; ) {
+        const line = String(await redis.cli('CLIENT', 'LIST')).split('\n').find((l) => l.includes(`name=${name} `))
+        port = /addr=127\.0\.0\.1:(\d+)/.exec(line ?? '')?.[1]
+      }
+      expect(port, `our connection (${name}) in CLIENT LIST`).toBeDefined()
+      const ss = execFileSync('ss', ['-tno', 'state', 'established', `( sport = :${port} )`], { encoding: 'utf8' })
+      return /keepalive/.test(ss)
+    }
+    expect(await probes(undefined), 'by default').toBe(true)
+    expect(await probes({ keepAlive: true }), 'keepAlive: true').toBe(true)
+    expect(await probes({ keepAlive: false }), 'keepAlive: false').toBe(false)
+  })
+})
+
+describe("cluster, in node-redis' shape as Mastra's backend takes it", () => {
+  const NODES = ['redis://127.0.0.1:7000', 'redis://127.0.0.1:7001']
+  const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
+  const rootNodes = NODES.map((url) => ({ url }))
+
+  it.each(Object.entries(redisClasses))('%s takes { rootNodes: [{ url }], defaults: { username, password } } without connecting', async (_name, make) => {
+    await kept(make({ cluster: { rootNodes } })).close()
+    await kept(make({ cluster: { rootNodes, defaults: { username: 'u', password: 'p' } } })).close()
+    await kept(make({ cluster: { rootNodes, defaults: { password: 'p' }, useReplicas: false } })).close()
+  })
+
+  it.each(Object.entries(redisClasses))('%s refuses what it cannot honour of that shape by name, and the two shapes mixed', (_name, make) => {
+    for (const [cluster, cls, message] of [
+      [{ rootNodes, nodes: NODES }, TypeError, /cluster\.nodes and cluster\.rootNodes conflict/],
+      [{ nodes: NODES, defaults: { password: 'p' } }, TypeError, /cluster\.defaults goes with cluster\.rootNodes/],
+      [{ rootNodes: [] }, RangeError, /cluster\.rootNodes must name at least one node/],
+      [{ rootNodes: NODES }, TypeError, /cluster\.rootNodes\[0\] must be an object/],
+      [{ rootNodes: [{ socket: { host: '127.0.0.1', port: 7000 } }] }, TypeError, /cluster\.rootNodes\[0\]\.socket is not supported: give the node's url/],
+      [{ rootNodes: [{ url: NODES[0], password: 'p' }] }, TypeError, /cluster\.rootNodes\[0\]\.password is not supported: .*cluster\.defaults/],
+      [{ rootNodes, defaults: { socket: { tls: true } } }, TypeError, /cluster\.defaults\.socket is not an option of cluster\.defaults/],
+      [{ rootNodes, defaults: { pasword: 'p' } }, TypeError, /cluster\.defaults\.pasword.*did you mean password\?/],
+      [{ rootNodes, useReplicas: true }, TypeError, /cluster\.useReplicas true is not supported: every call goes to the masters/],
+      [{ rootNodes, maxCommandRedirections: 3 }, TypeError, /cluster\.maxCommandRedirections is not an option of cluster/],
+    ] as Array<[AnyOptions, typeof TypeError, RegExp]>) {
+      const err = expectThrow(() => make({ cluster }), cls, 'ERR_LEASE_INVALID_OPTION')
+      expect(err.message, JSON.stringify(cluster)).toMatch(message)
     }
   })
 })

@@ -163,6 +163,40 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(0)
   })
 
+  it("Mastra's node-redis shape, { rootNodes: [{ url }], defaults: { username, password } }, publishes, delivers and leases as that user", async () => {
+    const user = `mastra-${uniquePrefix('').slice(-8).replace(/\W/g, '')}`
+    for (const node of cluster.nodes) await node.cli('ACL', 'SETUSER', user, 'on', '>shape-secret', '~*', '&*', '+@all')
+    const prefix = uniquePrefix('shape')
+    const mastraShaped = { rootNodes: cluster.urls.map((url) => ({ url })), defaults: { username: user, password: 'shape-secret' } }
+    const topics = await topicsOnEveryMaster(prefix)
+    const [consumer, publisher] = [0, 1].map(() => {
+      const pubsub = new RedisStreamsPubSub({ cluster: mastraShaped, keyPrefix: prefix })
+      opened.push(pubsub)
+      return pubsub
+    }) as [RedisStreamsPubSub, RedisStreamsPubSub]
+    const [grouped, fanned] = [new Inbox(), new Inbox()]
+    for (const t of topics) {
+      await consumer.subscribe(t, grouped.cb, { group: 'workers' })
+      await consumer.subscribe(t, fanned.cb)
+    }
+    await Promise.all(topics.map((t, i) => publisher.publish(t, ev(i))))
+    await grouped.count(3)
+    await fanned.count(3)
+    expect(grouped.numbers.sort()).toEqual([0, 1, 2])
+    expect(fanned.numbers.sort()).toEqual([0, 1, 2])
+    for (const t of topics) expect(await pendingCount(await nodeOf(prefix, t), `${prefix}:${t}`, 'workers')).toBe(0)
+
+    expect(await publisher.acquireLease('thread', 'A', 10_000)).toMatchObject({ acquired: true, owner: 'A' })
+    expect(await consumer.acquireLease('thread', 'B', 10_000)).toEqual({ acquired: false, owner: 'A' })
+    expect(await consumer.getLeaseOwner('thread')).toBe('A')
+    expect(await publisher.transferLease('thread', 'A', 'B', 10_000)).toBe(true)
+    expect(await consumer.renewLease('thread', 'B', 10_000)).toBe(true)
+    await consumer.releaseLease('thread', 'B')
+    expect(await publisher.getLeaseOwner('thread')).toBeUndefined()
+    const leaseNode = await nodeOf(prefix, 'lease:thread')
+    expect(String(await leaseNode.cli('CLIENT', 'LIST')), 'connected as the defaults user').toContain(`user=${user} `)
+  })
+
   it("clearTopic deletes a topic's stream on its node; its subscribers get what is published after (the group made again)", async () => {
     const prefix = uniquePrefix('clear')
     const pubsub = open({ keyPrefix: prefix, blockMs: 200 })

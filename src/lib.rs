@@ -25,8 +25,8 @@ mod core;
 mod glue;
 
 pub use glue::options::{
-    ClusterOptions, MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions,
-    RedisStreamsOptions, SentinelOptions, TlsOptions,
+    ClusterOptions, MemoryLeaseProviderOptions, NodeRedisClusterOptions, RedisClientOptions,
+    RedisLeaseProviderOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 pub use glue::reply::{LeaseGrant, LeaseState};
 // The in-memory table's constructor is a plain function; the rlib exports it so it stays

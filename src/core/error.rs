@@ -38,7 +38,7 @@ pub enum Error {
         message: String,
     },
     /// `close()` was called on the named object; it takes no more calls.
-    #[error("the {0} is closed")]
+    #[error("{}", .0.closed())]
     Closed(Subject),
     /// Redis did not answer within `commandTimeoutMs`.
     #[error("Redis did not answer within {} ms", .0.as_millis())]
@@ -97,21 +97,31 @@ pub enum Error {
     Internal(String),
 }
 
-/// What a [`Error::Closed`] says was closed.
+/// What a [`Error::Closed`] says was closed, and what was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
     /// A `RedisLeaseProvider` or `MemoryLeaseProvider`.
     LeaseProvider,
     /// A `RedisStreamsPubSub`, its lease methods included.
     StreamsPubSub,
+    /// A `RedisStreamsPubSub`'s `publish`.
+    StreamsPublish,
+    /// A `RedisStreamsPubSub`'s `subscribe`.
+    StreamsSubscribe,
 }
 
-impl std::fmt::Display for Subject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::LeaseProvider => "lease provider",
-            Self::StreamsPubSub => "streams pubsub",
-        })
+impl Subject {
+    /// What a call after `close()` is told.
+    fn closed(self) -> &'static str {
+        match self {
+            Self::LeaseProvider => "the lease provider is closed",
+            Self::StreamsPubSub => "the streams pubsub is closed",
+            // Mastra's own backend's words follow ours: code written against it matches them.
+            Self::StreamsPublish => "the streams pubsub is closed: cannot publish on closed client",
+            Self::StreamsSubscribe => {
+                "the streams pubsub is closed: cannot subscribe on closed client"
+            }
+        }
     }
 }
 

@@ -24,6 +24,7 @@ use super::tsfn::JsCallback;
 use super::turn::Outbox;
 use super::{runtime, unknown};
 use crate::core::lock;
+use crate::core::log::{Level, Logger, Notice};
 use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
@@ -92,22 +93,31 @@ impl RedisStreamsTransport {
                  limits,
                  grants,
                  logger,
+                 zero_attempts,
              }| {
                 let key_prefix = options.key_prefix.clone();
                 let log = JsLog::logger_or_process(raw, logger)?.map(Arc::new);
                 // Warnings and notes go to the logger; without one, only the eviction-policy
-                // warning goes anywhere (process.emitWarning).
+                // warning and the one about maxDeliveryAttempts 0 go anywhere
+                // (process.emitWarning).
                 if logger.is_some() {
                     options.logger = log.clone().map(|log| log as _);
                 }
                 let _context = runtime()?.enter();
                 let pubsub = StreamsPubSub::new(options)?;
-                if let Some(log) = log {
-                    pubsub.connection().set_logger(log);
+                if let Some(log) = &log {
+                    pubsub.connection().set_logger(log.clone());
                 }
                 let mut store =
                     RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
                 store.set_grants(grants);
+                if let (true, Some(log)) = (zero_attempts, &log) {
+                    log.log(Notice::new(
+                        Level::Warn,
+                        super::options::ZERO_ATTEMPTS_WARNING,
+                        &[("code", super::options::ZERO_ATTEMPTS_CODE.into())],
+                    ));
+                }
                 Ok((pubsub, store, limits))
             },
         );
@@ -161,7 +171,7 @@ impl RedisStreamsTransport {
     ) -> Unknown<'env> {
         let raw = env.raw();
         let Some(open) = &self.open else {
-            return unknown(env, closed(raw));
+            return unknown(env, closed(raw, Subject::StreamsPublish));
         };
         let checked =
             args::stream_name(raw, topic.raw(), "topic", &self.limits).and_then(|topic| {
@@ -210,7 +220,7 @@ impl RedisStreamsTransport {
     ) -> Unknown<'env> {
         let raw = env.raw();
         let Some(open) = &self.open else {
-            return unknown(env, closed(raw));
+            return unknown(env, closed(raw, Subject::StreamsSubscribe));
         };
         let checked = (|| {
             let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
@@ -446,16 +456,16 @@ impl RedisStreamsTransport {
         Fut: std::future::Future<Output = crate::core::Result<Reply>> + Send + 'static,
     {
         let Some(open) = &self.open else {
-            return unknown(env, closed(env.raw()));
+            return unknown(env, closed(env.raw(), Subject::StreamsPubSub));
         };
         let inbox = open.inbox.clone();
         unknown(env, inbox.spawn(env.raw(), work(open.clone())))
     }
 }
 
-/// A promise rejected because the transport was closed.
-fn closed(env: js::Env) -> Value {
-    settled(env, Err(Error::Closed(Subject::StreamsPubSub)))
+/// A promise rejected because the transport was closed, saying what was refused.
+fn closed(env: js::Env, refused: Subject) -> Value {
+    settled(env, Err(Error::Closed(refused)))
 }
 
 impl Open {

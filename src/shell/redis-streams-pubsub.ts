@@ -59,6 +59,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly localRetries = new Map<ReturnType<typeof setTimeout>, { ran: Promise<void>; done: () => void }>()
   /** `maxDeliveryAttempts` as validated by the transport (Infinity when unlimited). */
   private readonly maxAttempts: number
+  /** Set by `close()`: a `localOnly` publish is refused from then on, as any other. */
+  private closed = false
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
     // Every option, the logger included, is checked natively: a bad or unknown one throws.
@@ -98,6 +100,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
         throw argumentError('event must be an object')
       }
       const deliveryAttempt = attemptOf(readEvent(() => event.deliveryAttempt))
+      // Closed: the transport's own refusal, so it says the same as for any other publish.
+      if (options?.localOnly && this.closed) return this.transport.publish(topic, '')
       if (options?.localOnly) {
         const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt }))
         for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
@@ -181,6 +185,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 
   /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
   async close(): Promise<void> {
+    this.closed = true
     this.subscriptions.clear()
     for (const [timer, { done }] of this.localRetries) {
       clearTimeout(timer)

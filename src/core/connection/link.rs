@@ -530,7 +530,9 @@ pub(super) fn with_credentials(
         }
         settings = settings.set_db(database);
     }
-    info = info.set_redis_settings(settings);
+    info = info
+        .set_redis_settings(settings)
+        .set_tcp_settings(options.tcp());
     Ok(info)
 }
 
@@ -592,6 +594,7 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
         return Err(range("a cluster has database 0 only"));
     }
     let mut builder = ClusterClientBuilder::new(infos.clone())
+        .tcp_settings(options.tcp())
         .connection_timeout(options.connect_timeout)
         .response_timeout(options.command_timeout)
         .overall_response_timeout(Some(options.command_timeout))
@@ -666,4 +669,28 @@ pub(super) fn seeds(
 pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
     urls.iter()
         .fold(message.to_owned(), |message, url| redact(&message, url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_connection_is_made_with_the_socket_options() {
+        let url = "redis://127.0.0.1:1";
+        let info = with_credentials(url, &ConnectionOptions::default(), "url").unwrap();
+        assert!(info.tcp_settings().nodelay(), "TCP_NODELAY by default");
+        assert!(
+            info.tcp_settings().keepalive().is_some(),
+            "keepalive by default"
+        );
+        let off = ConnectionOptions {
+            no_delay: false,
+            keep_alive: None,
+            ..ConnectionOptions::default()
+        };
+        let info = with_credentials(url, &off, "url").unwrap();
+        assert!(!info.tcp_settings().nodelay());
+        assert!(info.tcp_settings().keepalive().is_none());
+    }
 }

@@ -81,6 +81,29 @@ pub struct ConnectionOptions {
     pub connect_timeout: Duration,
     /// Bound on every call, connecting included. Default 2 s.
     pub command_timeout: Duration,
+    /// `TCP_NODELAY` on every connection: a command is sent at once, not held back to be
+    /// coalesced with the next. Default true, as node-redis.
+    pub no_delay: bool,
+    /// TCP keepalive probes on every connection once it has been idle this long, so a peer
+    /// that vanished (or a NAT that dropped the flow) is noticed on connections that wait,
+    /// such as the wake-up listener's. `None`: no probes. Default 5 s, as node-redis.
+    pub keep_alive: Option<Duration>,
+}
+
+/// node-redis' keepalive delay, ours by default.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+impl ConnectionOptions {
+    /// The socket settings every TCP connection is made with.
+    pub(crate) fn tcp(&self) -> redis::io::tcp::TcpSettings {
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(self.no_delay);
+        match self.keep_alive {
+            Some(idle) => {
+                tcp.set_keepalive(redis::io::tcp::socket2::TcpKeepalive::new().with_time(idle))
+            }
+            None => tcp,
+        }
+    }
 }
 
 impl Default for ConnectionOptions {
@@ -95,6 +118,8 @@ impl Default for ConnectionOptions {
             name: Some(DEFAULT_NAME.to_owned()),
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
+            no_delay: true,
+            keep_alive: Some(DEFAULT_KEEP_ALIVE),
         }
     }
 }
@@ -116,6 +141,8 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("name", &self.name)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("no_delay", &self.no_delay)
+            .field("keep_alive", &self.keep_alive)
             .finish_non_exhaustive()
     }
 }

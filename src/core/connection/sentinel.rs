@@ -72,7 +72,9 @@ impl Sentinels {
             master_name,
             SentinelServerType::Master,
         )
-        .map_err(|err| range(&format!("sentinel: {err}")))?;
+        .map_err(|err| range(&format!("sentinel: {err}")))?
+        .set_client_to_redis_tcp_settings(options.tcp())
+        .set_client_to_sentinel_tcp_settings(options.tcp());
         if let Some(username) = first.redis_settings().username() {
             builder = builder.set_client_to_sentinel_username(username);
         }

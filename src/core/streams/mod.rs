@@ -266,7 +266,7 @@ impl StreamsPubSub {
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed(Subject::StreamsPubSub));
+            return Err(Error::Closed(Subject::StreamsSubscribe));
         }
         if options.group.as_deref() == Some("") {
             return Err(Error::streams_argument(

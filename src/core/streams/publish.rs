@@ -61,7 +61,7 @@ pub(super) async fn append_batch(
     events: Vec<Result<(String, String)>>,
 ) -> Vec<Result<String>> {
     if shared.closed.load(Ordering::Acquire) {
-        let closed = || Err(Error::Closed(Subject::StreamsPubSub));
+        let closed = || Err(Error::Closed(Subject::StreamsPublish));
         return events.iter().map(|_| closed()).collect();
     }
     let started = Instant::now();

@@ -220,7 +220,7 @@ pub(super) async fn open(
     // close() may have run between the check in subscribe and joining the reader.
     if live.shared.closed.load(Ordering::Acquire) {
         live.leave().await;
-        return Err(Error::Closed(Subject::StreamsPubSub));
+        return Err(Error::Closed(Subject::StreamsSubscribe));
     }
     Ok(Subscription {
         topic: topic.to_owned(),

@@ -1,5 +1,6 @@
-//! Reading where and how to connect: `url`, `cluster` or `sentinel`, `redisOptions`, `tls`,
-//! `connectionName`, the timeouts, `minReplicas` and `fencingTokens`.
+//! Reading where and how to connect: `url`, `cluster` or `sentinel`, `tls`, `connectionName`,
+//! the timeouts, `minReplicas` and `fencingTokens`, with what `redisOptions` gives
+//! (`node_redis.rs` reads node-redis' shapes).
 
 use std::time::Duration;
 
@@ -126,6 +127,17 @@ impl Options {
         if client.tls == Some(true) && tls.is_none() {
             tls = Some(TlsOptions::default());
         }
+        let connect_timeout = match (
+            self.whole("connectTimeoutMs", 1, MAX_TIMEOUT_MS)?,
+            client.connect_timeout,
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(conflict(
+                    "connectTimeoutMs and redisOptions.socket.connectTimeout",
+                ))
+            }
+            (a, b) => a.or(b).map_or(d.connect_timeout, Duration::from_millis),
+        };
         Ok(ConnectionOptions {
             deployment,
             url,
@@ -134,30 +146,65 @@ impl Options {
             database: database.map(i64::from),
             tls: tls.unwrap_or_default(),
             name,
-            connect_timeout: self
-                .whole("connectTimeoutMs", 1, MAX_TIMEOUT_MS)?
-                .map_or(d.connect_timeout, Duration::from_millis),
+            connect_timeout,
             command_timeout: self
                 .whole("commandTimeoutMs", 1, MAX_TIMEOUT_MS)?
                 .map_or(d.command_timeout, Duration::from_millis),
+            no_delay: client.no_delay.unwrap_or(d.no_delay),
+            keep_alive: client.keep_alive.unwrap_or(d.keep_alive),
         })
     }
 
-    /// `cluster`: `{ nodes, username?, password? }`, the seed nodes of a Redis Cluster.
+    /// `cluster`: `{ nodes, username?, password? }`, the seed nodes of a Redis Cluster; or
+    /// node-redis' shape, as Mastra's backend takes it: `{ rootNodes: [{ url }], defaults?:
+    /// { username?, password? }, useReplicas?: false }`.
     fn cluster(&self) -> Read<Option<Nodes>> {
-        let Some(fields) = self.object_fields("cluster", &["nodes", "username", "password"])?
-        else {
+        const FIELDS: &[&str] = &[
+            "nodes",
+            "username",
+            "password",
+            "rootNodes",
+            "defaults",
+            "useReplicas",
+        ];
+        let Some(fields) = self.object_fields("cluster", FIELDS)? else {
             return Ok(None);
         };
-        Ok(Some(Nodes {
-            nodes: self.urls(&fields, "cluster")?,
-            master_name: String::new(),
-            credentials: Credentials {
-                username: self.field_text(&fields, "username", "cluster")?,
-                password: self.field_text(&fields, "password", "cluster")?,
-                database: None,
-            },
-        }))
+        let has = |name: &str| fields.iter().any(|(field, _, _)| field == name);
+        let refuse =
+            |message: &str| -> OptionError { Error::option(InputErrorKind::Type, message).into() };
+        if let Some((_, value, kind)) = fields.iter().find(|(name, _, _)| name == "useReplicas") {
+            if *kind != ValueType::napi_boolean {
+                return Err(refuse(&format!(
+                    "cluster.useReplicas must be a boolean, got {}",
+                    type_name(*kind)
+                )));
+            }
+            if js::bool_value(self.env, *value) {
+                return Err(refuse(
+                    "cluster.useReplicas true is not supported: every call goes to the masters \
+                     (a replica may not have a lease's latest write yet)",
+                ));
+            }
+        }
+        if !has("rootNodes") {
+            if has("defaults") {
+                return Err(refuse(
+                    "cluster.defaults goes with cluster.rootNodes (node-redis' shape); with \
+                     cluster.nodes give cluster.username and cluster.password",
+                ));
+            }
+            return Ok(Some(Nodes {
+                nodes: self.urls(&fields, "cluster")?,
+                master_name: String::new(),
+                credentials: Credentials {
+                    username: self.field_text(&fields, "username", "cluster")?,
+                    password: self.field_text(&fields, "password", "cluster")?,
+                    database: None,
+                },
+            }));
+        }
+        self.node_redis_cluster(&fields).map(Some)
     }
 
     /// `sentinel`: `{ nodes, masterName, username?, password?, database? }`: the sentinels
@@ -203,6 +250,18 @@ impl Options {
         let Some((value, kind)) = self.get(name)? else {
             return Ok(None);
         };
+        self.fields_of(value, kind, name, known).map(Some)
+    }
+
+    /// The fields of an object labelled `name` in errors, each one of `known` (any other is
+    /// refused by name).
+    pub(super) fn fields_of(
+        &self,
+        value: Value,
+        kind: napi::sys::napi_valuetype,
+        name: &str,
+        known: &[&str],
+    ) -> Read<Vec<(String, Value, napi::sys::napi_valuetype)>> {
         if kind != ValueType::napi_object {
             return Err(Error::option(
                 InputErrorKind::Type,
@@ -233,13 +292,13 @@ impl Options {
                 fields.push((field, value, kind));
             }
         }
-        Ok(Some(fields))
+        Ok(fields)
     }
 
     /// A text field of an object option.
-    fn field_text(
+    pub(super) fn field_text(
         &self,
-        fields: &[(String, Value, napi::sys::napi_valuetype)],
+        fields: &Fields,
         name: &str,
         option: &str,
     ) -> Read<Option<String>> {
@@ -254,11 +313,7 @@ impl Options {
     }
 
     /// `<option>.nodes`: a non-empty array of URL strings.
-    fn urls(
-        &self,
-        fields: &[(String, Value, napi::sys::napi_valuetype)],
-        option: &str,
-    ) -> Read<Vec<String>> {
+    fn urls(&self, fields: &Fields, option: &str) -> Read<Vec<String>> {
         let label = format!("{option}.nodes");
         let invalid = |message: String| -> OptionError {
             Error::option(InputErrorKind::Type, message).into()
@@ -286,112 +341,6 @@ impl Options {
             .enumerate()
             .map(|(i, item)| self.text(item, js::type_of(self.env, item), &format!("{label}[{i}]")))
             .collect()
-    }
-
-    /// `redisOptions`: node-redis client options, of which the fields that mean something
-    /// here are taken and any other is refused by name.
-    fn redis_options(&self) -> Read<ClientFields> {
-        let mut out = ClientFields::default();
-        let Some((value, kind)) = self.get("redisOptions")? else {
-            return Ok(out);
-        };
-        if kind != ValueType::napi_object {
-            return Err(Error::option(
-                InputErrorKind::Type,
-                format!("redisOptions must be an object, got {}", type_name(kind)),
-            )
-            .into());
-        }
-        let names = js::property_names(self.env, value).map_err(|thrown| OptionError {
-            error: Error::option(InputErrorKind::Type, "redisOptions: listing it threw"),
-            cause: Some(thrown),
-        })?;
-        for name in names {
-            let label = format!("redisOptions.{}", name.escape_debug());
-            let field = self.field(value, &name, &label)?;
-            let Some((field, kind)) = field else { continue };
-            let text = || self.text(field, kind, &label);
-            match name.as_str() {
-                "url" => out.url = Some(text()?),
-                "username" => out.username = Some(text()?),
-                "password" => out.password = Some(text()?),
-                "name" => out.name = Some(text()?),
-                "database" => {
-                    out.database = Some(self.number_in(field, kind, &label, 0, 1 << 31)? as u32)
-                }
-                "socket" => out.tls = self.socket(field, kind)?,
-                other => {
-                    return Err(Error::option(
-                        InputErrorKind::Type,
-                        format!("{label} is not supported: {}", redis_options_instead(other)),
-                    )
-                    .into())
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// `redisOptions.socket`: only `tls` (a boolean) means something here.
-    fn socket(&self, value: Value, kind: napi::sys::napi_valuetype) -> Read<Option<bool>> {
-        if kind != ValueType::napi_object {
-            return Err(Error::option(
-                InputErrorKind::Type,
-                format!(
-                    "redisOptions.socket must be an object, got {}",
-                    type_name(kind)
-                ),
-            )
-            .into());
-        }
-        let mut tls = None;
-        let names = js::property_names(self.env, value).map_err(|thrown| OptionError {
-            error: Error::option(
-                InputErrorKind::Type,
-                "redisOptions.socket: listing it threw",
-            ),
-            cause: Some(thrown),
-        })?;
-        for name in names {
-            let label = format!("redisOptions.socket.{}", name.escape_debug());
-            let Some((field, kind)) = self.field(value, &name, &label)? else {
-                continue;
-            };
-            match name.as_str() {
-                "tls" if kind == ValueType::napi_boolean => {
-                    tls = Some(js::bool_value(self.env, field))
-                }
-                "tls" => {
-                    return Err(Error::option(
-                        InputErrorKind::Type,
-                        format!("{label} must be a boolean (give certificates in tls)"),
-                    )
-                    .into())
-                }
-                "host" | "port" | "path" => {
-                    return Err(Error::option(
-                        InputErrorKind::Type,
-                        format!("{label} is not supported: give the server in url"),
-                    )
-                    .into())
-                }
-                "ca" | "cert" | "key" | "servername" | "rejectUnauthorized" => {
-                    return Err(Error::option(
-                        InputErrorKind::Type,
-                        format!("{label} is not supported: give TLS material in the tls option"),
-                    )
-                    .into())
-                }
-                _ => {
-                    return Err(Error::option(
-                        InputErrorKind::Type,
-                        format!("{label} is not supported: redisOptions.socket takes only tls"),
-                    )
-                    .into())
-                }
-            }
-        }
-        Ok(tls)
     }
 
     /// How grants are written: `fencingTokens` (default true), and failover-safe grants:
@@ -507,49 +456,20 @@ impl Options {
     }
 }
 
+/// The fields of an object option: name, value and type.
+pub(super) type Fields = [(String, Value, napi::sys::napi_valuetype)];
+
 /// The credentials an object option gives for its data nodes.
 #[derive(Default)]
-struct Credentials {
-    username: Option<String>,
-    password: Option<String>,
-    database: Option<u32>,
+pub(super) struct Credentials {
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) database: Option<u32>,
 }
 
 /// `cluster` or `sentinel`, read.
-struct Nodes {
-    nodes: Vec<String>,
-    master_name: String,
-    credentials: Credentials,
-}
-
-/// The fields of `redisOptions` that mean something here.
-#[derive(Default)]
-struct ClientFields {
-    url: Option<String>,
-    username: Option<String>,
-    password: Option<String>,
-    database: Option<u32>,
-    name: Option<String>,
-    tls: Option<bool>,
-}
-
-/// What node-redis client options (`redisOptions`) hold that has no meaning here, and what
-/// to use instead.
-fn redis_options_instead(field: &str) -> &'static str {
-    match field {
-        "socket" => "socket takes only tls here",
-        "RESP" => "RESP 2 is used",
-        "pingInterval"
-        | "disableOfflineQueue"
-        | "readonly"
-        | "legacyMode"
-        | "isolationPoolOptions"
-        | "scripts"
-        | "functions"
-        | "modules"
-        | "commandOptions"
-        | "clientInfoTag"
-        | "disableClientInfo" => "it does not apply to this client",
-        _ => "redisOptions takes url, username, password, database, name and socket.tls",
-    }
+pub(super) struct Nodes {
+    pub(super) nodes: Vec<String>,
+    pub(super) master_name: String,
+    pub(super) credentials: Credentials,
 }

@@ -5,6 +5,7 @@
 //! give `index.d.ts` its documented interfaces.
 
 mod connection;
+mod node_redis;
 mod reader;
 mod types;
 
@@ -18,8 +19,8 @@ use crate::core::{Error, Limits, RedisOptions};
 use reader::Options;
 
 pub use types::{
-    ClusterOptions, MemoryLeaseProviderOptions, RedisClientOptions, RedisLeaseProviderOptions,
-    RedisStreamsOptions, SentinelOptions, TlsOptions,
+    ClusterOptions, MemoryLeaseProviderOptions, NodeRedisClusterOptions, RedisClientOptions,
+    RedisLeaseProviderOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 
 /// Why options were refused: the coded error, and what a getter threw, if that was it.
@@ -85,7 +86,18 @@ pub struct Streams {
     pub grants: Grants,
     /// The logger object, if any.
     pub logger: Option<Value>,
+    /// `maxDeliveryAttempts: 0` was given: unlimited, as `Infinity`, with
+    /// [`ZERO_ATTEMPTS_WARNING`].
+    pub zero_attempts: bool,
 }
+
+/// Mastra's backend takes `maxDeliveryAttempts: 0` as `Infinity` and warns that it does (a
+/// 0 that meant "never redeliver" would otherwise redeliver forever unnoticed); so do we.
+pub const ZERO_ATTEMPTS_WARNING: &str = "mastra-lease streams: maxDeliveryAttempts 0 is taken \
+     as Infinity (no cap: a nacked event is redelivered forever), as Mastra's backend does; \
+     pass Infinity to disable the cap explicitly";
+/// The code of [`ZERO_ATTEMPTS_WARNING`] (`process.emitWarning`'s, and the logger's `code`).
+pub const ZERO_ATTEMPTS_CODE: &str = "MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS";
 
 /// `new RedisStreamsPubSub(options)`.
 pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
@@ -97,6 +109,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
         .unwrap_or(d.max_len);
     let connection = options.connection()?;
     let grants = options.grants(connection.command_timeout)?;
+    let attempts = options.count_or_infinity("maxDeliveryAttempts")?;
     let transport = StreamsOptions {
         connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or(d.key_prefix),
@@ -111,12 +124,12 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
         idle_ttl: ms(options
             .whole("streamIdleTtlMs", 0, TTL_CEILING_MS)?
             .filter(|&n| n > 0)),
-        max_delivery_attempts: options
-            .count_or_unlimited("maxDeliveryAttempts")?
-            .unwrap_or(d.max_delivery_attempts),
+        max_delivery_attempts: attempts.map_or(d.max_delivery_attempts, |n| n.filter(|&n| n > 0)),
         max_in_flight: options
-            .count_or_unlimited("maxInFlight")?
-            .map_or(d.max_in_flight, |n| n.map(|n| n as usize)),
+            .count_or_infinity("maxInFlight")?
+            .map_or(d.max_in_flight, |n| {
+                n.filter(|&n| n > 0).map(|n| n as usize)
+            }),
         in_flight_timeout: ms(options
             .whole("inFlightTimeoutMs", 0, TTL_CEILING_MS)?
             .filter(|&n| n > 0)),
@@ -137,6 +150,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
         limits,
         grants,
         logger,
+        zero_attempts: attempts == Some(Some(0)),
     })
 }
 

@@ -247,16 +247,16 @@ impl Options {
         }
     }
 
-    /// A count where 0 and `Infinity` both mean unlimited (`Some(None)`).
-    pub(super) fn count_or_unlimited(&self, name: &'static str) -> Read<Option<Option<u64>>> {
+    /// A count, or `Infinity` (`Some(None)`); the caller says what 0 means.
+    pub(super) fn count_or_infinity(&self, name: &'static str) -> Read<Option<Option<u64>>> {
         let Some((value, kind)) = self.get(name)? else {
             return Ok(None);
         };
         if kind == ValueType::napi_number && js::number(self.env, value) == f64::INFINITY {
             return Ok(Some(None));
         }
-        let n = self.number_in(value, kind, name, 0, MAX_COUNT)?;
-        Ok(Some((n > 0).then_some(n)))
+        self.number_in(value, kind, name, 0, MAX_COUNT)
+            .map(|n| Some(Some(n)))
     }
 }
 

@@ -57,8 +57,17 @@ pub struct RedisClientOptions {
     pub database: Option<u32>,
     /// The connection name, as `connectionName`.
     pub name: Option<String>,
-    /// `{ tls: true }` for TLS with a `redis://` URL (as `rediss://`).
-    #[napi(ts_type = "{ tls?: boolean }")]
+    /// node-redis' socket options: `tls: true` for TLS with a `redis://` URL (as
+    /// `rediss://`); `connectTimeout`, as `connectTimeoutMs` (both given must agree);
+    /// `noDelay` (`TCP_NODELAY`, default true); `keepAlive` (TCP keepalive probes: `true`,
+    /// `false`, or node-redis 4's delay in milliseconds; default on after 5000 ms) and
+    /// `keepAliveInitialDelay` (node-redis 5's delay beside `keepAlive: true`).
+    /// `reconnectStrategy` is refused: there is no reconnection loop to pace or stop (the
+    /// next call opens a broken connection again; every call settles within
+    /// `commandTimeoutMs`). Any other field is refused by name.
+    #[napi(
+        ts_type = "{ tls?: boolean; connectTimeout?: number; noDelay?: boolean; keepAlive?: boolean | number; keepAliveInitialDelay?: number }"
+    )]
     pub socket: Option<Value>,
 }
 
@@ -72,6 +81,22 @@ pub struct ClusterOptions {
     pub username: Option<String>,
     /// The nodes' password, in place of one in the URLs.
     pub password: Option<String>,
+}
+
+/// `cluster` in node-redis' shape (`createCluster`'s options), as Mastra's own backend takes
+/// it: the same as `ClusterOptions`. A root node's `socket` or credentials, any other field of
+/// `defaults`, and `useReplicas: true` are refused by name.
+#[napi(object, object_from_js = false, object_to_js = false)]
+pub struct NodeRedisClusterOptions {
+    /// The seed nodes, `[{ url }]`, as `ClusterOptions.nodes`.
+    #[napi(ts_type = "Array<{ url: string }>")]
+    pub root_nodes: Vec<String>,
+    /// Every node's ACL user and password, as `ClusterOptions.username` and `password`.
+    #[napi(ts_type = "{ username?: string; password?: string }")]
+    pub defaults: Option<Value>,
+    /// `false` only: every call goes to the masters.
+    #[napi(ts_type = "false")]
+    pub use_replicas: Option<bool>,
 }
 
 /// `sentinel`: the master that Redis Sentinel monitors under `masterName`.
@@ -97,13 +122,15 @@ pub struct RedisLeaseProviderOptions {
     /// `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
     pub url: Option<String>,
     /// node-redis client options, as Mastra's backend takes them: `url`, `username`,
-    /// `password`, `database`, `name`, `socket.tls`. Any other field throws.
+    /// `password`, `database`, `name`, and in `socket` `tls`, `connectTimeout`, `noDelay`,
+    /// `keepAlive`, `keepAliveInitialDelay`. Any other field throws.
     #[napi(ts_type = "RedisClientOptions")]
     pub redis_options: Option<RedisClientOptions>,
     /// A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-    /// URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
-    /// each topic's stream are spread over the masters by hash slot. Not with `url`.
-    #[napi(ts_type = "ClusterOptions")]
+    /// URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
+    /// defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
+    /// masters by hash slot. Not with `url`.
+    #[napi(ts_type = "ClusterOptions | NodeRedisClusterOptions")]
     pub cluster: Option<Value>,
     /// The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
     /// username?, password?, database? }`: the sentinels' URLs (their own credentials in the
@@ -135,7 +162,8 @@ pub struct RedisLeaseProviderOptions {
     /// Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's own
     /// Redis backend, so both can share a fleet's leases.
     pub key_prefix: Option<String>,
-    /// Bound on one attempt to open the connection, in milliseconds. Default 2000.
+    /// Bound on one attempt to open the connection, in milliseconds (node-redis'
+    /// `redisOptions.socket.connectTimeout`). Default 2000.
     pub connect_timeout_ms: Option<f64>,
     /// Bound on every call, connecting included, in milliseconds: a call settles within it
     /// whatever Redis does. Default 2000 (well under Mastra's 5 s renewal interval).
@@ -167,9 +195,10 @@ pub struct RedisStreamsOptions {
     #[napi(ts_type = "RedisClientOptions")]
     pub redis_options: Option<RedisClientOptions>,
     /// A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-    /// URLs (`redis://host:port`, `rediss://` with `tls`). Leases, their fencing tokens and
-    /// each topic's stream are spread over the masters by hash slot. Not with `url`.
-    #[napi(ts_type = "ClusterOptions")]
+    /// URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
+    /// defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
+    /// masters by hash slot. Not with `url`.
+    #[napi(ts_type = "ClusterOptions | NodeRedisClusterOptions")]
     pub cluster: Option<Value>,
     /// The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
     /// username?, password?, database? }`: the sentinels' URLs (their own credentials in the
@@ -200,7 +229,8 @@ pub struct RedisStreamsOptions {
     /// A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`. Default
     /// `mastra:topic`, Mastra's own layout.
     pub key_prefix: Option<String>,
-    /// Bound on one attempt to open a connection, in milliseconds. Default 2000.
+    /// Bound on one attempt to open a connection, in milliseconds (node-redis'
+    /// `redisOptions.socket.connectTimeout`). Default 2000.
     pub connect_timeout_ms: Option<f64>,
     /// Bound on every non-blocking command (publish, ack, lease calls), connecting
     /// included, in milliseconds. Default 2000.
@@ -215,10 +245,14 @@ pub struct RedisStreamsOptions {
     /// Past this many entries trimming cuts unsettled entries after all, each one lost
     /// counted in a warning; 0 never does. Default 10 × `maxStreamLength`.
     pub hard_max_stream_length: Option<f64>,
-    /// A stream idle this long expires; 0 (the default) never.
+    /// A stream idle this long expires; 0 (the default) never. Every append (publish,
+    /// redelivery) and every stream a subscribe makes (again after `clearTopic` too) sets it
+    /// again.
     pub stream_idle_ttl_ms: Option<f64>,
     /// A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
-    /// this, then dropped with a warning; 0 or `Infinity` redeliver forever. Default 5.
+    /// this, then dropped with a warning; `Infinity` redelivers forever, and so does 0 (as
+    /// Mastra's backend takes it), with a warning once per instance (code
+    /// `MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS`). Default 5.
     pub max_delivery_attempts: Option<f64>,
     /// Most events a consumer holds unsettled (this process's consumer of a group on a
     /// topic, or one fan-out subscription); at the limit it reads no more, and the rest of a
@@ -243,8 +277,9 @@ pub struct RedisStreamsOptions {
     /// Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
     /// Gets dropped-event warnings, connection trouble (at most once per 30 s), events held
-    /// unusually long, the eviction-policy warning, and debug notes when it has `debug`.
-    /// Without it, the eviction-policy warning goes to `process.emitWarning`.
+    /// unusually long, the eviction-policy warning, the `maxDeliveryAttempts: 0` warning, and
+    /// debug notes when it has `debug`. Without it, the eviction-policy and
+    /// `maxDeliveryAttempts: 0` warnings go to `process.emitWarning`.
     #[napi(
         ts_type = "{ warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }"
     )]
