@@ -159,6 +159,13 @@ export declare class RedisStreamsTransport {
   /** Deletes the topic's stream; never rejects for Redis' sake (failures go to the log). */
   clearTopic(topic: string): Promise<void>
   /**
+   * Removes one run's entries from the topic's stream (those with its `runId`; with
+   * `producedBefore`, epoch milliseconds, only those whose `data.producedAt` is no later),
+   * sparing what a consumer group holds unsettled. Rejects only for bad arguments, before
+   * any I/O; Redis' failures go to the log.
+   */
+  trimTopic(topic: string, runId: string, producedBefore?: number | undefined | null): Promise<void>
+  /**
    * Stops every subscription, drains publishes and closes every connection; later calls
    * reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). When it
    * resolves, no read of this transport is left that could take an entry. Idempotent,

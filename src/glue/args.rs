@@ -109,6 +109,22 @@ pub fn stream_name(env: Env, value: Value, name: &str, limits: &Limits) -> Resul
     Ok(text)
 }
 
+/// `trimTopic`'s `producedBefore` as the shell hands it: epoch milliseconds (a `Date` made a
+/// number), or left out. Whether the number is finite is the core's check.
+pub fn produced_before(env: Env, value: Value) -> Result<Option<f64>> {
+    match js::type_of(env, value) {
+        ValueType::napi_undefined | ValueType::napi_null => Ok(None),
+        ValueType::napi_number => Ok(Some(js::number(env, value))),
+        kind => Err(Error::streams_argument(
+            InputErrorKind::Type,
+            format!(
+                "producedBefore must be a number of milliseconds or a Date, got {}",
+                type_name(kind)
+            ),
+        )),
+    }
+}
+
 /// `startFrom`: `'earliest'` (also when left out) or `'latest'`.
 pub fn start_from(env: Env, value: Value) -> Result<StartFrom> {
     let kind = js::type_of(env, value);

@@ -25,7 +25,7 @@ use super::turn::Outbox;
 use super::{runtime, unknown};
 use crate::core::lock;
 use crate::core::log::{Level, Logger, Notice};
-use crate::core::streams::{Delivery, StreamsPubSub, SubscribeOptions};
+use crate::core::streams::{Delivery, RunEntries, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
 /// Most deliveries handed to JavaScript in one call.
@@ -405,6 +405,47 @@ impl RedisStreamsTransport {
         };
         self.run(env, move |open| async move {
             open.pubsub.clear_topic(&topic).await;
+            Ok(Reply::Undefined)
+        })
+    }
+
+    /// Removes one run's entries from the topic's stream (those with its `runId`; with
+    /// `producedBefore`, epoch milliseconds, only those whose `data.producedAt` is no later),
+    /// sparing what a consumer group holds unsettled. Rejects only for bad arguments, before
+    /// any I/O; Redis' failures go to the log.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string, runId: string, producedBefore?: number | undefined | null",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn trim_topic<'env>(
+        &self,
+        env: &'env Env,
+        topic: Unknown<'env>,
+        run_id: Unknown<'env>,
+        produced_before: Option<Unknown<'env>>,
+    ) -> Unknown<'env> {
+        let raw = env.raw();
+        let checked = (|| {
+            let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
+            let run_id = args::stream_name(raw, run_id.raw(), "runId", &self.limits)?;
+            let produced_before = match produced_before {
+                Some(value) => args::produced_before(raw, value.raw())?,
+                None => None,
+            };
+            let run = RunEntries {
+                run_id,
+                produced_before,
+            };
+            run.check()?;
+            Ok::<_, Error>((topic, run))
+        })();
+        let (topic, run) = match checked {
+            Ok(checked) => checked,
+            Err(err) => return unknown(env, settled(raw, Err(err))),
+        };
+        self.run(env, move |open| async move {
+            open.pubsub.trim_topic(&topic, &run).await?;
             Ok(Reply::Undefined)
         })
     }

@@ -23,4 +23,4 @@ export type {
 } from '../../index.js'
 export { LeasedPubSub, withLeases } from './leased-pubsub.js'
 export { RedisStreamsPubSub } from './redis-streams-pubsub.js'
-export type { ExtendableEventCallback, RedisStreamsPubSubOptions, StreamsLogger } from './redis-streams-pubsub.js'
+export type { ExtendableEventCallback, RedisStreamsPubSubOptions, StreamsLogger, TrimTopicOptions } from './redis-streams-pubsub.js'

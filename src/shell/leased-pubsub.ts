@@ -2,9 +2,12 @@ import type { Event, EventCallback, LeaseProvider, PubSub, PubSubDeliveryMode, S
 
 import { coded } from './errors.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
+import type { TrimTopicOptions } from './redis-streams-pubsub.js'
 
 /** A PubSub that can be closed: Mastra's transports have `close()`, the base class does not. */
 type Closable = { close?: () => Promise<void> | void }
+/** A PubSub of Mastra's next core, or ours: `trimTopic` is not in the installed base class. */
+type Trimmable = { trimTopic?: (topic: string, options: TrimTopicOptions) => Promise<void> }
 
 /**
  * A Mastra `PubSub` that carries events through another transport and leases through a
@@ -40,6 +43,15 @@ export class LeasedPubSub extends PubSubWithLeases {
 
   override clearTopic(topic: string): Promise<void> {
     return this.inner.clearTopic(topic)
+  }
+
+  /**
+   * Removes one finished run's entries from the topic, when the transport can (its own
+   * `trimTopic`); otherwise does nothing, as Mastra's base class does.
+   */
+  trimTopic(topic: string, options: TrimTopicOptions): Promise<void> {
+    const inner = this.inner as PubSub & Trimmable
+    return typeof inner.trimTopic === 'function' ? inner.trimTopic(topic, options) : Promise.resolve()
   }
 
   override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {

@@ -183,6 +183,20 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     await this.transport.clearTopic(topic).catch(() => {})
   }
 
+  /**
+   * Removes one finished run's entries from a topic several runs share: those whose `runId`
+   * is `options.runId` and, with `producedBefore` (epoch milliseconds or a `Date`), whose
+   * `data.producedAt` is no later. An entry a consumer group holds unsettled stays, as does
+   * every other run's. Best effort, as Mastra documents it: a Redis failure is logged and
+   * this resolves; only bad arguments reject (`ERR_STREAMS_INVALID_ARGUMENT`), before any I/O.
+   */
+  async trimTopic(topic: string, options: TrimTopicOptions): Promise<void> {
+    const { runId, producedBefore } = trimTopicOptions(options)
+    await this.transport.trimTopic(topic, runId, producedBefore).catch((err: unknown) => {
+      if ((err as { code?: unknown } | null)?.code === 'ERR_STREAMS_INVALID_ARGUMENT') throw err
+    })
+  }
+
   /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
   async close(): Promise<void> {
     this.closed = true
@@ -364,6 +378,28 @@ function attemptOf(attempt: unknown): number {
     throw coded(new RangeError(`event.deliveryAttempt must be a whole number of at least 1, got ${attempt}`), 'ERR_STREAMS_INVALID_ARGUMENT')
   }
   return attempt
+}
+
+/** `trimTopic`'s options: the run, and optionally how recent its entries may be. */
+export interface TrimTopicOptions {
+  /** The run whose entries are removed (each event's `runId`). */
+  runId: string
+  /** Only entries whose `data.producedAt` (epoch milliseconds) is no later than this. */
+  producedBefore?: number | Date
+}
+
+/** `trimTopic`'s options read once, a `Date` made a number; the native side checks the values. */
+function trimTopicOptions(options: TrimTopicOptions): { runId: string; producedBefore: number | undefined } {
+  if (typeof options !== 'object' || options === null) {
+    throw argumentError(`trimTopic options must be an object with a runId, got ${options === null ? 'null' : typeof options}`)
+  }
+  try {
+    const { runId, producedBefore } = options
+    // As typed for the caller; what a JavaScript caller really passed is checked natively.
+    return { runId, producedBefore: producedBefore instanceof Date ? producedBefore.getTime() : producedBefore }
+  } catch (err) {
+    throw argumentError(`reading the trimTopic options threw: ${err instanceof Error ? err.message : String(err)}`, err)
+  }
 }
 
 /**

@@ -82,6 +82,19 @@ impl EntryId {
     }
 }
 
+impl EntryId {
+    /// The smallest id after this one: where a page that ended here is continued from.
+    pub fn next(self) -> Self {
+        match self.seq.checked_add(1) {
+            Some(seq) => Self { ms: self.ms, seq },
+            None => Self {
+                ms: self.ms.saturating_add(1),
+                seq: 0,
+            },
+        }
+    }
+}
+
 impl fmt::Display for EntryId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}", self.ms, self.seq)

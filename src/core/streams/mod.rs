@@ -25,6 +25,8 @@
 //! - `keeper.rs`: the task beside the readers: keeping claims, the in-flight timeout,
 //!   warnings about long holds.
 //! - `trim.rs`: trimming streams without cutting entries a group has not settled.
+//! - `trim_topic.rs`: `trimTopic`, removing one run's entries from a shared topic, in pages,
+//!   sparing those a group has not settled.
 //!
 //! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL, the
 //! scripts) multiplexes over one connection, shared with the lease store. Blocking reads
@@ -44,6 +46,7 @@ mod reclaim;
 mod settle;
 mod subscription;
 mod trim;
+mod trim_topic;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -60,6 +63,7 @@ use crate::core::log::{Level, Logger, Notice, Throttle};
 
 pub use delivery::Delivery;
 pub use subscription::Subscription;
+pub use trim_topic::RunEntries;
 
 /// How to reach Redis, where topics live, and how delivery behaves. The defaults are those
 /// of Mastra's own Redis Streams backend wherever it has one.
@@ -325,6 +329,19 @@ impl StreamsPubSub {
                 &[("topic", topic.into()), ("err", err.full_message().into())],
             ),
         }
+    }
+
+    /// Removes the entries of one run from a topic's stream (`trimTopic`): those whose event's
+    /// `runId` is the run's and, with `produced_before`, whose `data.producedAt` is no later.
+    /// An entry a consumer group holds unsettled stays, as does every other run's. Fails only
+    /// on bad arguments, before any I/O; a Redis failure is reported to the logger. Works page
+    /// by page, each page one XRANGE and one script, each bounded by the command timeout.
+    pub async fn trim_topic(&self, topic: &str, run: &RunEntries) -> Result<()> {
+        run.check()?;
+        if !self.shared.closed.load(Ordering::Acquire) {
+            self.shared.trim_topic(topic, run).await;
+        }
+        Ok(())
     }
 
     /// Stops every reader, waits for publishes in flight, and closes every connection; takes
