@@ -506,8 +506,9 @@ export interface RedisStreamsOptions {
   maxInFlight?: number
   /**
    * An event held unsettled this long (its callback neither acked nor nacked it) is
-   * nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. 0 (the default)
-   * holds it until it is settled or the process ends.
+   * nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. The callback's
+   * `extend()` makes it count again from then. 0 (the default) holds it until it is
+   * settled or the process ends.
    */
   inFlightTimeoutMs?: number
   /**

@@ -260,8 +260,9 @@ pub struct RedisStreamsOptions {
     /// 1000.
     pub max_in_flight: Option<f64>,
     /// An event held unsettled this long (its callback neither acked nor nacked it) is
-    /// nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. 0 (the default)
-    /// holds it until it is settled or the process ends.
+    /// nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. The callback's
+    /// `extend()` makes it count again from then. 0 (the default) holds it until it is
+    /// settled or the process ends.
     pub in_flight_timeout_ms: Option<f64>,
     /// How often a consumer group looks for entries a dead consumer never settled
     /// (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
