@@ -10,7 +10,6 @@
 //! Redis least; only when it finds the caller already holding the lease (a refresh), or on a
 //! server that refuses the form (before 7.0), is the acquire script sent after it.
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +25,7 @@ use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::lock;
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts::{self, Lua};
+use parts::{repeated_keys, Part};
 
 /// How to reach Redis and where the leases live there.
 #[derive(Debug, Clone)]
@@ -191,7 +191,7 @@ impl RedisStore {
     /// Executes a batch of calls, handing each answer (with the call's place in the batch)
     /// to `answered` as soon as it is known. Every call with good arguments becomes one
     /// command (EVALSHA of its script, GET, or SET NX for an acquire without tokens), sent in
-    /// a few pipelines at once (see [`pipeline_size`]): the callers of the first run while
+    /// a few pipelines at once (see `parts.rs`): the callers of the first run while
     /// Redis works on the rest. Every call on one key goes in the pipeline of that key's
     /// first call, so calls on one key take effect in the order they were made. On a
     /// cluster, a pipeline holds one hash slot's keys only. The whole batch is bounded by the
@@ -246,53 +246,6 @@ impl RedisStore {
         }
     }
 
-    /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
-    /// first; at most [`pipeline_size`] keys' first calls in one; one slot per pipeline on a
-    /// cluster; and, under `minReplicas`, the keys a call may grant apart from the others.
-    fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
-        let size = pipeline_size(good.len());
-        let cluster = self.connection.is_cluster();
-        let confirming = self.grants.replication.is_some();
-        let confirmed: HashSet<&str> = match confirming {
-            true => good
-                .iter()
-                .map(|&i| &calls[i].call)
-                .filter(|call| call.grants())
-                .map(Call::key)
-                .collect(),
-            false => HashSet::new(),
-        };
-        let mut pipelines: Vec<Part> = Vec::new();
-        let mut of_key: HashMap<&str, usize> = HashMap::new();
-        for &i in good {
-            let key = calls[i].call.key();
-            if let Some(&at) = of_key.get(key) {
-                pipelines[at].sent.push(i);
-                pipelines[at].keys_repeat = true;
-                continue;
-            }
-            let slot = cluster.then(|| keys::slot(&self.layout.lease(key)));
-            let confirm = confirmed.contains(key);
-            let open = pipelines
-                .iter()
-                .rposition(|p| p.slot == slot && p.confirm == confirm && p.keys < size);
-            let at = open.unwrap_or_else(|| {
-                pipelines.push(Part {
-                    sent: Vec::new(),
-                    keys: 0,
-                    keys_repeat: false,
-                    slot,
-                    confirm,
-                });
-                pipelines.len() - 1
-            });
-            pipelines[at].sent.push(i);
-            pipelines[at].keys += 1;
-            of_key.insert(key, at);
-        }
-        pipelines
-    }
-
     /// Sends one pipeline, once more when the connection broke under it, and answers each of
     /// its calls.
     async fn send(
@@ -326,90 +279,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-
-    /// Sends a pipeline of calls on keys one of them may grant, on a link lent to it alone:
-    /// the calls that did not grant (refusals, releases, reads, errors) are answered as soon
-    /// as their replies are in; then one `WAIT` for the grants, with what is left of
-    /// `replicaTimeoutMs` since the batch began, so a grant answers within it whatever was
-    /// sent again on the way. Fails (for [`RedisStore::send`] to send again) only before any
-    /// call was answered.
-    async fn confirmed(
-        &self,
-        calls: &[Sent],
-        pipeline: &Part,
-        timing: Timing,
-        wanted: Replication,
-        answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
-    ) -> Result<Vec<(usize, Result<Answer>)>> {
-        let deadline = tokio::time::Instant::from_std(timing.deadline);
-        let timeout = Error::Timeout(self.connection.timeout());
-        let key = self.layout.lease(calls[pipeline.sent[0]].call.key());
-        let Ok(lent) = tokio::time::timeout_at(deadline, self.connection.lend(&key)).await else {
-            return Err(timeout);
-        };
-        let mut lent = lent?;
-        let replies = match tokio::time::timeout_at(
-            deadline,
-            self.passes(lent.link(), calls, pipeline),
-        )
-        .await
-        {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(err)) => return Err(self.connection.classify(err)),
-            Err(_) => return Err(timeout),
-        };
-        let (granted, now): (Vec<_>, Vec<_>) = self
-            .decode_all(calls, &pipeline.sent, replies)
-            .into_iter()
-            .partition(|(_, answer)| answer.as_ref().is_ok_and(Answer::granted));
-        if granted.is_empty() {
-            lent.keep();
-            return Ok(now);
-        }
-        answered(now);
-        let left = wanted.timeout.saturating_sub(timing.started.elapsed());
-        let wait_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(wanted.replicas).arg(wait_ms);
-        let confirmed = tokio::time::timeout_at(deadline, lent.link().on_node_of(&key, &wait));
-        let failure = match confirmed.await {
-            Ok(Ok(reply)) => match parse::<u32>(reply) {
-                Ok(confirmed) if confirmed >= wanted.replicas => {
-                    lent.keep();
-                    return Ok(granted);
-                }
-                Ok(confirmed) => {
-                    lent.keep();
-                    Error::Replication {
-                        wanted: wanted.replicas,
-                        confirmed,
-                    }
-                }
-                Err(err) => self.wait_failed(err),
-            },
-            Ok(Err(err)) => self.wait_failed(err),
-            Err(_) => timeout,
-        };
-        Ok(granted
-            .into_iter()
-            .map(|(i, _)| (i, Err(failure.clone())))
-            .collect())
-    }
-
-    /// What a failed `WAIT` means for the grants it was to confirm. A server that does not
-    /// run it (renamed away, a managed service without it, an ACL user refused it) is
-    /// remembered: every later grant is refused so before anything is sent.
-    fn wait_failed(&self, err: redis::RedisError) -> Error {
-        let refused = err.code() == Some("NOPERM") || Error::is_unknown_command(&err).is_some();
-        if refused {
-            let err = Error::Unsupported {
-                command: "WAIT".to_owned(),
-                source: err,
-            };
-            return self.no_wait.get_or_init(|| err).clone();
-        }
-        self.connection.classify(err)
     }
 
     /// Each call's answer from its reply.
@@ -641,51 +510,11 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// The most calls sent as one pipeline.
-const MAX_PIPELINE: usize = 64;
-
-/// How many keys of a batch of `n` calls go in one pipeline: small batches travel whole;
-/// larger ones in at least two pipelines, so Redis works on one while the other's callers
-/// run (docs/benchmarks.md has what that is worth).
-fn pipeline_size(n: usize) -> usize {
-    if n <= 16 {
-        n
-    } else {
-        n.div_ceil(2).min(MAX_PIPELINE)
-    }
-}
-
-/// A part of a batch sent as one pipeline.
-struct Part {
-    /// The calls, by their place in the batch, in order.
-    sent: Vec<usize>,
-    /// How many keys they are on.
-    keys: usize,
-    /// Some key has more than one call here.
-    keys_repeat: bool,
-    /// The hash slot of every key here, on a cluster.
-    slot: Option<u16>,
-    /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
-    /// a lent link, the grants confirmed there.
-    confirm: bool,
-}
-
 /// When a batch began, and when it must be answered by.
 #[derive(Clone, Copy)]
 struct Timing {
     started: Instant,
     deadline: Instant,
-}
-
-/// For each call at `sent`: whether its key has another call among them.
-fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
-    let mut count: HashMap<&str, u32> = HashMap::new();
-    for &i in sent {
-        *count.entry(calls[i].call.key()).or_default() += 1;
-    }
-    sent.iter()
-        .map(|&i| count.get(calls[i].call.key()).is_some_and(|&n| n > 1))
-        .collect()
 }
 
 /// A call on its way, with the id a transfer carries on every send of it.
@@ -768,5 +597,7 @@ fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|err| String::from_utf8_lossy(err.as_bytes()).into())
 }
 
+mod confirm;
+mod parts;
 #[cfg(test)]
 mod tests;

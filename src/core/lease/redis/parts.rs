@@ -1,0 +1,95 @@
+//! How a batch is split into pipelines: a key's calls all in one, a few pipelines at once, one
+//! slot per pipeline on a cluster, and under `minReplicas` the keys a call may grant apart.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{keys, Call, RedisStore, Sent};
+
+impl RedisStore {
+    /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
+    /// first; at most [`pipeline_size`] keys' first calls in one; one slot per pipeline on a
+    /// cluster; and, under `minReplicas`, the keys a call may grant apart from the others.
+    pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
+        let size = pipeline_size(good.len());
+        let cluster = self.connection.is_cluster();
+        let confirming = self.grants.replication.is_some();
+        let confirmed: HashSet<&str> = match confirming {
+            true => good
+                .iter()
+                .map(|&i| &calls[i].call)
+                .filter(|call| call.grants())
+                .map(Call::key)
+                .collect(),
+            false => HashSet::new(),
+        };
+        let mut pipelines: Vec<Part> = Vec::new();
+        let mut of_key: HashMap<&str, usize> = HashMap::new();
+        for &i in good {
+            let key = calls[i].call.key();
+            if let Some(&at) = of_key.get(key) {
+                pipelines[at].sent.push(i);
+                pipelines[at].keys_repeat = true;
+                continue;
+            }
+            let slot = cluster.then(|| keys::slot(&self.layout.lease(key)));
+            let confirm = confirmed.contains(key);
+            let open = pipelines
+                .iter()
+                .rposition(|p| p.slot == slot && p.confirm == confirm && p.keys < size);
+            let at = open.unwrap_or_else(|| {
+                pipelines.push(Part {
+                    sent: Vec::new(),
+                    keys: 0,
+                    keys_repeat: false,
+                    slot,
+                    confirm,
+                });
+                pipelines.len() - 1
+            });
+            pipelines[at].sent.push(i);
+            pipelines[at].keys += 1;
+            of_key.insert(key, at);
+        }
+        pipelines
+    }
+}
+
+/// The most calls sent as one pipeline.
+const MAX_PIPELINE: usize = 64;
+
+/// How many keys of a batch of `n` calls go in one pipeline: small batches travel whole;
+/// larger ones in at least two pipelines, so Redis works on one while the other's callers
+/// run (docs/benchmarks.md has what that is worth).
+pub(super) fn pipeline_size(n: usize) -> usize {
+    if n <= 16 {
+        n
+    } else {
+        n.div_ceil(2).min(MAX_PIPELINE)
+    }
+}
+
+/// A part of a batch sent as one pipeline.
+pub(super) struct Part {
+    /// The calls, by their place in the batch, in order.
+    pub(super) sent: Vec<usize>,
+    /// How many keys they are on.
+    pub(super) keys: usize,
+    /// Some key has more than one call here.
+    pub(super) keys_repeat: bool,
+    /// The hash slot of every key here, on a cluster.
+    pub(super) slot: Option<u16>,
+    /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
+    /// a lent link, the grants confirmed there.
+    pub(super) confirm: bool,
+}
+
+/// For each call at `sent`: whether its key has another call among them.
+pub(super) fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
+    let mut count: HashMap<&str, u32> = HashMap::new();
+    for &i in sent {
+        *count.entry(calls[i].call.key()).or_default() += 1;
+    }
+    sent.iter()
+        .map(|&i| count.get(calls[i].call.key()).is_some_and(|&n| n > 1))
+        .collect()
+}
