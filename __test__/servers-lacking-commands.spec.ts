@@ -55,8 +55,10 @@ async function heldByA(url: string, ttlMs: number) {
   const holder = closing(new RedisLeaseProvider({ url }))
   const waiter = closing(new RedisLeaseProvider({ url, logger }))
   const key = newKey()
+  // Taken before the acquire is sent: the TTL runs from when Redis ran it, later.
+  const granted = performance.now()
   await holder.acquireLease(key, 'A', ttlMs)
-  return { logger, holder, waiter, key, granted: performance.now() }
+  return { logger, holder, waiter, key, granted }
 }
 
 /**
