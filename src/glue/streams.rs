@@ -300,21 +300,10 @@ impl RedisStreamsTransport {
     /// at `maxDeliveryAttempts`. Never rejects, as `ack`.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn nack<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
-        let raw = env.raw();
-        let Some((open, delivery)) = self.held(delivery) else {
-            return unknown(env, resolved(raw));
-        };
-        unknown(
+        self.on_delivery(
             env,
-            open.inbox.defer(raw, async move {
-                // A panic is a bug, and reported as one on stderr; the nack still resolves.
-                let _ = guarded(async {
-                    delivery.nack().await;
-                    Ok(())
-                })
-                .await;
-                Ok(Reply::Undefined)
-            }),
+            delivery,
+            |delivery| async move { delivery.nack().await },
         )
     }
 
@@ -324,21 +313,10 @@ impl RedisStreamsTransport {
     /// a Redis that cannot be reached (within the command timeout) all resolve.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn extend<'env>(&self, env: &'env Env, delivery: f64) -> Unknown<'env> {
-        let raw = env.raw();
-        let Some((open, delivery)) = self.held(delivery) else {
-            return unknown(env, resolved(raw));
-        };
-        unknown(
+        self.on_delivery(
             env,
-            open.inbox.defer(raw, async move {
-                // A panic is a bug, and reported as one on stderr; the extend still resolves.
-                let _ = guarded(async {
-                    delivery.extend().await;
-                    Ok(())
-                })
-                .await;
-                Ok(Reply::Undefined)
-            }),
+            delivery,
+            |delivery| async move { delivery.extend().await },
         )
     }
 
@@ -484,6 +462,31 @@ impl RedisStreamsTransport {
 
     /// The held delivery with this id, with the transport's state; `None` once closed, or
     /// for an id that is not a held delivery's.
+    /// Runs `work` on a held delivery, on the runtime, and resolves once it is done, whatever
+    /// happened: a settled or unknown delivery, or a closed transport, resolves at once; a
+    /// panic is a bug, reported as one on stderr, and resolves too.
+    fn on_delivery<'env, F, Fut>(&self, env: &'env Env, delivery: f64, work: F) -> Unknown<'env>
+    where
+        F: FnOnce(Delivery) -> Fut + Send + 'static,
+        Fut: std::future::Future + Send,
+    {
+        let raw = env.raw();
+        let Some((open, delivery)) = self.held(delivery) else {
+            return unknown(env, resolved(raw));
+        };
+        unknown(
+            env,
+            open.inbox.defer(raw, async move {
+                let _ = guarded(async {
+                    work(delivery).await;
+                    Ok(())
+                })
+                .await;
+                Ok(Reply::Undefined)
+            }),
+        )
+    }
+
     fn held(&self, delivery: f64) -> Option<(&Arc<Open>, Delivery)> {
         let open = self.open.as_ref()?;
         let id = args::safe_integer(delivery)?;
