@@ -266,9 +266,11 @@ describe('streams arguments are checked as lease keys are', () => {
     expect(replacement.events).toEqual([])
   })
 
-  it("subscribe(topic, 5), startFrom: 'bogus', an unknown subscribe option and options whose Proxy traps throw are errors", async () => {
+  it("subscribe(topic, 5), startFrom: 'bogus', an unknown subscribe option, an array as options and options whose Proxy traps throw are errors", async () => {
     const p = pubsub()
     await expectRejection(() => p.subscribe('t', 5 as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
+    const array = await expectRejection(() => p.subscribe('t', () => {}, [] as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
+    expect(array.message).toContain('an array')
     await expectRejection(() => p.subscribe('t', () => {}, { startFrom: 'bogus' as never }), RangeError, 'ERR_STREAMS_INVALID_ARGUMENT')
     const err = await expectRejection(() => p.subscribe('t', () => {}, { grup: 'workers' } as never), TypeError, 'ERR_STREAMS_INVALID_ARGUMENT')
     expect(err.message).toContain('unknown subscribe option "grup"')

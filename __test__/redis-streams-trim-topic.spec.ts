@@ -160,6 +160,7 @@ describe('trimTopic on one server', () => {
       ['t', undefined, TypeError],
       ['t', null, TypeError],
       ['t', {}, TypeError],
+      ['t', [], TypeError],
       ['t', { runId: '' }, RangeError],
       ['t', { runId: 42 }, TypeError],
       ['t', { runId: 'r', producedBefore: Number.NaN }, RangeError],

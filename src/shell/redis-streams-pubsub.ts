@@ -390,8 +390,9 @@ export interface TrimTopicOptions {
 
 /** `trimTopic`'s options read once, a `Date` made a number; the native side checks the values. */
 function trimTopicOptions(options: TrimTopicOptions): { runId: string; producedBefore: number | undefined } {
-  if (typeof options !== 'object' || options === null) {
-    throw argumentError(`trimTopic options must be an object with a runId, got ${options === null ? 'null' : typeof options}`)
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    const got = options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options
+    throw argumentError(`trimTopic options must be an object with a runId, got ${got}`)
   }
   try {
     const { runId, producedBefore } = options
@@ -413,7 +414,9 @@ function subscribeOptions(options: SubscribeOptions | undefined | null): {
   startFrom: SubscribeOptions['startFrom']
 } {
   if (options === undefined || options === null) return { group: undefined, startFrom: undefined }
-  if (typeof options !== 'object') throw argumentError(`subscribe options must be an object, got ${typeof options}`)
+  if (typeof options !== 'object' || Array.isArray(options)) {
+    throw argumentError(`subscribe options must be an object, got ${Array.isArray(options) ? 'an array' : typeof options}`)
+  }
   let names: string[]
   let read: { group: string | undefined; startFrom: SubscribeOptions['startFrom'] }
   try {
