@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
-import { errorCode, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
+import { CollectingLogger, errorCode, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
 
 const LONG = 60_000
@@ -33,19 +33,6 @@ async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
 const serverWith = (policy: string, maxmemory = MAXMEMORY) =>
   ownServer({ args: ['--maxmemory', String(maxmemory), '--maxmemory-policy', policy] })
 
-/** Mastra's logger shape, as a class: its methods need `this`. */
-class Collect {
-  readonly lines: Array<{ level: 'warn' | 'debug'; message: string; fields: Record<string, unknown> | undefined }> = []
-  warn(message: string, fields?: Record<string, unknown>): void {
-    this.lines.push({ level: 'warn', message, fields })
-  }
-  debug(message: string, fields?: Record<string, unknown>): void {
-    this.lines.push({ level: 'debug', message, fields })
-  }
-  get warnings() {
-    return this.lines.filter((l) => l.level === 'warn')
-  }
-}
 
 function provider(options: ConstructorParameters<typeof RedisLeaseProvider>[0]): RedisLeaseProvider {
   const p = new RedisLeaseProvider(options)
@@ -104,7 +91,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
   it('allkeys-lru with maxmemory: one warning naming the policy, however many calls follow', async () => {
     const server = await serverWith('allkeys-lru')
     const infos = await infoCounter(server)
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: server.url, logger })
     const key = uniqueKey('evict-allkeys')
     await everyMethod(p, key)
@@ -124,7 +111,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
 
   it('volatile-lru warns too, and says why: every lease has a TTL', async () => {
     const server = await serverWith('volatile-lru')
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: server.url, logger })
     await everyMethod(p, uniqueKey('evict-volatile'))
     await until('the warning', () => logger.warnings.length > 0)
@@ -136,7 +123,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
   it('noeviction with maxmemory set: the policy is read once and nothing is reported', async () => {
     const server = await serverWith('noeviction')
     const infos = await infoCounter(server)
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: server.url, logger })
     await everyMethod(p, uniqueKey('evict-none'))
     await until('the INFO read', async () => (await infos()) >= 1)
@@ -149,7 +136,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
   it('maxmemory 0 (no limit) with allkeys-lru: the policy is read once and nothing is reported', async () => {
     const server = await serverWith('allkeys-lru', 0)
     const infos = await infoCounter(server)
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: server.url, logger })
     await everyMethod(p, uniqueKey('evict-unlimited'))
     await until('the INFO read', async () => (await infos()) >= 1)
@@ -162,7 +149,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     const server = await serverWith('allkeys-lru')
     const password = 'N0-info-pa55-Kq3'
     await server.cli('ACL', 'SETUSER', 'noinfo', 'on', `>${password}`, '~*', '+@all', '-info')
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: `redis://noinfo:${password}@127.0.0.1:${server.port}`, logger })
     const key = uniqueKey('evict-noinfo')
     expect(await p.acquireLease(key, 'A', LONG)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
@@ -186,7 +173,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
   it('after CONFIG SET and a killed connection, the new connection is checked: a new policy warns, a known one does not', async () => {
     const server = await serverWith('allkeys-lru')
     const infos = await infoCounter(server)
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const p = provider({ url: server.url, logger })
     const key = uniqueKey('evict-reconnect')
     await everyMethod(p, key)
@@ -236,7 +223,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
 
   it('RedisStreamsPubSub warns through its logger, once, for its events and leases alike', async () => {
     const server = await serverWith('volatile-ttl')
-    const logger = new Collect()
+    const logger = new CollectingLogger()
     const pubsub = new RedisStreamsPubSub({ url: server.url, logger })
     providers.push(pubsub)
     const key = uniqueKey('evict-streams')
@@ -277,7 +264,7 @@ describe('the logger option', () => {
     }
     // Mastra's logger shape: methods on the prototype, or a plain object, or console.
     // A logger needs only what it is called with: warn alone will do.
-    for (const logger of [new Collect(), { warn() {}, debug() {} }, { warn() {} }, console]) {
+    for (const logger of [new CollectingLogger(), { warn() {}, debug() {} }, { warn() {} }, console]) {
       const p = provider({ logger })
       expect(p).toBeInstanceOf(RedisLeaseProvider)
     }

@@ -11,7 +11,7 @@ import { EventEmitterPubSub } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
-import { expectRejection, sleep } from './helpers/lease.js'
+import { expectRejection, pending, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
@@ -69,15 +69,6 @@ const pairs: Array<[string, () => Pair]> = [
 ]
 const newKey = () => `wait-${randomUUID().slice(0, 8)}\u0000thread`
 
-/** A hold() in flight, with when it settled. */
-function pending(hold: Promise<HeldLease>) {
-  const state = { settled: false, at: 0, lease: undefined as HeldLease | undefined, error: undefined as unknown }
-  const done = hold.then(
-    (lease) => Object.assign(state, { settled: true, at: performance.now(), lease }),
-    (error: unknown) => Object.assign(state, { settled: true, at: performance.now(), error }),
-  )
-  return Object.assign(state, { done })
-}
 
 /** A fresh key that `A` holds for a minute, through the holder's side of a new pair. */
 async function heldByA(make: () => Pair) {

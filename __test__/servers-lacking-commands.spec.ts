@@ -9,8 +9,8 @@ import { randomUUID } from 'node:crypto'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { RedisLeaseProvider, RedisStreamsPubSub, type HeldLease } from '../dist/esm/index.js'
-import { expectRejection, sleep } from './helpers/lease.js'
+import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { CollectingLogger, expectRejection, pending, sleep } from './helpers/lease.js'
 import { ev, Inbox, recordingLogger } from './helpers/streams.js'
 import { closing, leaseSuite, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
@@ -18,18 +18,10 @@ import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
 
 leaseSuite()
 
-/** Mastra's logger shape, as a class: its methods need `this`. */
-class Collect {
-  readonly lines: Array<{ level: 'warn' | 'debug'; message: string; fields: Record<string, unknown> | undefined }> = []
-  warn(message: string, fields?: Record<string, unknown>): void {
-    this.lines.push({ level: 'warn', message, fields })
-  }
-  debug(message: string, fields?: Record<string, unknown>): void {
-    this.lines.push({ level: 'debug', message, fields })
-  }
-  /** The warnings about how waiters listen. */
+/** A logger that keeps what it is told, and the warnings about how waiters listen. */
+class Collect extends CollectingLogger {
   get wakeUps() {
-    return this.lines.filter((l) => l.level === 'warn' && l.fields?.code === 'MASTRA_LEASE_WAKE_UPS')
+    return this.warnings.filter((l) => l.fields?.code === 'MASTRA_LEASE_WAKE_UPS')
   }
 }
 
@@ -39,15 +31,6 @@ const serverWithout = async (...commands: string[]) =>
 
 const newKey = () => `lacking-${randomUUID().slice(0, 8)}\u0000thread`
 
-/** A hold() in flight, with when it settled. */
-function pending(hold: Promise<HeldLease>) {
-  const state = { settled: false, at: 0, lease: undefined as HeldLease | undefined, error: undefined as unknown }
-  const done = hold.then(
-    (lease) => Object.assign(state, { settled: true, at: performance.now(), lease }),
-    (error: unknown) => Object.assign(state, { settled: true, at: performance.now(), error }),
-  )
-  return Object.assign(state, { done })
-}
 
 /** Holder and waiter on `url`, the waiter telling `logger`; `A` holds a fresh key for `ttlMs`. */
 async function heldByA(url: string, ttlMs: number) {

@@ -1,6 +1,8 @@
 import { randomUUID } from 'node:crypto'
 import { expect } from 'vitest'
 
+import type { HeldLease } from '../../dist/esm/index.js'
+
 /** The surface both native providers share (what Mastra sees, plus close()). */
 export interface LeaseApi {
   acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }>
@@ -101,3 +103,27 @@ export async function settleWithin<T>(
 }
 
 export const errorCode = (err: unknown): unknown => (err as { code?: unknown } | undefined)?.code
+
+/** A hold() in flight, with when it settled. */
+export function pending(hold: Promise<HeldLease>) {
+  const state = { settled: false, at: 0, lease: undefined as HeldLease | undefined, error: undefined as unknown }
+  const done = hold.then(
+    (lease) => Object.assign(state, { settled: true, at: performance.now(), lease }),
+    (error: unknown) => Object.assign(state, { settled: true, at: performance.now(), error }),
+  )
+  return Object.assign(state, { done })
+}
+
+/** Mastra's logger shape, as a class (its methods need `this`), keeping what it is told. */
+export class CollectingLogger {
+  readonly lines: Array<{ level: 'warn' | 'debug'; message: string; fields: Record<string, unknown> | undefined }> = []
+  warn(message: string, fields?: Record<string, unknown>): void {
+    this.lines.push({ level: 'warn', message, fields })
+  }
+  debug(message: string, fields?: Record<string, unknown>): void {
+    this.lines.push({ level: 'debug', message, fields })
+  }
+  get warnings() {
+    return this.lines.filter((l) => l.level === 'warn')
+  }
+}
