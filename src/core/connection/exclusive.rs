@@ -15,12 +15,14 @@
 //! ([`Lent::keep`]) only once its work on it finished; a link dropped otherwise (its work
 //! broke, timed out, or was abandoned mid-`WAIT`) is closed, never lent again.
 
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::link::{master_in, Node, SlotMap};
-use super::Link;
+use super::slots::{self, master_in, Node, SlotMap};
+use super::{Connection, Link};
+use crate::core::error::{Error, Result};
 use crate::core::lock;
 
 /// The most links lent at once: a bound on the connections a lagging replica can make one
@@ -130,5 +132,63 @@ impl<'a> Lent<'a> {
     /// on its way on it.
     pub fn keep(self) {
         self.pool.give_back(self.node, self.link);
+    }
+}
+
+impl Connection {
+    /// A link no other caller sends anything on until it is dropped or kept: for `WAIT`,
+    /// which holds up every later command of its connection and confirms only that
+    /// connection's writes. Waits for one when [`exclusive::MOST_LENT`] are lent already; the
+    /// caller bounds the wait. On a cluster the link leads to the master of `key`'s slot.
+    pub async fn lend(&self, key: &[u8]) -> Result<Lent<'_>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(self.subject));
+        }
+        let Some(place) = self.exclusive.place().await else {
+            return Err(Error::Closed(self.subject));
+        };
+        let node = match self.target.is_cluster() {
+            true => Some(self.master_of(key).await?),
+            false => None,
+        };
+        let link = match self.exclusive.take(node.as_ref()) {
+            Some(link) => link,
+            None => self.open_exclusive(node.as_ref()).await?,
+        };
+        Ok(Lent::new(link, node, &self.exclusive, place))
+    }
+
+    /// The cluster master serving `key`'s slot: as last read, or read now on the shared link.
+    async fn master_of(&self, key: &[u8]) -> Result<Node> {
+        let slot = crate::core::lease::keys::slot(key);
+        if let Some(node) = self.exclusive.master_of(slot) {
+            return Ok(node);
+        }
+        let Link::Cluster(cluster) = self.link().await? else {
+            return Err(Error::Internal(
+                "a cluster's shared link is a cluster link".into(),
+            ));
+        };
+        let map = slots::slot_map(cluster)
+            .await
+            .map_err(|err| self.classify(err))?;
+        let node = slots::master_in(&map, slot);
+        self.exclusive.set_slots(map);
+        node.ok_or_else(|| self.classify(slots::no_master()))
+    }
+
+    /// A link to lend, named like every other (best effort, as elsewhere).
+    async fn open_exclusive(&self, node: Option<&Node>) -> Result<Link> {
+        let mut link = self
+            .target
+            .exclusive(&self.lent, node)
+            .await
+            .map_err(|err| self.classify(err))?;
+        if let Some(name) = &self.name {
+            let mut setname = redis::cmd("CLIENT");
+            setname.arg("SETNAME").arg(name);
+            let _ = link.on_every_master(&setname).await;
+        }
+        Ok(link)
     }
 }

@@ -23,23 +23,16 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, ProtocolVersion, PushInfo, RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, ProtocolVersion,
+    PushInfo, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::address::{check_tls, redact_all, refused_tls, seeds, with_credentials, Protocol};
 use super::sentinel::Sentinels;
-use super::{parse, redact, tls, ConnectionOptions, Deployment};
+use super::slots::{master_of, Node};
+use super::{tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
-
-/// The protocol a target's connections speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Protocol {
-    /// The one the URL names (RESP2 unless it says otherwise).
-    AsTheUrlSays,
-    /// RESP3, for connections that receive pushes (subscriptions).
-    Resp3,
-}
 
 /// The deployment to reach.
 pub(super) enum Target {
@@ -230,61 +223,6 @@ impl NodeClients {
             Client::build_with_tls(info, self.tls.certificates())
         }
     }
-}
-
-/// A cluster node, by host and port.
-pub(super) type Node = (String, u16);
-
-/// Which master serves which slots: ranges of slots, first and last included.
-pub(super) type SlotMap = Vec<(u16, u16, Node)>;
-
-/// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
-async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
-    let slot = crate::core::lease::keys::slot(key);
-    master_in(&slot_map(cluster).await?, slot).ok_or_else(no_master)
-}
-
-/// The master serving `slot`, in `map`.
-pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<Node> {
-    map.iter()
-        .find(|(start, end, _)| (*start..=*end).contains(&slot))
-        .map(|(_, _, node)| node.clone())
-}
-
-/// What a caller gets when no master serves a slot.
-pub(super) fn no_master() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Server(ServerErrorKind::ClusterDown),
-        "no node serves the slot",
-    ))
-}
-
-/// Every slot range and its master, from `CLUSTER SLOTS` on the cluster link (answered by
-/// every version, where `CLUSTER SHARDS` would do as well).
-pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<SlotMap> {
-    let reply = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async::<Value>(&mut cluster)
-        .await?;
-    let ranges: Vec<Vec<Value>> = parse(reply)?;
-    let mut map = SlotMap::new();
-    for range in ranges {
-        let mut fields = range.into_iter();
-        let (Some(start), Some(end), Some(master)) = (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let node: Vec<Value> = parse(master)?;
-        let mut node = node.into_iter();
-        if let (Some(host), Some(port)) = (node.next(), node.next()) {
-            map.push((
-                parse(start)?,
-                parse(end)?,
-                (parse::<String>(host)?, parse::<u16>(port)?),
-            ));
-        }
-    }
-    Ok(map)
 }
 
 /// One connection, of whichever kind the target opens.
@@ -486,79 +424,6 @@ impl ConnectionLike for Link {
     }
 }
 
-/// A URL's connection info, the credentials and database the options give beside it
-/// applied, each refused when the URL already says otherwise.
-pub(super) fn with_credentials(
-    url: &str,
-    options: &ConnectionOptions,
-    what: &str,
-) -> Result<ConnectionInfo> {
-    let mut info = url.into_connection_info().map_err(|err| {
-        // The URL may carry a password, so neither it nor the parser's echo of it is
-        // repeated; the parser's complaint without the URL is enough to fix it.
-        Error::option(
-            InputErrorKind::Range,
-            format!(
-                "{what} is not a Redis URL (redis://, rediss://, redis+unix://): {}",
-                redact(&err.to_string(), url)
-            ),
-        )
-    })?;
-    let mut settings = info.redis_settings().clone();
-    // Given twice, differently: which one was meant cannot be told.
-    let twice = |field: &str| {
-        Error::option(
-            InputErrorKind::Type,
-            format!("the {field} is given both in the url and as an option, differently"),
-        )
-    };
-    if let Some(username) = &options.username {
-        if settings.username().is_some_and(|u| u != username) {
-            return Err(twice("username"));
-        }
-        settings = settings.set_username(username);
-    }
-    if let Some(password) = &options.password {
-        if settings.password().is_some_and(|p| p != password) {
-            return Err(twice("password"));
-        }
-        settings = settings.set_password(password);
-    }
-    if let Some(database) = options.database {
-        if settings.db() != 0 && settings.db() != database {
-            return Err(twice("database"));
-        }
-        settings = settings.set_db(database);
-    }
-    info = info
-        .set_redis_settings(settings)
-        .set_tcp_settings(options.tcp());
-    Ok(info)
-}
-
-/// The TLS material applies to `rediss://` only.
-fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
-    if options.tls.is_empty() {
-        return Ok(());
-    }
-    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-        return Err(Error::option(
-            InputErrorKind::Range,
-            "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// only",
-        ));
-    }
-    options.tls.check()
-}
-
-/// The material was checked, so a refusal is redis-rs' own; its message is not repeated in
-/// case it quotes the material.
-pub(super) fn refused_tls(_: redis::RedisError) -> Error {
-    Error::option(
-        InputErrorKind::Range,
-        "tls: the Redis client refused the certificates or key",
-    )
-}
-
 /// The client of a single server: the URL, with the credentials and database the options
 /// give beside it, and the TLS material for a `rediss://` URL.
 fn single(options: &ConnectionOptions, protocol: Protocol) -> Result<Client> {
@@ -625,50 +490,6 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
             tls: options.tls.clone(),
         },
     })
-}
-
-/// Seed URLs (a cluster's nodes, the sentinels), parsed with `options`' credentials applied
-/// and checked against its TLS options: TCP only, and one scheme and one set of credentials
-/// for all, so no seed quietly connects differently from the others.
-pub(super) fn seeds(
-    urls: &[String],
-    options: &ConnectionOptions,
-    what: &str,
-) -> Result<Vec<ConnectionInfo>> {
-    let range = |message: String| Error::option(InputErrorKind::Range, message);
-    let infos = urls
-        .iter()
-        .map(|url| with_credentials(url, options, what))
-        .collect::<Result<Vec<_>>>()?;
-    let Some(first) = infos.first() else {
-        return Err(range(format!("{what} must name at least one")));
-    };
-    let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-    for info in &infos {
-        check_tls(options, info)?;
-        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
-            return Err(range(format!(
-                "{what} must be redis:// or rediss:// URLs, not unix sockets"
-            )));
-        }
-        if tls(info) != tls(first) {
-            return Err(range(format!("{what} mix redis:// and rediss:// URLs")));
-        }
-        if info.redis_settings().username() != first.redis_settings().username()
-            || info.redis_settings().password() != first.redis_settings().password()
-        {
-            return Err(range(format!(
-                "{what} give different credentials: every one takes the same"
-            )));
-        }
-    }
-    Ok(infos)
-}
-
-/// Removes every URL (and so any password in one) from a message.
-pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
-    urls.iter()
-        .fold(message.to_owned(), |message, url| redact(&message, url))
 }
 
 #[cfg(test)]

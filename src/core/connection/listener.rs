@@ -29,7 +29,8 @@ use serde_json::Value as Json;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use super::link::{Channels, Link, Protocol, Target};
+use super::address::Protocol;
+use super::link::{Channels, Link, Target};
 use super::setup::Setup;
 use super::ConnectionOptions;
 use crate::core::error::{Error, Result};

@@ -6,16 +6,20 @@
 //! - `mod.rs`: [`Connection`], the shared slot, timeouts, classifying errors.
 //! - `link.rs`: the deployment reached ([`Target`]) and a connection to it ([`Link`]), the
 //!   one place that knows what kind of deployment it is.
+//! - `address.rs`: URLs, credentials and seeds, checked against the TLS options.
 //! - `exclusive.rs`: links lent to one caller at a time, for work that blocks its connection
 //!   (`WAIT`).
+//! - `slots.rs`: which master serves a cluster slot, for links to one node.
 //! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
 //! - `tls.rs`: TLS material for `rediss://`.
 
+mod address;
 mod exclusive;
 mod link;
 mod listener;
 mod sentinel;
 mod setup;
+mod slots;
 mod tls;
 
 use std::future::Future;
@@ -30,10 +34,10 @@ use crate::core::error::{Error, Result, Subject};
 use crate::core::lock;
 use crate::core::log::{Logger, Notice};
 
+use address::Protocol;
 use exclusive::Exclusive;
-pub use exclusive::Lent;
 pub use link::Link;
-use link::{Protocol, Target};
+use link::Target;
 use listener::Listener;
 pub use listener::Wake;
 use setup::Setup;
@@ -427,62 +431,6 @@ impl Connection {
                 Err(self.explained(Error::Timeout(self.timeout)))
             }
         }
-    }
-
-    /// A link no other caller sends anything on until it is dropped or kept: for `WAIT`,
-    /// which holds up every later command of its connection and confirms only that
-    /// connection's writes. Waits for one when [`exclusive::MOST_LENT`] are lent already; the
-    /// caller bounds the wait. On a cluster the link leads to the master of `key`'s slot.
-    pub async fn lend(&self, key: &[u8]) -> Result<Lent<'_>> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed(self.subject));
-        }
-        let Some(place) = self.exclusive.place().await else {
-            return Err(Error::Closed(self.subject));
-        };
-        let node = match self.target.is_cluster() {
-            true => Some(self.master_of(key).await?),
-            false => None,
-        };
-        let link = match self.exclusive.take(node.as_ref()) {
-            Some(link) => link,
-            None => self.open_exclusive(node.as_ref()).await?,
-        };
-        Ok(Lent::new(link, node, &self.exclusive, place))
-    }
-
-    /// The cluster master serving `key`'s slot: as last read, or read now on the shared link.
-    async fn master_of(&self, key: &[u8]) -> Result<link::Node> {
-        let slot = crate::core::lease::keys::slot(key);
-        if let Some(node) = self.exclusive.master_of(slot) {
-            return Ok(node);
-        }
-        let Link::Cluster(cluster) = self.link().await? else {
-            return Err(Error::Internal(
-                "a cluster's shared link is a cluster link".into(),
-            ));
-        };
-        let map = link::slot_map(cluster)
-            .await
-            .map_err(|err| self.classify(err))?;
-        let node = link::master_in(&map, slot);
-        self.exclusive.set_slots(map);
-        node.ok_or_else(|| self.classify(link::no_master()))
-    }
-
-    /// A link to lend, named like every other (best effort, as elsewhere).
-    async fn open_exclusive(&self, node: Option<&link::Node>) -> Result<Link> {
-        let mut link = self
-            .target
-            .exclusive(&self.lent, node)
-            .await
-            .map_err(|err| self.classify(err))?;
-        if let Some(name) = &self.name {
-            let mut setname = redis::cmd("CLIENT");
-            setname.arg("SETNAME").arg(name);
-            let _ = link.on_every_master(&setname).await;
-        }
-        Ok(link)
     }
 
     /// A timeout over TLS before anything ever answered becomes [`Error::TlsTimeout`], which

@@ -15,7 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisResult};
 use tokio::task::AbortHandle;
 
-use super::link::{redact_all, refused_tls, seeds, Protocol};
+use super::address::{redact_all, refused_tls, seeds, Protocol};
 use super::ConnectionOptions;
 use crate::core::error::{Error, InputErrorKind, Result};
 use crate::core::lock;

@@ -1,0 +1,134 @@
+//! Where a deployment is and how to sign in there: a URL's connection info with the
+//! credentials and database the options give beside it, the seeds of a cluster or of the
+//! sentinels, the TLS material's fit with the URLs, and URLs kept out of messages.
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+
+use super::{redact, ConnectionOptions};
+use crate::core::error::{Error, InputErrorKind, Result};
+
+/// The protocol a target's connections speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Protocol {
+    /// The one the URL names (RESP2 unless it says otherwise).
+    AsTheUrlSays,
+    /// RESP3, for connections that receive pushes (subscriptions).
+    Resp3,
+}
+
+/// A URL's connection info, the credentials and database the options give beside it
+/// applied, each refused when the URL already says otherwise.
+pub(super) fn with_credentials(
+    url: &str,
+    options: &ConnectionOptions,
+    what: &str,
+) -> Result<ConnectionInfo> {
+    let mut info = url.into_connection_info().map_err(|err| {
+        // The URL may carry a password, so neither it nor the parser's echo of it is
+        // repeated; the parser's complaint without the URL is enough to fix it.
+        Error::option(
+            InputErrorKind::Range,
+            format!(
+                "{what} is not a Redis URL (redis://, rediss://, redis+unix://): {}",
+                redact(&err.to_string(), url)
+            ),
+        )
+    })?;
+    let mut settings = info.redis_settings().clone();
+    // Given twice, differently: which one was meant cannot be told.
+    let twice = |field: &str| {
+        Error::option(
+            InputErrorKind::Type,
+            format!("the {field} is given both in the url and as an option, differently"),
+        )
+    };
+    if let Some(username) = &options.username {
+        if settings.username().is_some_and(|u| u != username) {
+            return Err(twice("username"));
+        }
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = &options.password {
+        if settings.password().is_some_and(|p| p != password) {
+            return Err(twice("password"));
+        }
+        settings = settings.set_password(password);
+    }
+    if let Some(database) = options.database {
+        if settings.db() != 0 && settings.db() != database {
+            return Err(twice("database"));
+        }
+        settings = settings.set_db(database);
+    }
+    info = info
+        .set_redis_settings(settings)
+        .set_tcp_settings(options.tcp());
+    Ok(info)
+}
+
+/// The TLS material applies to `rediss://` only.
+pub(super) fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> Result<()> {
+    if options.tls.is_empty() {
+        return Ok(());
+    }
+    if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        return Err(Error::option(
+            InputErrorKind::Range,
+            "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// only",
+        ));
+    }
+    options.tls.check()
+}
+
+/// The material was checked, so a refusal is redis-rs' own; its message is not repeated in
+/// case it quotes the material.
+pub(super) fn refused_tls(_: redis::RedisError) -> Error {
+    Error::option(
+        InputErrorKind::Range,
+        "tls: the Redis client refused the certificates or key",
+    )
+}
+
+/// Seed URLs (a cluster's nodes, the sentinels), parsed with `options`' credentials applied
+/// and checked against its TLS options: TCP only, and one scheme and one set of credentials
+/// for all, so no seed quietly connects differently from the others.
+pub(super) fn seeds(
+    urls: &[String],
+    options: &ConnectionOptions,
+    what: &str,
+) -> Result<Vec<ConnectionInfo>> {
+    let range = |message: String| Error::option(InputErrorKind::Range, message);
+    let infos = urls
+        .iter()
+        .map(|url| with_credentials(url, options, what))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(first) = infos.first() else {
+        return Err(range(format!("{what} must name at least one")));
+    };
+    let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    for info in &infos {
+        check_tls(options, info)?;
+        if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+            return Err(range(format!(
+                "{what} must be redis:// or rediss:// URLs, not unix sockets"
+            )));
+        }
+        if tls(info) != tls(first) {
+            return Err(range(format!("{what} mix redis:// and rediss:// URLs")));
+        }
+        if info.redis_settings().username() != first.redis_settings().username()
+            || info.redis_settings().password() != first.redis_settings().password()
+        {
+            return Err(range(format!(
+                "{what} give different credentials: every one takes the same"
+            )));
+        }
+    }
+    Ok(infos)
+}
+
+/// Removes every URL (and so any password in one) from a message.
+pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
+    urls.iter()
+        .fold(message.to_owned(), |message, url| redact(&message, url))
+}

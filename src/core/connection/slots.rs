@@ -1,0 +1,62 @@
+//! Which master serves which slot of a cluster, read with `CLUSTER SLOTS` (answered by every
+//! version, where `CLUSTER SHARDS` would do as well): for connections that go to one node.
+
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisResult, ServerErrorKind, Value};
+
+use super::parse;
+
+/// A cluster node, by host and port.
+pub(super) type Node = (String, u16);
+
+/// Which master serves which slots: ranges of slots, first and last included.
+pub(super) type SlotMap = Vec<(u16, u16, Node)>;
+
+/// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
+pub(super) async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
+    let slot = crate::core::lease::keys::slot(key);
+    master_in(&slot_map(cluster).await?, slot).ok_or_else(no_master)
+}
+
+/// The master serving `slot`, in `map`.
+pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<Node> {
+    map.iter()
+        .find(|(start, end, _)| (*start..=*end).contains(&slot))
+        .map(|(_, _, node)| node.clone())
+}
+
+/// What a caller gets when no master serves a slot.
+pub(super) fn no_master() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Server(ServerErrorKind::ClusterDown),
+        "no node serves the slot",
+    ))
+}
+
+/// Every slot range and its master, from `CLUSTER SLOTS` on the cluster link (answered by
+/// every version, where `CLUSTER SHARDS` would do as well).
+pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<SlotMap> {
+    let reply = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async::<Value>(&mut cluster)
+        .await?;
+    let ranges: Vec<Vec<Value>> = parse(reply)?;
+    let mut map = SlotMap::new();
+    for range in ranges {
+        let mut fields = range.into_iter();
+        let (Some(start), Some(end), Some(master)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let node: Vec<Value> = parse(master)?;
+        let mut node = node.into_iter();
+        if let (Some(host), Some(port)) = (node.next(), node.next()) {
+            map.push((
+                parse(start)?,
+                parse(end)?,
+                (parse::<String>(host)?, parse::<u16>(port)?),
+            ));
+        }
+    }
+    Ok(map)
+}
