@@ -63,30 +63,48 @@ export declare class RedisLeaseProvider {
    */
   listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>
   /**
-   * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-   * already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
-   * lease's fencing token), or `{ acquired: false, owner: holder }`.
+   * Claims `key` for `owner` (holding with `metadata`, when given) for `ttlMs`, or
+   * refreshes the TTL when that holder already holds it. Resolves `{ acquired: true, owner
+   * }`, or `{ acquired: false, owner }` with the holder's owner (the caller's own, holding
+   * with other metadata, refuses too). No fencing token: `acquireFencedLease` for one.
    */
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant>
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant>
   /** The owner holding a live lease on `key`, or `undefined`. */
   getLeaseOwner(key: string): Promise<string | undefined>
-  /** Releases the lease if `owner` holds it; otherwise does nothing. */
-  releaseLease(key: string, owner: string): Promise<void>
   /**
-   * Extends the lease to `ttlMs` from now if `owner` still holds it: `true`;
-   * `false` when it was lost. Never brings an expired lease back.
+   * Releases the lease if `owner` holds it with `metadata` (none when left out);
+   * otherwise does nothing.
    */
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
   /**
-   * Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically
-   * and without the key ever being free: `true`; `false` when `fromOwner` no longer
-   * held it.
+   * Extends the lease to `ttlMs` from now if `owner` still holds it with `metadata` (none
+   * when left out): `true`; `false` when it was lost. Never brings an expired lease back.
    */
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  /**
+   * Hands the lease from `fromOwner` (holding with `fromMetadata`) to `toOwner` (with
+   * `toMetadata`) with a fresh `ttlMs`, atomically and without the key ever being free:
+   * `true`; `false` when the old holder no longer held it. A lease with a fencing token
+   * gets a new one for its new holder (`getLease` tells it).
+   */
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
+  /**
+   * Who holds the live lease on `key`: `{ owner, metadata? }` (`metadata` absent for
+   * none), or `undefined`. Mastra's `LeaseRecordProvider`.
+   */
+  getLeaseRecord(key: string): Promise<LeaseRecord | undefined>
+  /**
+   * `acquireLease` with a fencing token, in the same round trip: resolves `{ acquired:
+   * true, owner, token }` (`token` greater than every token granted before for the key; a
+   * refresh keeps the lease's, or takes one if it had none), or `{ acquired: false, owner,
+   * token: undefined }`.
+   */
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant>
   /**
    * The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`; `ttlMs` is
-   * `null` for a key that never expires (written without one by another client).
-   * After a transfer, the new holder learns its fencing token here.
+   * `null` for a key that never expires (written without one by another client), `token`
+   * absent for a lease no fenced call granted. After a transfer, the new holder of a
+   * fenced lease learns its token here.
    */
   getLease(key: string): Promise<LeaseState | undefined>
   /**
@@ -187,18 +205,8 @@ export interface ClusterOptions {
   password?: string
 }
 
-/** Calls made per lease method. */
-export interface LeaseCalls {
-  acquireLease: number
-  getLeaseOwner: number
-  getLease: number
-  releaseLease: number
-  renewLease: number
-  transferLease: number
-}
-
-/** What `acquireLease` resolves to. */
-export interface LeaseGrant {
+/** What `acquireFencedLease` resolves to. */
+export interface FencedLeaseGrant {
   /** `true` when the caller holds the lease after the call. */
   acquired: boolean
   /** The holder: the caller when `acquired`, otherwise the owner to route work to. */
@@ -206,10 +214,40 @@ export interface LeaseGrant {
   /**
    * When `acquired`: the lease's fencing token, a safe integer greater than every token
    * granted before for the key (a refresh by the holder keeps it). Hand it to the
-   * resource the lease guards, which refuses writes carrying a lower one. Absent with
-   * `fencingTokens: false`.
+   * resource the lease guards, which refuses writes carrying a lower one.
    */
   token?: number
+}
+
+/** Calls made per lease method. */
+export interface LeaseCalls {
+  acquireLease: number
+  getLeaseOwner: number
+  releaseLease: number
+  renewLease: number
+  transferLease: number
+  acquireFencedLease: number
+  getLease: number
+  getLeaseRecord: number
+}
+
+/** What `acquireLease` resolves to, Mastra's shape exactly. */
+export interface LeaseGrant {
+  /** `true` when the caller holds the lease after the call. */
+  acquired: boolean
+  /**
+   * The holder: the caller when `acquired`, otherwise the owner to route work to (which
+   * may be the caller's own owner id, holding with other metadata).
+   */
+  owner?: string
+}
+
+/** What `getLeaseRecord` resolves to for a live lease: who holds it. */
+export interface LeaseRecord {
+  /** The owner. */
+  owner: string
+  /** The metadata it holds the lease with; absent for none. */
+  metadata?: string
 }
 
 /** What `getLease` resolves to for a live lease. */
@@ -217,8 +255,8 @@ export interface LeaseState {
   /** The holder. */
   owner: string
   /**
-   * Its fencing token (absent for a lease granted without one, with `fencingTokens:
-   * false` or by another client, until its holder acquires it with tokens).
+   * Its fencing token (absent for a lease no fenced call granted: one `acquireLease` took,
+   * or another client wrote, until its holder calls `acquireFencedLease`).
    */
   token?: number
   /**
@@ -249,6 +287,8 @@ export interface MemoryLeaseProviderOptions {
   maxKeyBytes?: number
   /** Longest owner accepted, in UTF-8 bytes. Default 1024. */
   maxOwnerBytes?: number
+  /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
+  maxMetadataBytes?: number
   /** Longest TTL accepted, in milliseconds. Default 86 400 000 (one day). */
   maxTtlMs?: number
 }
@@ -260,12 +300,14 @@ export interface MemoryLeaseProviderOptions {
  * provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
  */
 export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | undefined | null): {
-  acquireLease(key: string, owner: string, ttlMs: number): number | string
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): true | string
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): number | string
   getLeaseOwner(key: string): string | undefined
   getLease(key: string): LeaseState | undefined
-  releaseLease(key: string, owner: string): void
-  renewLease(key: string, owner: string, ttlMs: number): boolean
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): boolean
+  getLeaseRecord(key: string): LeaseRecord | undefined
+  releaseLease(key: string, owner: string, metadata?: string): void
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): boolean
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): boolean
   close(): void
   ping(): number
   size(): number
@@ -356,13 +398,6 @@ export interface RedisLeaseProviderOptions {
    */
   replicaTimeoutMs?: number
   /**
-   * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
-   * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-   * acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
-   * use the same.
-   */
-  fencingTokens?: boolean
-  /**
    * CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
    * roots).
    */
@@ -391,6 +426,8 @@ export interface RedisLeaseProviderOptions {
   maxKeyBytes?: number
   /** Longest owner accepted, in UTF-8 bytes. Default 1024. */
   maxOwnerBytes?: number
+  /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
+  maxMetadataBytes?: number
   /** Longest TTL accepted, in milliseconds. Default 86 400 000 (one day). */
   maxTtlMs?: number
   /**
@@ -441,13 +478,6 @@ export interface RedisStreamsOptions {
    * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
    */
   replicaTimeoutMs?: number
-  /**
-   * Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
-   * step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-   * acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
-   * use the same.
-   */
-  fencingTokens?: boolean
   /**
    * CA, client certificate and key for a `rediss://` URL, for every connection. Default:
    * none (the platform's roots).
@@ -526,6 +556,8 @@ export interface RedisStreamsOptions {
   maxKeyBytes?: number
   /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
   maxOwnerBytes?: number
+  /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
+  maxMetadataBytes?: number
   /** Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day). */
   maxTtlMs?: number
   /**

@@ -166,13 +166,15 @@ try {
       process.stdout.write(`${line(k, lease)}\n`)
     }
   } else {
-    const before = await leases.getLease(k)
+    const before = await leases.getLeaseRecord(k)
     if (before?.owner !== owner) {
       const held = before === undefined ? 'no live lease' : `held by ${shown(before.owner)}`
       process.stderr.write(`mastra-lease: ${shown(k)} is not held by ${shown(owner)} (${held}); nothing released\n`)
       code = EXIT.nothing
     } else {
-      await leases.releaseLease(k, owner) // compare-and-delete: only if `owner` still holds it
+      // Compare-and-delete: only if `owner` still holds it, with the metadata it held it with
+      // a moment ago (a hold for another run since is left alone).
+      await leases.releaseLease(k, owner, before.metadata)
       const after = await leases.getLease(k)
       process.stdout.write(`released ${shown(k)} (held by ${shown(owner)}${after ? `; now held by ${shown(after.owner)}` : ''})\n`)
     }

@@ -28,7 +28,7 @@ pub use glue::options::{
     ClusterOptions, MemoryLeaseProviderOptions, NodeRedisClusterOptions, RedisClientOptions,
     RedisLeaseProviderOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
-pub use glue::reply::{LeaseGrant, LeaseState};
+pub use glue::reply::{FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState};
 // The in-memory table's constructor is a plain function; the rlib exports it so it stays
 // reachable in test builds, where napi-derive registers nothing.
 pub use glue::memory::memory_lease_table;

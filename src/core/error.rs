@@ -132,6 +132,8 @@ pub enum Argument {
     Key,
     /// An owner: `owner`, `fromOwner` or `toOwner`.
     Owner,
+    /// A holder's metadata: `metadata`, `fromMetadata` or `toMetadata`.
+    Metadata,
     /// The time to live in milliseconds.
     Ttl,
 }
@@ -166,6 +168,7 @@ impl Error {
             Self::InvalidArgument { argument, .. } => match argument {
                 Argument::Key => "ERR_LEASE_INVALID_KEY",
                 Argument::Owner => "ERR_LEASE_INVALID_OWNER",
+                Argument::Metadata => "ERR_LEASE_INVALID_METADATA",
                 Argument::Ttl => "ERR_LEASE_INVALID_TTL",
             },
             Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",

@@ -5,15 +5,21 @@ use napi::sys::ValueType;
 
 use super::js::{self, Env, Value};
 use super::tsfn::JsCallback;
+use crate::core::lease::Holder;
 use crate::core::streams::StartFrom;
 use crate::core::{Argument, Call, Error, InputErrorKind, Limits, Result};
 
-/// `acquireLease(key, owner, ttlMs)`.
-pub fn acquire_lease(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+/// `acquireLease(key, owner, ttlMs, metadata?)`, or with `fenced` `acquireFencedLease`.
+pub fn acquire_lease(
+    env: Env,
+    [key, owner, ttl_ms, metadata]: [Value; 4],
+    fenced: bool,
+) -> Result<Call> {
     Ok(Call::Acquire {
         key: self::key(env, key)?,
-        owner: self::owner(env, owner, "owner")?,
+        holder: holder(env, owner, metadata, ["owner", "metadata"])?,
         ttl_ms: ttl(env, ttl_ms)?,
+        fenced,
     })
 }
 
@@ -31,31 +37,52 @@ pub fn get_lease(env: Env, key: Value) -> Result<Call> {
     })
 }
 
-/// `releaseLease(key, owner)`.
-pub fn release_lease(env: Env, key: Value, owner: Value) -> Result<Call> {
+/// `getLeaseRecord(key)`.
+pub fn get_lease_record(env: Env, key: Value) -> Result<Call> {
+    Ok(Call::Record {
+        key: self::key(env, key)?,
+    })
+}
+
+/// `releaseLease(key, owner, metadata?)`.
+pub fn release_lease(env: Env, [key, owner, metadata]: [Value; 3]) -> Result<Call> {
     Ok(Call::Release {
         key: self::key(env, key)?,
-        owner: self::owner(env, owner, "owner")?,
+        holder: holder(env, owner, metadata, ["owner", "metadata"])?,
     })
 }
 
-/// `renewLease(key, owner, ttlMs)`.
-pub fn renew_lease(env: Env, key: Value, owner: Value, ttl_ms: Value) -> Result<Call> {
+/// `renewLease(key, owner, ttlMs, metadata?)`.
+pub fn renew_lease(env: Env, [key, owner, ttl_ms, metadata]: [Value; 4]) -> Result<Call> {
     Ok(Call::Renew {
         key: self::key(env, key)?,
-        owner: self::owner(env, owner, "owner")?,
+        holder: holder(env, owner, metadata, ["owner", "metadata"])?,
         ttl_ms: ttl(env, ttl_ms)?,
     })
 }
 
-/// `transferLease(key, fromOwner, toOwner, ttlMs)`.
-pub fn transfer_lease(env: Env, key: Value, from: Value, to: Value, ttl_ms: Value) -> Result<Call> {
+/// `transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata?, toMetadata?)`.
+pub fn transfer_lease(
+    env: Env,
+    [key, from, to, ttl_ms, from_metadata, to_metadata]: [Value; 6],
+) -> Result<Call> {
     Ok(Call::Transfer {
         key: self::key(env, key)?,
-        from: owner(env, from, "fromOwner")?,
-        to: owner(env, to, "toOwner")?,
+        from: holder(env, from, from_metadata, ["fromOwner", "fromMetadata"])?,
+        to: holder(env, to, to_metadata, ["toOwner", "toMetadata"])?,
         ttl_ms: ttl(env, ttl_ms)?,
     })
+}
+
+/// An owner and its metadata (`names`: theirs, in errors); the metadata may be left out
+/// (`undefined`), and is otherwise a string of well-formed UTF-16.
+fn holder(env: Env, owner: Value, metadata: Value, names: [&str; 2]) -> Result<Holder> {
+    let owner = self::owner(env, owner, names[0])?;
+    let metadata = match js::type_of(env, metadata) {
+        ValueType::napi_undefined => None,
+        _ => Some(text(env, metadata, names[1], Argument::Metadata)?),
+    };
+    Ok(Holder { owner, metadata })
 }
 
 /// A key: a string of well-formed UTF-16.

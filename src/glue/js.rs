@@ -369,19 +369,24 @@ pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
     }
 }
 
-/// `{ acquired, owner }`, the answer of `acquireLease`.
+/// `{ acquired, owner }`, the answer of `acquireLease`; with a token (`Some`, its value
+/// `None` when refused), `{ acquired, owner, token }`, the answer of `acquireFencedLease`.
 ///
 /// Made by a tiny JavaScript function rather than property by property: an object literal
 /// gets V8's ready-made shape, while two `napi_set_named_property` calls walk a map
 /// transition and internalize both names every time (a third of an in-memory call's cost).
-pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<u64>) -> Value {
-    let token = token.map_or_else(|| undefined(env), |t| number_value(env, t as f64));
+pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<Option<u64>>) -> Value {
+    let fenced = token.is_some();
+    let token = token
+        .flatten()
+        .map_or_else(|| undefined(env), |t| number_value(env, t as f64));
     let args = [boolean(env, acquired), owner, token];
+    let argc = if fenced { 3 } else { 2 };
     let mut out = ptr::null_mut();
-    if let Some(factory) = grant_factory(env) {
-        // SAFETY: factory is a live function of this environment; args are three values.
+    if let Some(factory) = grant_factory(env, fenced) {
+        // SAFETY: factory is a live function of this environment; args holds argc values.
         let status = unsafe {
-            sys::napi_call_function(env, undefined(env), factory, 3, args.as_ptr(), &mut out)
+            sys::napi_call_function(env, undefined(env), factory, argc, args.as_ptr(), &mut out)
         };
         if status == sys::Status::napi_ok && !out.is_null() {
             return out;
@@ -393,7 +398,9 @@ pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<u64>) -> Valu
         sys::napi_create_object(env, &mut out);
         sys::napi_set_named_property(env, out, c"acquired".as_ptr(), args[0]);
         sys::napi_set_named_property(env, out, c"owner".as_ptr(), owner);
-        sys::napi_set_named_property(env, out, c"token".as_ptr(), token);
+        if fenced {
+            sys::napi_set_named_property(env, out, c"token".as_ptr(), token);
+        }
     }
     out
 }
@@ -461,42 +468,60 @@ pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: Option<u64>) -> 
     out
 }
 
+/// `{ owner, metadata }` (`metadata` absent for none), the answer of `getLeaseRecord`.
+pub fn record(env: Env, holder: &crate::core::lease::Holder) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: plain object creation and property writes on the JavaScript thread.
+    unsafe {
+        sys::napi_create_object(env, &mut out);
+        sys::napi_set_named_property(env, out, c"owner".as_ptr(), string(env, &holder.owner));
+        if let Some(metadata) = &holder.metadata {
+            sys::napi_set_named_property(env, out, c"metadata".as_ptr(), string(env, metadata));
+        }
+    }
+    out
+}
+
 thread_local! {
-    /// This thread's environment and its grant factory. Each Node environment (the main
-    /// thread or a worker) runs on its own thread; the reference lives as long as it does.
-    static GRANT_FACTORY: std::cell::Cell<Option<(Env, sys::napi_ref)>> =
+    /// This thread's environment and its grant factories (plain, fenced). Each Node
+    /// environment (the main thread or a worker) runs on its own thread; the references live
+    /// as long as it does.
+    static GRANT_FACTORIES: std::cell::Cell<Option<(Env, [sys::napi_ref; 2])>> =
         const { std::cell::Cell::new(None) };
 }
 
-/// The environment's grant factory, compiled on first use.
-fn grant_factory(env: Env) -> Option<Value> {
-    let reference = match GRANT_FACTORY.get() {
-        Some((made_in, reference)) if made_in == env => reference,
+/// The environment's grant factory, plain or fenced, compiled on first use.
+fn grant_factory(env: Env, fenced: bool) -> Option<Value> {
+    const SOURCES: [&str; 2] = [
+        "(function grant(acquired, owner) { return { acquired, owner } })",
+        "(function fencedGrant(acquired, owner, token) { return { acquired, owner, token } })",
+    ];
+    let references = match GRANT_FACTORIES.get() {
+        Some((made_in, references)) if made_in == env => references,
         _ => {
-            let source = string(
-                env,
-                "(function grant(acquired, owner, token) { return { acquired, owner, token } })",
-            );
-            let mut function = ptr::null_mut();
-            let mut reference = ptr::null_mut();
-            // SAFETY: compiles a constant function expression and keeps a strong reference
-            // to it for the life of the environment.
-            let ok = unsafe {
-                sys::napi_run_script(env, source, &mut function) == sys::Status::napi_ok
-                    && sys::napi_create_reference(env, function, 1, &mut reference)
-                        == sys::Status::napi_ok
-            };
-            if !ok {
-                clear_exception(env);
-                return None;
+            let mut references = [ptr::null_mut(); 2];
+            for (source, reference) in SOURCES.iter().zip(references.iter_mut()) {
+                let source = string(env, source);
+                let mut function = ptr::null_mut();
+                // SAFETY: compiles a constant function expression and keeps a strong
+                // reference to it for the life of the environment.
+                let ok = unsafe {
+                    sys::napi_run_script(env, source, &mut function) == sys::Status::napi_ok
+                        && sys::napi_create_reference(env, function, 1, reference)
+                            == sys::Status::napi_ok
+                };
+                if !ok {
+                    clear_exception(env);
+                    return None;
+                }
             }
-            GRANT_FACTORY.set(Some((env, reference)));
-            reference
+            GRANT_FACTORIES.set(Some((env, references)));
+            references
         }
     };
     let mut function = ptr::null_mut();
     // SAFETY: the reference was made in this environment and is still held.
-    unsafe { sys::napi_get_reference_value(env, reference, &mut function) };
+    unsafe { sys::napi_get_reference_value(env, references[usize::from(fenced)], &mut function) };
     (!function.is_null()).then_some(function)
 }
 

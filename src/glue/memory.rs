@@ -46,12 +46,14 @@ struct Table {
     catch_unwind,
     ts_args_type = "options?: MemoryLeaseProviderOptions | undefined | null",
     ts_return_type = "{
-  acquireLease(key: string, owner: string, ttlMs: number): number | string
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): true | string
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): number | string
   getLeaseOwner(key: string): string | undefined
   getLease(key: string): LeaseState | undefined
-  releaseLease(key: string, owner: string): void
-  renewLease(key: string, owner: string, ttlMs: number): boolean
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): boolean
+  getLeaseRecord(key: string): LeaseRecord | undefined
+  releaseLease(key: string, owner: string, metadata?: string): void
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): boolean
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): boolean
   close(): void
   ping(): number
   size(): number
@@ -84,10 +86,12 @@ pub fn memory_lease_table<'env>(
 
 /// The object of functions, each holding the table alive for as long as it lives itself.
 fn functions(env: js::Env, table: &Arc<Table>) -> Value {
-    const FUNCTIONS: [(&CStr, js::Callback); 10] = [
+    const FUNCTIONS: [(&CStr, js::Callback); 12] = [
         (c"acquireLease", acquire_lease),
+        (c"acquireFencedLease", acquire_fenced_lease),
         (c"getLeaseOwner", get_lease_owner),
         (c"getLease", get_lease),
+        (c"getLeaseRecord", get_lease_record),
         (c"releaseLease", release_lease),
         (c"renewLease", renew_lease),
         (c"transferLease", transfer_lease),
@@ -142,14 +146,15 @@ unsafe fn lease_call<const N: usize>(
 }
 
 /// A lease answer as a table function gives it: as a Redis call resolves (`reply::to_js`),
-/// except an acquire: its token (a number) when granted, the holder (a string) when refused,
-/// of which the shell makes `{ acquired, owner, token }`.
+/// except an acquire: when granted, `true` (a fenced one: its token, a number), when refused
+/// the holder's owner (a string), of which the shell makes `{ acquired, owner }` (and
+/// `token`).
 fn answered(env: js::Env, answer: Answer) -> Value {
     match answer {
-        // A memory grant always has a token (tokens start at 1).
-        Answer::Grant(grant) if grant.acquired => {
-            js::number_value(env, grant.token.unwrap_or(0) as f64)
-        }
+        Answer::Grant(grant) if grant.acquired => match grant.token {
+            Some(token) => js::number_value(env, token as f64),
+            None => js::boolean(env, true),
+        },
         Answer::Grant(grant) => js::string_or_undefined(env, grant.owner.as_deref()),
         other => match to_js(env, Ok(Reply::Answer(other))) {
             Ok(value) | Err(value) => value,
@@ -171,14 +176,23 @@ unsafe fn bound<'a, const N: usize>(
     (unsafe { &*data.cast::<Table>() }, args)
 }
 
-/// `acquireLease(key, owner, ttlMs)`: the fencing token when granted, the holder when refused.
+/// `acquireLease(key, owner, ttlMs, metadata?)`: `true` when granted, the holder's owner
+/// when refused.
 unsafe extern "C" fn acquire_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key, owner, ttl]: [Value; 3]| args::acquire_lease(env, key, owner, ttl);
+    let read = |env, args: [Value; 4]| args::acquire_lease(env, args, false);
     // SAFETY: called by N-API for a function made by `functions`.
     unsafe { lease_call(env, info, Operation::AcquireLease, read) }
 }
 
-/// `getLeaseOwner(key)`: the holder, or `undefined`.
+/// `acquireFencedLease(key, owner, ttlMs, metadata?)`: the fencing token when granted, the
+/// holder's owner when refused.
+unsafe extern "C" fn acquire_fenced_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, args: [Value; 4]| args::acquire_lease(env, args, true);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe { lease_call(env, info, Operation::AcquireFencedLease, read) }
+}
+
+/// `getLeaseOwner(key)`: the owner, or `undefined`.
 unsafe extern "C" fn get_lease_owner(env: js::Env, info: sys::napi_callback_info) -> Value {
     let read = |env, [key]: [Value; 1]| args::get_lease_owner(env, key);
     // SAFETY: called by N-API for a function made by `functions`.
@@ -192,26 +206,30 @@ unsafe extern "C" fn get_lease(env: js::Env, info: sys::napi_callback_info) -> V
     unsafe { lease_call(env, info, Operation::GetLease, read) }
 }
 
-/// `releaseLease(key, owner)`: `undefined`.
+/// `getLeaseRecord(key)`: `{ owner, metadata? }`, or `undefined`.
+unsafe extern "C" fn get_lease_record(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let read = |env, [key]: [Value; 1]| args::get_lease_record(env, key);
+    // SAFETY: called by N-API for a function made by `functions`.
+    unsafe { lease_call(env, info, Operation::GetLeaseRecord, read) }
+}
+
+/// `releaseLease(key, owner, metadata?)`: `undefined`.
 unsafe extern "C" fn release_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key, owner]: [Value; 2]| args::release_lease(env, key, owner);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::ReleaseLease, read) }
+    unsafe { lease_call(env, info, Operation::ReleaseLease, args::release_lease) }
 }
 
-/// `renewLease(key, owner, ttlMs)`: whether the owner still held the lease.
+/// `renewLease(key, owner, ttlMs, metadata?)`: whether the holder still held the lease.
 unsafe extern "C" fn renew_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key, owner, ttl]: [Value; 3]| args::renew_lease(env, key, owner, ttl);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::RenewLease, read) }
+    unsafe { lease_call(env, info, Operation::RenewLease, args::renew_lease) }
 }
 
-/// `transferLease(key, fromOwner, toOwner, ttlMs)`: whether the lease moved.
+/// `transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata?, toMetadata?)`: whether the
+/// lease moved.
 unsafe extern "C" fn transfer_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read =
-        |env, [key, from, to, ttl]: [Value; 4]| args::transfer_lease(env, key, from, to, ttl);
     // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::TransferLease, read) }
+    unsafe { lease_call(env, info, Operation::TransferLease, args::transfer_lease) }
 }
 
 /// `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.

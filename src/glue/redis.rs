@@ -15,6 +15,11 @@ use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, RedisStore, Result, Subject};
 
+/// An optional argument's value: `undefined` when left out.
+fn optional(env: napi::sys::napi_env, value: Option<Unknown<'_>>) -> napi::sys::napi_value {
+    value.map_or_else(|| super::js::undefined(env), |v| v.raw())
+}
+
 /// Leases in Redis, one atomic Lua script and one round trip per call.
 ///
 /// Has exactly the five methods of Mastra's `LeaseProvider`, so `isLeaseProvider()` from
@@ -216,16 +221,18 @@ impl RedisLeaseProvider {
     }
 }
 
-/// The five methods of Mastra's `LeaseProvider`, `getLease` and `stats`: each checks its
+/// The five methods of Mastra's `LeaseProvider` (with the next Mastra's metadata), its
+/// `getLeaseRecord`, then `acquireFencedLease`, `getLease` and `stats`: each checks its
 /// arguments (`args.rs`) and hands the call to `submit`.
 #[napi]
 impl RedisLeaseProvider {
-    /// Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner`
-    /// already holds it. Resolves `{ acquired: true, owner, token }` (`token`: the
-    /// lease's fencing token), or `{ acquired: false, owner: holder }`.
+    /// Claims `key` for `owner` (holding with `metadata`, when given) for `ttlMs`, or
+    /// refreshes the TTL when that holder already holds it. Resolves `{ acquired: true, owner
+    /// }`, or `{ acquired: false, owner }` with the holder's owner (the caller's own, holding
+    /// with other metadata, refuses too). No fencing token: `acquireFencedLease` for one.
     #[napi(
         catch_unwind,
-        ts_args_type = "key: string, owner: string, ttlMs: number",
+        ts_args_type = "key: string, owner: string, ttlMs: number, metadata?: string",
         ts_return_type = "Promise<LeaseGrant>"
     )]
     pub fn acquire_lease<'env>(
@@ -234,9 +241,11 @@ impl RedisLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
+        metadata: Option<Unknown<'env>>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let call = args::acquire_lease(e, key.raw(), owner.raw(), ttl_ms.raw());
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let call = args::acquire_lease(e, values, false);
         self.submit(env, Operation::AcquireLease, call)
     }
 
@@ -251,10 +260,11 @@ impl RedisLeaseProvider {
         self.submit(env, Operation::GetLeaseOwner, call)
     }
 
-    /// Releases the lease if `owner` holds it; otherwise does nothing.
+    /// Releases the lease if `owner` holds it with `metadata` (none when left out);
+    /// otherwise does nothing.
     #[napi(
         catch_unwind,
-        ts_args_type = "key: string, owner: string",
+        ts_args_type = "key: string, owner: string, metadata?: string",
         ts_return_type = "Promise<void>"
     )]
     pub fn release_lease<'env>(
@@ -262,16 +272,18 @@ impl RedisLeaseProvider {
         env: &'env Env,
         key: Unknown<'env>,
         owner: Unknown<'env>,
+        metadata: Option<Unknown<'env>>,
     ) -> Unknown<'env> {
-        let call = args::release_lease(env.raw(), key.raw(), owner.raw());
+        let e = env.raw();
+        let call = args::release_lease(e, [key.raw(), owner.raw(), optional(e, metadata)]);
         self.submit(env, Operation::ReleaseLease, call)
     }
 
-    /// Extends the lease to `ttlMs` from now if `owner` still holds it: `true`;
-    /// `false` when it was lost. Never brings an expired lease back.
+    /// Extends the lease to `ttlMs` from now if `owner` still holds it with `metadata` (none
+    /// when left out): `true`; `false` when it was lost. Never brings an expired lease back.
     #[napi(
         catch_unwind,
-        ts_args_type = "key: string, owner: string, ttlMs: number",
+        ts_args_type = "key: string, owner: string, ttlMs: number, metadata?: string",
         ts_return_type = "Promise<boolean>"
     )]
     pub fn renew_lease<'env>(
@@ -280,20 +292,24 @@ impl RedisLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
+        metadata: Option<Unknown<'env>>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let call = args::renew_lease(e, key.raw(), owner.raw(), ttl_ms.raw());
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let call = args::renew_lease(e, values);
         self.submit(env, Operation::RenewLease, call)
     }
 
-    /// Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically
-    /// and without the key ever being free: `true`; `false` when `fromOwner` no longer
-    /// held it.
+    /// Hands the lease from `fromOwner` (holding with `fromMetadata`) to `toOwner` (with
+    /// `toMetadata`) with a fresh `ttlMs`, atomically and without the key ever being free:
+    /// `true`; `false` when the old holder no longer held it. A lease with a fencing token
+    /// gets a new one for its new holder (`getLease` tells it).
     #[napi(
         catch_unwind,
-        ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number",
+        ts_args_type = "key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string",
         ts_return_type = "Promise<boolean>"
     )]
+    #[allow(clippy::too_many_arguments)]
     pub fn transfer_lease<'env>(
         &self,
         env: &'env Env,
@@ -301,15 +317,64 @@ impl RedisLeaseProvider {
         from_owner: Unknown<'env>,
         to_owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
+        from_metadata: Option<Unknown<'env>>,
+        to_metadata: Option<Unknown<'env>>,
     ) -> Unknown<'env> {
-        let (e, ttl_ms) = (env.raw(), ttl_ms.raw());
-        let call = args::transfer_lease(e, key.raw(), from_owner.raw(), to_owner.raw(), ttl_ms);
-        self.submit(env, Operation::TransferLease, call)
+        let e = env.raw();
+        let values = [
+            key.raw(),
+            from_owner.raw(),
+            to_owner.raw(),
+            ttl_ms.raw(),
+            optional(e, from_metadata),
+            optional(e, to_metadata),
+        ];
+        self.submit(
+            env,
+            Operation::TransferLease,
+            args::transfer_lease(e, values),
+        )
+    }
+
+    /// Who holds the live lease on `key`: `{ owner, metadata? }` (`metadata` absent for
+    /// none), or `undefined`. Mastra's `LeaseRecordProvider`.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "key: string",
+        ts_return_type = "Promise<LeaseRecord | undefined>"
+    )]
+    pub fn get_lease_record<'env>(&self, env: &'env Env, key: Unknown<'env>) -> Unknown<'env> {
+        let call = args::get_lease_record(env.raw(), key.raw());
+        self.submit(env, Operation::GetLeaseRecord, call)
+    }
+
+    /// `acquireLease` with a fencing token, in the same round trip: resolves `{ acquired:
+    /// true, owner, token }` (`token` greater than every token granted before for the key; a
+    /// refresh keeps the lease's, or takes one if it had none), or `{ acquired: false, owner,
+    /// token: undefined }`.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "key: string, owner: string, ttlMs: number, metadata?: string",
+        ts_return_type = "Promise<FencedLeaseGrant>"
+    )]
+    pub fn acquire_fenced_lease<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'env>,
+        owner: Unknown<'env>,
+        ttl_ms: Unknown<'env>,
+        metadata: Option<Unknown<'env>>,
+    ) -> Unknown<'env> {
+        let e = env.raw();
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let call = args::acquire_lease(e, values, true);
+        self.submit(env, Operation::AcquireFencedLease, call)
     }
 
     /// The live lease on `key` whole: `{ owner, token, ttlMs }`, or `undefined`; `ttlMs` is
-    /// `null` for a key that never expires (written without one by another client).
-    /// After a transfer, the new holder learns its fencing token here.
+    /// `null` for a key that never expires (written without one by another client), `token`
+    /// absent for a lease no fenced call granted. After a transfer, the new holder of a
+    /// fenced lease learns its token here.
     #[napi(
         catch_unwind,
         ts_args_type = "key: string",

@@ -25,13 +25,18 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
     match outcome {
         Ok(Reply::Answer(Answer::Grant(grant))) => {
             let owner = js::string_or_undefined(env, grant.owner.as_deref());
-            Ok(js::grant(env, grant.acquired, owner, grant.token))
+            let token = grant.fenced.then_some(grant.token);
+            Ok(js::grant(env, grant.acquired, owner, token))
         }
         Ok(Reply::Answer(Answer::Owner(owner))) => {
             Ok(js::string_or_undefined(env, owner.as_deref()))
         }
         Ok(Reply::Answer(Answer::Lease(lease))) => Ok(match lease {
             Some(lease) => js::lease(env, &lease.owner, lease.token, lease.ttl_ms),
+            None => js::undefined(env),
+        }),
+        Ok(Reply::Answer(Answer::Record(record))) => Ok(match record {
+            Some(holder) => js::record(env, &holder),
             None => js::undefined(env),
         }),
         Ok(Reply::Answer(Answer::Released(_)) | Reply::Undefined) => Ok(js::undefined(env)),
@@ -83,18 +88,36 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
-/// What `acquireLease` resolves to.
+/// What `acquireLease` resolves to, Mastra's shape exactly.
 #[napi_derive::napi(object)]
 pub struct LeaseGrant {
+    /// `true` when the caller holds the lease after the call.
+    pub acquired: bool,
+    /// The holder: the caller when `acquired`, otherwise the owner to route work to (which
+    /// may be the caller's own owner id, holding with other metadata).
+    pub owner: Option<String>,
+}
+
+/// What `acquireFencedLease` resolves to.
+#[napi_derive::napi(object)]
+pub struct FencedLeaseGrant {
     /// `true` when the caller holds the lease after the call.
     pub acquired: bool,
     /// The holder: the caller when `acquired`, otherwise the owner to route work to.
     pub owner: Option<String>,
     /// When `acquired`: the lease's fencing token, a safe integer greater than every token
     /// granted before for the key (a refresh by the holder keeps it). Hand it to the
-    /// resource the lease guards, which refuses writes carrying a lower one. Absent with
-    /// `fencingTokens: false`.
+    /// resource the lease guards, which refuses writes carrying a lower one.
     pub token: Option<f64>,
+}
+
+/// What `getLeaseRecord` resolves to for a live lease: who holds it.
+#[napi_derive::napi(object)]
+pub struct LeaseRecord {
+    /// The owner.
+    pub owner: String,
+    /// The metadata it holds the lease with; absent for none.
+    pub metadata: Option<String>,
 }
 
 /// What `getLease` resolves to for a live lease.
@@ -102,8 +125,8 @@ pub struct LeaseGrant {
 pub struct LeaseState {
     /// The holder.
     pub owner: String,
-    /// Its fencing token (absent for a lease granted without one, with `fencingTokens:
-    /// false` or by another client, until its holder acquires it with tokens).
+    /// Its fencing token (absent for a lease no fenced call granted: one `acquireLease` took,
+    /// or another client wrote, until its holder calls `acquireFencedLease`).
     pub token: Option<f64>,
     /// Milliseconds left before it expires; `null` for a key that never expires (one written
     /// without an expiry by another client, e.g. a raw `SET`), which only a release or a
@@ -116,10 +139,12 @@ pub struct LeaseState {
 pub struct LeaseCalls {
     pub acquire_lease: f64,
     pub get_lease_owner: f64,
-    pub get_lease: f64,
     pub release_lease: f64,
     pub renew_lease: f64,
     pub transfer_lease: f64,
+    pub acquire_fenced_lease: f64,
+    pub get_lease: f64,
+    pub get_lease_record: f64,
 }
 
 /// What `stats()` returns: a provider's lease calls since it was made.
@@ -140,16 +165,18 @@ pub struct LeaseStats {
 
 impl From<crate::core::lease::stats::Snapshot> for LeaseStats {
     fn from(s: crate::core::lease::stats::Snapshot) -> Self {
-        let [acquire_lease, get_lease_owner, get_lease, release_lease, renew_lease, transfer_lease] =
+        let [acquire_lease, get_lease_owner, release_lease, renew_lease, transfer_lease, acquire_fenced_lease, get_lease, get_lease_record] =
             s.calls.map(|n| n as f64);
         Self {
             calls: LeaseCalls {
                 acquire_lease,
                 get_lease_owner,
-                get_lease,
                 release_lease,
                 renew_lease,
                 transfer_lease,
+                acquire_fenced_lease,
+                get_lease,
+                get_lease_record,
             },
             errors: s
                 .errors

@@ -91,7 +91,7 @@ impl RedisStreamsTransport {
             |options::Streams {
                  transport: mut options,
                  limits,
-                 grants,
+                 replication,
                  logger,
                  zero_attempts,
              }| {
@@ -110,7 +110,7 @@ impl RedisStreamsTransport {
                 }
                 let mut store =
                     RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
-                store.set_grants(grants);
+                store.set_replication(replication);
                 if let (true, Some(log)) = (zero_attempts, &log) {
                     log.log(Notice::new(
                         Level::Warn,

@@ -3,7 +3,15 @@
 import { channel, tracingChannel } from 'node:diagnostics_channel'
 
 /** A lease method, as a trace names it. */
-export type LeaseOperation = 'acquireLease' | 'getLeaseOwner' | 'getLease' | 'releaseLease' | 'renewLease' | 'transferLease'
+export type LeaseOperation =
+  | 'acquireLease'
+  | 'getLeaseOwner'
+  | 'releaseLease'
+  | 'renewLease'
+  | 'transferLease'
+  | 'getLeaseRecord'
+  | 'acquireFencedLease'
+  | 'getLease'
 
 /**
  * What subscribers of the `mastra-lease:lease` tracing channel get for each lease call:
@@ -18,6 +26,10 @@ export interface LeaseCallContext {
   owner?: string
   /** The owner a transfer hands the lease to. */
   toOwner?: string
+  /** The metadata the owner holds with (`fromMetadata` of a transfer), when given. */
+  metadata?: string
+  /** The metadata a transfer stores with the new owner, when given. */
+  toMetadata?: string
   ttlMs?: number
   result?: unknown
   error?: unknown

@@ -26,13 +26,24 @@ export interface HoldOptions {
   wait?: boolean
   /** With `wait`: reject with `ERR_LEASE_HELD` when still held after this many milliseconds. Default: no limit. */
   waitTimeoutMs?: number
+  /**
+   * The metadata to hold the lease with (Mastra passes a run's identity): the holder is the
+   * owner with it, so the same owner id holding for another run is another holder. Every
+   * acquire, renewal and release of the hold carries it. Default: none.
+   */
+  metadata?: string
 }
 
 /** A held lease: renewed in the background until released, lost, or the caller's signal aborts. */
 export interface HeldLease {
   readonly key: string
   readonly owner: string
-  /** The fencing token of the grant (absent without fencing tokens or from another provider). */
+  /** The metadata it is held with, if any. */
+  readonly metadata: string | undefined
+  /**
+   * The fencing token of the grant: the provider's `acquireFencedLease` takes it (absent
+   * from a provider without one, not this package's).
+   */
   readonly token: number | undefined
   /**
    * Aborts the moment the lease is no longer held, with a coded reason: `ERR_LEASE_LOST` when
@@ -55,7 +66,7 @@ export interface HeldLease {
   [Symbol.asyncDispose](): Promise<void>
 }
 
-const HOLD_OPTIONS = new Set(['ttlMs', 'signal', 'wait', 'waitTimeoutMs'])
+const HOLD_OPTIONS = new Set(['ttlMs', 'signal', 'wait', 'waitTimeoutMs', 'metadata'])
 
 /** Checks `options` before any I/O: unknown or unusable options throw ERR_LEASE_INVALID_OPTION. */
 function checked(options: HoldOptions): HoldOptions {
@@ -66,17 +77,23 @@ function checked(options: HoldOptions): HoldOptions {
   let read: HoldOptions
   try {
     names = Object.keys(options)
-    read = { ttlMs: options.ttlMs, signal: options.signal, wait: options.wait, waitTimeoutMs: options.waitTimeoutMs }
+    read = {
+      ttlMs: options.ttlMs,
+      signal: options.signal,
+      wait: options.wait,
+      waitTimeoutMs: options.waitTimeoutMs,
+      metadata: options.metadata,
+    }
   } catch (err) {
     const message = `hold: reading the options threw: ${err instanceof Error ? err.message : String(err)}`
     throw coded(new TypeError(message, { cause: err }), 'ERR_LEASE_INVALID_OPTION')
   }
   for (const name of names) {
     if (!HOLD_OPTIONS.has(name)) {
-      throw coded(new TypeError(`hold: unknown option ${name} (it takes ttlMs, signal, wait and waitTimeoutMs)`), 'ERR_LEASE_INVALID_OPTION')
+      throw coded(new TypeError(`hold: unknown option ${name} (it takes ttlMs, signal, wait, waitTimeoutMs and metadata)`), 'ERR_LEASE_INVALID_OPTION')
     }
   }
-  const { ttlMs, signal, wait, waitTimeoutMs } = read
+  const { ttlMs, signal, wait, waitTimeoutMs, metadata } = read
   if (typeof ttlMs !== 'number') throw coded(new TypeError('hold: ttlMs must be a number'), 'ERR_LEASE_INVALID_OPTION')
   if (!Number.isSafeInteger(ttlMs) || ttlMs < 3) {
     throw coded(new RangeError(`hold: ttlMs must be a whole number of milliseconds, at least 3; got ${ttlMs}`), 'ERR_LEASE_INVALID_OPTION')
@@ -98,14 +115,35 @@ function checked(options: HoldOptions): HoldOptions {
       throw coded(new RangeError(`hold: waitTimeoutMs must be a whole number of milliseconds, 0 or more; got ${waitTimeoutMs}`), 'ERR_LEASE_INVALID_OPTION')
     }
   }
-  return { ttlMs, signal, wait, waitTimeoutMs }
+  // Its size and content are the provider's to check, as for any metadata it is given.
+  if (metadata !== undefined && typeof metadata !== 'string') {
+    throw coded(new TypeError('hold: metadata must be a string'), 'ERR_LEASE_INVALID_OPTION')
+  }
+  return { ttlMs, signal, wait, waitTimeoutMs, metadata }
 }
 
-/** A grant as this package's providers answer it. */
+/** A grant as this package's providers answer it (a fenced one with its token). */
 type Grant = { acquired: boolean; owner?: string; token?: number }
 
+/** Mastra's lease methods as the next Mastra calls them, with each holder's metadata. */
+type Holdable = LeaseProvider & {
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<Grant>
+  acquireFencedLease?(key: string, owner: string, ttlMs: number, metadata?: string): Promise<Grant>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+}
+
 /** A provider that can say how long a lease has left (this package's providers and pubsubs). */
-type Readable = LeaseProvider & { getLease(key: string): Promise<{ ttlMs: number | null } | undefined> }
+type Readable = Holdable & { getLease(key: string): Promise<{ ttlMs: number | null } | undefined> }
+
+/** One acquire of a hold: fenced where the provider can (this package's), plain otherwise. */
+function acquire(leases: Holdable, key: string, owner: string, options: HoldOptions): Promise<Grant> {
+  const { ttlMs, metadata } = options
+  // A method call on the provider itself, so `this` is right through a Proxy too.
+  return typeof leases.acquireFencedLease === 'function'
+    ? leases.acquireFencedLease(key, owner, ttlMs, metadata)
+    : leases.acquireLease(key, owner, ttlMs, metadata)
+}
 
 /** The error for a lease another owner holds. */
 function held(key: string, holder: string | undefined, after?: number): Error {
@@ -134,7 +172,7 @@ async function acquireWaiting(
     if (left > 0) await place.turn(left, signal)
     const wakes = place.wakes
     const sent = performance.now()
-    const grant = (await leases.acquireLease(key, owner, ttlMs)) as Grant
+    const grant = await acquire(leases, key, owner, options)
     if (grant.acquired) return { grant, sent }
     if (performance.now() >= deadline) throw held(key, grant.owner, waitTimeoutMs)
     const lease = await leases.getLease(key)
@@ -170,7 +208,7 @@ export async function holdLease(leases: LeaseProvider, key: string, owner: strin
   let sent: number
   if (waiters === undefined) {
     sent = performance.now()
-    grant = (await leases.acquireLease(key, owner, ttlMs)) as Grant
+    grant = await acquire(leases as Holdable, key, owner, checkedOptions)
     if (!grant.acquired) throw held(key, grant.owner)
   } else {
     const place = await waiters.join(key)
@@ -180,7 +218,7 @@ export async function holdLease(leases: LeaseProvider, key: string, owner: strin
       place.leave()
     }
   }
-  const lease = new Holding(leases, key, owner, ttlMs, grant.token, sent)
+  const lease = new Holding(leases as Holdable, key, owner, ttlMs, checkedOptions.metadata, grant.token, sent)
   if (signal?.aborted) {
     await lease.abandon(signal.reason)
     throw signal.reason
@@ -215,10 +253,11 @@ class Holding implements HeldLease {
   private heldUntil: number
 
   constructor(
-    private readonly leases: LeaseProvider,
+    private readonly leases: Holdable,
     readonly key: string,
     readonly owner: string,
     private readonly ttlMs: number,
+    readonly metadata: string | undefined,
     readonly token: number | undefined,
     grantedAt: number,
   ) {
@@ -246,7 +285,7 @@ class Holding implements HeldLease {
     if (this.signal.aborted) return
     const sent = performance.now()
     try {
-      const held = await this.leases.renewLease(this.key, this.owner, this.ttlMs)
+      const held = await this.leases.renewLease(this.key, this.owner, this.ttlMs, this.metadata)
       if (this.signal.aborted) return
       if (!held) return this.lost('a renewal found it taken')
       this.confirmed(sent)
@@ -286,7 +325,7 @@ class Holding implements HeldLease {
     this.releasing ??= (async () => {
       try {
         await this.renewing
-        await this.leases.releaseLease(this.key, this.owner)
+        await this.leases.releaseLease(this.key, this.owner, this.metadata)
         this.owed = false
       } finally {
         this.releasing = undefined

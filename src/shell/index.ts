@@ -12,8 +12,10 @@ export { recordLeaseMetrics } from './metrics.js'
 export type { HeldLease, HoldOptions } from './hold.js'
 export type { DeliveryMessage, LeaseCallContext, LeaseOperation, PublishContext } from './diagnostics.js'
 export type {
+  FencedLeaseGrant,
   LeaseGrant,
   LeaseCalls,
+  LeaseRecord,
   LeaseState,
   LeaseStats,
   MemoryLeaseProviderOptions,

@@ -1,5 +1,5 @@
 import { memoryLeaseTable } from '../../index.js'
-import type { LeaseGrant, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 import { releaseWaiters, Waiters } from './wait.js'
@@ -11,12 +11,22 @@ type Table = ReturnType<typeof memoryLeaseTable>
 // closure measured 8% slower per call. They are plain functions, so a traced call hands them
 // to the channel with their arguments, without a closure either.
 
-function acquire(table: Table, key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
+function acquire(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
   try {
-    // A grant is answered with its token, a refusal with the holder.
-    const answer = table.acquireLease(key, owner, ttlMs)
+    // A grant is answered with true, a refusal with the holder's owner.
+    const answer = table.acquireLease(key, owner, ttlMs, metadata)
+    return Promise.resolve(answer === true ? { acquired: true, owner } : { acquired: false, owner: answer })
+  } catch (error) {
+    return Promise.reject(error)
+  }
+}
+
+function acquireFenced(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+  try {
+    // A grant is answered with its token, a refusal with the holder's owner.
+    const answer = table.acquireFencedLease(key, owner, ttlMs, metadata)
     return Promise.resolve(
-      typeof answer === 'number' ? { acquired: true, owner, token: answer } : { acquired: false, owner: answer },
+      typeof answer === 'number' ? { acquired: true, owner, token: answer } : { acquired: false, owner: answer, token: undefined },
     )
   } catch (error) {
     return Promise.reject(error)
@@ -39,25 +49,41 @@ function leaseOf(table: Table, key: string): Promise<LeaseState | undefined> {
   }
 }
 
-function release(table: Table, key: string, owner: string): Promise<void> {
+function recordOf(table: Table, key: string): Promise<LeaseRecord | undefined> {
   try {
-    return Promise.resolve(table.releaseLease(key, owner))
+    return Promise.resolve(table.getLeaseRecord(key))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function renew(table: Table, key: string, owner: string, ttlMs: number): Promise<boolean> {
+function release(table: Table, key: string, owner: string, metadata?: string): Promise<void> {
   try {
-    return Promise.resolve(table.renewLease(key, owner, ttlMs))
+    return Promise.resolve(table.releaseLease(key, owner, metadata))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function transfer(table: Table, key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+function renew(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
   try {
-    return Promise.resolve(table.transferLease(key, fromOwner, toOwner, ttlMs))
+    return Promise.resolve(table.renewLease(key, owner, ttlMs, metadata))
+  } catch (error) {
+    return Promise.reject(error)
+  }
+}
+
+function transfer(
+  table: Table,
+  key: string,
+  fromOwner: string,
+  toOwner: string,
+  ttlMs: number,
+  fromMetadata?: string,
+  toMetadata?: string,
+): Promise<boolean> {
+  try {
+    return Promise.resolve(table.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata))
   } catch (error) {
     return Promise.reject(error)
   }
@@ -84,20 +110,38 @@ export class MemoryLeaseProvider {
   }
 
   /**
-   * Claims `key` for `owner` for `ttlMs`, or refreshes the TTL when `owner` already holds it.
-   * Resolves `{ acquired: true, owner, token }` (`token`: the lease's fencing token), or
-   * `{ acquired: false, owner: holder }`.
+   * Claims `key` for `owner` (holding with `metadata`, when given) for `ttlMs`, or refreshes
+   * the TTL when that holder already holds it. Resolves `{ acquired: true, owner }`, or
+   * `{ acquired: false, owner }` with the holder's owner (the caller's own, holding with other
+   * metadata, refuses too). No fencing token: `acquireFencedLease` for one.
    */
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
-    if (!leaseChannel.hasSubscribers) return acquire(this.table, key, owner, ttlMs)
-    const context = { operation: 'acquireLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(acquire, context, undefined, this.table, key, owner, ttlMs)
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
+    if (!leaseChannel.hasSubscribers) return acquire(this.table, key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(acquire, context, undefined, this.table, key, owner, ttlMs, metadata)
+  }
+
+  /**
+   * `acquireLease` with a fencing token: `{ acquired: true, owner, token }` (`token` greater
+   * than every token granted before for the key; a refresh keeps the lease's, or takes one if
+   * it had none), or `{ acquired: false, owner, token: undefined }`.
+   */
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+    if (!leaseChannel.hasSubscribers) return acquireFenced(this.table, key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(acquireFenced, context, undefined, this.table, key, owner, ttlMs, metadata)
   }
 
   /** The owner holding a live lease on `key`, or `undefined`. */
   getLeaseOwner(key: string): Promise<string | undefined> {
     if (!leaseChannel.hasSubscribers) return ownerOf(this.table, key)
     return leaseChannel.tracePromise(ownerOf, { operation: 'getLeaseOwner', key }, undefined, this.table, key)
+  }
+
+  /** Who holds the live lease on `key`: `{ owner, metadata? }`, or `undefined`. */
+  getLeaseRecord(key: string): Promise<LeaseRecord | undefined> {
+    if (!leaseChannel.hasSubscribers) return recordOf(this.table, key)
+    return leaseChannel.tracePromise(recordOf, { operation: 'getLeaseRecord', key }, undefined, this.table, key)
   }
 
   /**
@@ -109,43 +153,46 @@ export class MemoryLeaseProvider {
     return leaseChannel.tracePromise(leaseOf, { operation: 'getLease', key }, undefined, this.table, key)
   }
 
-  /** Releases the lease if `owner` holds it; otherwise does nothing. */
-  releaseLease(key: string, owner: string): Promise<void> {
+  /** Releases the lease if `owner` holds it with `metadata` (none when left out); otherwise does nothing. */
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void> {
     const released = leaseChannel.hasSubscribers
-      ? leaseChannel.tracePromise(release, { operation: 'releaseLease', key, owner } as const, undefined, this.table, key, owner)
-      : release(this.table, key, owner)
-    // The table answers at once, so the lease is free by now (or was not the owner's).
+      ? leaseChannel.tracePromise(release, { operation: 'releaseLease', key, owner, metadata } as const, undefined, this.table, key, owner, metadata)
+      : release(this.table, key, owner, metadata)
+    // The table answers at once, so the lease is free by now (or was not the holder's).
     this.waiters?.released(key)
     return released
   }
 
   /**
-   * Extends the lease to `ttlMs` from now if `owner` still holds it: `true`; `false` when it
-   * was lost. Never brings an expired lease back.
+   * Extends the lease to `ttlMs` from now if `owner` still holds it with `metadata` (none
+   * when left out): `true`; `false` when it was lost. Never brings an expired lease back.
    */
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
-    if (!leaseChannel.hasSubscribers) return renew(this.table, key, owner, ttlMs)
-    const context = { operation: 'renewLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(renew, context, undefined, this.table, key, owner, ttlMs)
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return renew(this.table, key, owner, ttlMs, metadata)
+    const context = { operation: 'renewLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(renew, context, undefined, this.table, key, owner, ttlMs, metadata)
   }
 
   /**
-   * Hands the lease from `fromOwner` to `toOwner` with a fresh `ttlMs`, atomically and
-   * without the key ever being free: `true`; `false` when `fromOwner` no longer held it.
+   * Hands the lease from `fromOwner` (holding with `fromMetadata`) to `toOwner` (with
+   * `toMetadata`) with a fresh `ttlMs`, atomically and without the key ever being free:
+   * `true`; `false` when the old holder no longer held it.
    */
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean> {
     const moved = leaseChannel.hasSubscribers
       ? leaseChannel.tracePromise(
           transfer,
-          { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const,
+          { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const,
           undefined,
           this.table,
           key,
           fromOwner,
           toOwner,
           ttlMs,
+          fromMetadata,
+          toMetadata,
         )
-      : transfer(this.table, key, fromOwner, toOwner, ttlMs)
+      : transfer(this.table, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
     this.waiters?.released(key)
     return moved
   }

@@ -91,7 +91,7 @@ export function recordLeaseMetrics(meterProvider?: MeterProvider): () => void {
       m.duration.record((performance.now() - since) / 1000, attributes)
       if (failed) return
       const result = context.result
-      if (context.operation === 'acquireLease') {
+      if (context.operation === 'acquireLease' || context.operation === 'acquireFencedLease') {
         const counter = (result as { acquired?: boolean }).acquired ? m.granted : m.refused
         counter.add(1, operation)
       } else if (context.operation === 'transferLease' && result === true) {

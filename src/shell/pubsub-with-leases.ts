@@ -1,17 +1,27 @@
 import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
-import type { LeaseGrant, LeaseState, LeaseStats } from '../../index.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats } from '../../index.js'
 import { isTracedProvider, leaseChannel } from './diagnostics.js'
 import { coded } from './errors.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 import { releaseWaiters, waitersOf, type Waiters } from './wait.js'
 
-/** A lease provider of this package: Mastra's five methods, fencing tokens, `getLease`, `stats`, `ping`. */
+/** A lease provider of this package: Mastra's five methods and `getLeaseRecord`, fenced grants, `getLease`, `stats`, `ping`. */
 type FencingLeaseProvider = LeaseProvider & {
+  getLeaseRecord(key: string): Promise<LeaseRecord | undefined>
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant>
   getLease(key: string): Promise<LeaseState | undefined>
   stats(): LeaseStats
   ping(): Promise<number>
+}
+
+/** Mastra's five lease methods as the next Mastra calls them, with each holder's metadata. */
+type MetadataLeaseProvider = {
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
 }
 
 /** The error for a method only this package's lease providers have. */
@@ -21,25 +31,42 @@ function unsupported(method: string): TypeError {
 }
 
 /**
- * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods, `getLease`, and
- * `getLeaseProvider()` for wrappers such as Mastra's `CachingPubSub`, all delegated to
- * `leases`. Mastra's structural detection finds them directly, through its `Proxy`, and
- * through wrappers. Fields are TypeScript-private, not `#private`, so the object keeps
- * working when called through a `Proxy`.
+ * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods (each holder's
+ * metadata passed on), `acquireFencedLease`, `getLease`, and `getLeaseProvider()` for
+ * wrappers such as Mastra's `CachingPubSub`, all delegated to `leases`; `getLeaseRecord` too
+ * when `leases` has it, and only then, so that Mastra's structural detection takes it for a
+ * `LeaseRecordProvider` exactly when its provider is one. Mastra's detection finds them
+ * directly, through its `Proxy`, and through wrappers. Fields are TypeScript-private, not
+ * `#private`, so the object keeps working when called through a `Proxy`.
  *
  * Lease calls are traced on the `mastra-lease:lease` diagnostics channel: by the provider
  * when it is one of this package's, here otherwise (another provider, or the one a
  * `RedisStreamsPubSub` shares its connection with).
  */
 export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
-  protected readonly leases: LeaseProvider
+  protected readonly leases: LeaseProvider & MetadataLeaseProvider
   /** Whether its calls are traced here (the provider does not trace them itself). */
   private readonly traceHere: boolean
+  /**
+   * Who holds the live lease on `key`, `{ owner, metadata? }`, or `undefined` (Mastra's
+   * `LeaseRecordProvider`): present only when the lease provider has it.
+   */
+  declare readonly getLeaseRecord?: (key: string) => Promise<LeaseRecord | undefined>
 
   protected constructor(leases: LeaseProvider) {
     super()
-    this.leases = leases
+    this.leases = leases as LeaseProvider & MetadataLeaseProvider
     this.traceHere = !isTracedProvider(leases)
+    const records = leases as Partial<FencingLeaseProvider>
+    if (typeof records.getLeaseRecord === 'function') {
+      const getLeaseRecord = (key: string) => this.recordOf(records as FencingLeaseProvider, key)
+      Object.defineProperty(this, 'getLeaseRecord', { value: getLeaseRecord, configurable: true })
+    }
+  }
+
+  private recordOf(leases: FencingLeaseProvider, key: string): Promise<LeaseRecord | undefined> {
+    if (!this.tracing()) return leases.getLeaseRecord(key)
+    return leaseChannel.tracePromise(leases.getLeaseRecord, { operation: 'getLeaseRecord', key }, leases, key)
   }
 
   /** Whether to trace a call here now: the provider does not, and somebody listens. */
@@ -47,11 +74,23 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     return this.traceHere && leaseChannel.hasSubscribers
   }
 
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
     const leases = this.leases
-    if (!this.tracing()) return leases.acquireLease(key, owner, ttlMs)
-    const context = { operation: 'acquireLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(leases.acquireLease, context, leases, key, owner, ttlMs)
+    if (!this.tracing()) return leases.acquireLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(leases.acquireLease, context, leases, key, owner, ttlMs, metadata)
+  }
+
+  /**
+   * `acquireLease` with a fencing token, `{ acquired, owner, token }`; rejects with
+   * `ERR_LEASE_UNSUPPORTED` when the lease provider is not one of this package's.
+   */
+  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+    const leases = this.leases as Partial<FencingLeaseProvider>
+    if (typeof leases.acquireFencedLease !== 'function') return Promise.reject(unsupported('acquireFencedLease'))
+    if (!this.tracing()) return leases.acquireFencedLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(leases.acquireFencedLease, context, leases, key, owner, ttlMs, metadata)
   }
 
   /**
@@ -93,25 +132,25 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     return leaseChannel.tracePromise(leases.getLeaseOwner, { operation: 'getLeaseOwner', key }, leases, key)
   }
 
-  releaseLease(key: string, owner: string): Promise<void> {
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void> {
     const leases = this.leases
-    if (!this.tracing()) return leases.releaseLease(key, owner)
-    const context = { operation: 'releaseLease', key, owner } as const
-    return leaseChannel.tracePromise(leases.releaseLease, context, leases, key, owner)
+    if (!this.tracing()) return leases.releaseLease(key, owner, metadata)
+    const context = { operation: 'releaseLease', key, owner, metadata } as const
+    return leaseChannel.tracePromise(leases.releaseLease, context, leases, key, owner, metadata)
   }
 
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
     const leases = this.leases
-    if (!this.tracing()) return leases.renewLease(key, owner, ttlMs)
-    const context = { operation: 'renewLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(leases.renewLease, context, leases, key, owner, ttlMs)
+    if (!this.tracing()) return leases.renewLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'renewLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(leases.renewLease, context, leases, key, owner, ttlMs, metadata)
   }
 
-  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean> {
     const leases = this.leases
-    if (!this.tracing()) return leases.transferLease(key, fromOwner, toOwner, ttlMs)
-    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
-    return leaseChannel.tracePromise(leases.transferLease, context, leases, key, fromOwner, toOwner, ttlMs)
+    if (!this.tracing()) return leases.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const
+    return leaseChannel.tracePromise(leases.transferLease, context, leases, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
   }
 
   /**

@@ -1,5 +1,5 @@
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
-import type { LeaseGrant, LeaseState } from '../../index.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState } from '../../index.js'
 import { leaseChannel, tracesItself } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
@@ -11,10 +11,16 @@ const native = NativeRedisLeaseProvider.prototype
  * lease call traced on the `mastra-lease:lease` diagnostics channel.
  */
 export class RedisLeaseProvider extends NativeRedisLeaseProvider {
-  override acquireLease(key: string, owner: string, ttlMs: number): Promise<LeaseGrant> {
-    if (!leaseChannel.hasSubscribers) return super.acquireLease(key, owner, ttlMs)
-    const context = { operation: 'acquireLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(native.acquireLease, context, this, key, owner, ttlMs)
+  override acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
+    if (!leaseChannel.hasSubscribers) return super.acquireLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(native.acquireLease, context, this, key, owner, ttlMs, metadata)
+  }
+
+  override acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+    if (!leaseChannel.hasSubscribers) return super.acquireFencedLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(native.acquireFencedLease, context, this, key, owner, ttlMs, metadata)
   }
 
   override getLeaseOwner(key: string): Promise<string | undefined> {
@@ -22,26 +28,32 @@ export class RedisLeaseProvider extends NativeRedisLeaseProvider {
     return leaseChannel.tracePromise(native.getLeaseOwner, { operation: 'getLeaseOwner', key }, this, key)
   }
 
+  override getLeaseRecord(key: string): Promise<LeaseRecord | undefined> {
+    if (!leaseChannel.hasSubscribers) return super.getLeaseRecord(key)
+    return leaseChannel.tracePromise(native.getLeaseRecord, { operation: 'getLeaseRecord', key }, this, key)
+  }
+
   override getLease(key: string): Promise<LeaseState | undefined> {
     if (!leaseChannel.hasSubscribers) return super.getLease(key)
     return leaseChannel.tracePromise(native.getLease, { operation: 'getLease', key }, this, key)
   }
 
-  override releaseLease(key: string, owner: string): Promise<void> {
-    if (!leaseChannel.hasSubscribers) return super.releaseLease(key, owner)
-    return leaseChannel.tracePromise(native.releaseLease, { operation: 'releaseLease', key, owner }, this, key, owner)
+  override releaseLease(key: string, owner: string, metadata?: string): Promise<void> {
+    if (!leaseChannel.hasSubscribers) return super.releaseLease(key, owner, metadata)
+    const context = { operation: 'releaseLease', key, owner, metadata } as const
+    return leaseChannel.tracePromise(native.releaseLease, context, this, key, owner, metadata)
   }
 
-  override renewLease(key: string, owner: string, ttlMs: number): Promise<boolean> {
-    if (!leaseChannel.hasSubscribers) return super.renewLease(key, owner, ttlMs)
-    const context = { operation: 'renewLease', key, owner, ttlMs } as const
-    return leaseChannel.tracePromise(native.renewLease, context, this, key, owner, ttlMs)
+  override renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return super.renewLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'renewLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(native.renewLease, context, this, key, owner, ttlMs, metadata)
   }
 
-  override transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
-    if (!leaseChannel.hasSubscribers) return super.transferLease(key, fromOwner, toOwner, ttlMs)
-    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs } as const
-    return leaseChannel.tracePromise(native.transferLease, context, this, key, fromOwner, toOwner, ttlMs)
+  override transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return super.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const
+    return leaseChannel.tracePromise(native.transferLease, context, this, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
   }
 
   /**

@@ -1,6 +1,10 @@
 //! Where a lease lives in Redis: its key, its fencing token, and the counter tokens come from.
 //!
 //! - `<keyPrefix>:lease:<key>`: the owner, with a PX expiry. Mastra's own backend's layout.
+//! - `<keyPrefix>:lease-metadata:<key>`: the holder's metadata, with the same expiry, absent
+//!   for none; Mastra's layout too. On a Redis Cluster that name hashes to another slot than
+//!   the lease key, so there it is `<keyPrefix>:lease-metadata:{<tag>}:<key>`, in the lease
+//!   key's slot, as the token key is: one script reads and writes both.
 //! - `<keyPrefix>:fence:{<tag>}:<key>`: the token of the live lease, with the same expiry, as
 //!   `<token>:<transfer id>:<holder>`; naming its holder, it is never read as the token of a
 //!   grant another client wrote to the lease key alone.
@@ -8,7 +12,7 @@
 //!   never expires, so a token is greater than every one granted before for the key.
 //!
 //! `<tag>` is a short string whose hash slot is the lease key's, so on a Redis Cluster the
-//! three keys live in one slot (a script may touch them together, and they move together
+//! four keys live in one slot (a script may touch them together, and they move together
 //! when the slot migrates), whatever characters the key holds. There is one counter per slot
 //! in use: at most 16,384 per key prefix, however many keys were ever leased.
 
@@ -68,6 +72,9 @@ pub fn in_slot(slot: u16) -> Vec<u8> {
 pub struct LeaseKeys {
     /// `<keyPrefix>:lease:<key>`: the owner.
     pub lease: Vec<u8>,
+    /// `<keyPrefix>:lease-metadata:<key>` (on a cluster `…:lease-metadata:{<tag>}:<key>`):
+    /// the holder's metadata.
+    pub metadata: Vec<u8>,
     /// `<keyPrefix>:fence:{<tag>}:<key>`: the live lease's token.
     pub token: Vec<u8>,
     /// `<keyPrefix>:fence:{<tag>}`: the slot's token counter.
@@ -78,16 +85,21 @@ pub struct LeaseKeys {
 #[derive(Debug, Clone)]
 pub struct Layout {
     lease_prefix: Vec<u8>,
+    metadata_prefix: Vec<u8>,
     fence_prefix: Vec<u8>,
+    /// On a cluster the metadata key carries the lease key's slot tag.
+    cluster: bool,
 }
 
 impl Layout {
-    /// The layout under `key_prefix`. On a cluster the prefix must not open a brace it does
-    /// not close (see [`Layout::check_for_cluster`]).
-    pub fn new(key_prefix: &str) -> Self {
+    /// The layout under `key_prefix`, on a cluster or not. On a cluster the prefix must not
+    /// open a brace it does not close (see [`Layout::cluster_safe`]).
+    pub fn new(key_prefix: &str, cluster: bool) -> Self {
         Self {
             lease_prefix: [key_prefix.as_bytes(), b":lease:"].concat(),
+            metadata_prefix: [key_prefix.as_bytes(), b":lease-metadata:"].concat(),
             fence_prefix: [key_prefix.as_bytes(), b":fence:{"].concat(),
+            cluster,
         }
     }
 
@@ -112,7 +124,7 @@ impl Layout {
         [&self.lease_prefix[..], key.as_bytes()].concat()
     }
 
-    /// All three keys of the lease on `key`.
+    /// All four keys of the lease on `key`.
     pub fn keys(&self, key: &str) -> LeaseKeys {
         self.keys_of(key.as_bytes())
     }
@@ -124,8 +136,13 @@ impl Layout {
         let tag = TAGS[usize::from(slot(&lease))].as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
         let token = [&counter[..], b":", key].concat();
+        let metadata = match self.cluster {
+            true => [&self.metadata_prefix[..], b"{", tag, b"}:", key].concat(),
+            false => [&self.metadata_prefix[..], key].concat(),
+        };
         LeaseKeys {
             lease,
+            metadata,
             token,
             counter,
         }
@@ -158,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn the_three_keys_share_the_lease_key_slot_whatever_the_key_holds() {
+    fn the_four_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {
         let keys = [
             "plain",
             "res\0thread",
@@ -173,14 +190,19 @@ mod tests {
         ];
         for prefix in ["mastra:topic", "{app}:topic", "app{x}y"] {
             assert!(Layout::cluster_safe(prefix));
-            let layout = Layout::new(prefix);
+            let layout = Layout::new(prefix, true);
             for key in keys {
                 let k = layout.keys(key);
                 let lease = slot(&k.lease);
+                assert_eq!(slot(&k.metadata), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.token), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.counter), lease, "{prefix} / {key:?}");
             }
         }
+        // Elsewhere the metadata key is Mastra's, so either backend reads the other's.
+        let single = Layout::new("mastra:topic", false).keys("thread-1");
+        assert_eq!(single.metadata, b"mastra:topic:lease-metadata:thread-1");
+        assert_eq!(single.lease, b"mastra:topic:lease:thread-1");
         assert!(!Layout::cluster_safe("app{"));
         assert!(!Layout::cluster_safe("app{}x"));
     }

@@ -11,7 +11,7 @@ use std::future::{ready, Future};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Answer, Call, Grant, LeaseStore, Limits};
+use super::{Answer, Call, Grant, Holder, LeaseStore, Limits};
 use crate::core::error::Result;
 
 /// How many expired leases each call reclaims on its way, so no single call pays for a
@@ -34,16 +34,17 @@ struct Table {
     /// Every deadline ever set, earliest first. An entry is stale when its lease was renewed,
     /// transferred or released since; stale entries are skipped when they come up.
     deadlines: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
-    /// The last fencing token handed out, for any key: every claim takes the next, so each
-    /// is greater than every token granted before for its key.
+    /// The last fencing token handed out, for any key: every fenced claim takes the next, so
+    /// each is greater than every token granted before for its key.
     last_token: u64,
 }
 
 #[derive(Debug)]
 struct Lease {
-    owner: String,
+    holder: Holder,
     expires: Instant,
-    token: u64,
+    /// Its fencing token: taken by the first fenced grant, kept by refreshes and renewals.
+    token: Option<u64>,
 }
 
 impl MemoryStore {
@@ -87,21 +88,29 @@ impl MemoryStore {
         call.check(&self.limits)?;
         let mut table = self.lock_at(now);
         Ok(match call {
-            Call::Acquire { key, owner, ttl_ms } => {
-                Answer::Grant(table.acquire(now, key, owner, *ttl_ms))
+            Call::Acquire {
+                key,
+                holder,
+                ttl_ms,
+                fenced,
+            } => Answer::Grant(table.acquire(now, key, holder, *ttl_ms, *fenced)),
+            Call::Owner { key } => {
+                Answer::Owner(table.live(key, now).map(|l| l.holder.owner.clone()))
             }
-            Call::Owner { key } => Answer::Owner(table.live(key, now).map(|l| l.owner.clone())),
             Call::Lease { key } => Answer::Lease(table.live(key, now).map(|l| super::Lease {
-                owner: l.owner.clone(),
-                token: Some(l.token),
+                owner: l.holder.owner.clone(),
+                token: l.token,
                 ttl_ms: Some(
                     u64::try_from(l.expires.duration_since(now).as_millis()).unwrap_or(u64::MAX),
                 ),
             })),
-            Call::Release { key, owner } => Answer::Released(table.release(now, key, owner)),
-            Call::Renew { key, owner, ttl_ms } => {
-                Answer::Renewed(table.renew(now, key, owner, *ttl_ms))
-            }
+            Call::Record { key } => Answer::Record(table.live(key, now).map(|l| l.holder.clone())),
+            Call::Release { key, holder } => Answer::Released(table.release(now, key, holder)),
+            Call::Renew {
+                key,
+                holder,
+                ttl_ms,
+            } => Answer::Renewed(table.renew(now, key, holder, *ttl_ms)),
             Call::Transfer {
                 key,
                 from,
@@ -124,23 +133,38 @@ impl MemoryStore {
 }
 
 impl Table {
-    fn acquire(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> Grant {
+    /// A claim takes a token only when fenced; a refresh keeps the lease's, and a fenced
+    /// refresh of a lease without one takes one.
+    fn acquire(
+        &mut self,
+        now: Instant,
+        key: &str,
+        holder: &Holder,
+        ttl_ms: u64,
+        fenced: bool,
+    ) -> Grant {
         let token = match self.live(key, now) {
-            Some(holder) if holder.owner != owner => {
+            Some(held) if held.holder != *holder => {
                 return Grant {
                     acquired: false,
-                    owner: Some(holder.owner.clone()),
+                    owner: Some(held.holder.owner.clone()),
                     token: None,
+                    fenced,
                 };
             }
             Some(held) => held.token,
-            None => self.next_token(),
+            None => None,
         };
-        self.put(key, owner, now + ms(ttl_ms), token);
+        let token = match token {
+            None if fenced => Some(self.next_token()),
+            token => token,
+        };
+        self.put(key, holder, now + ms(ttl_ms), token);
         Grant {
             acquired: true,
-            owner: Some(owner.to_owned()),
-            token: Some(token),
+            owner: Some(holder.owner.clone()),
+            token: token.filter(|_| fenced),
+            fenced,
         }
     }
 
@@ -149,37 +173,46 @@ impl Table {
         self.last_token
     }
 
-    fn release(&mut self, now: Instant, key: &str, owner: &str) -> bool {
-        let held = self.holds(key, owner, now);
+    fn release(&mut self, now: Instant, key: &str, holder: &Holder) -> bool {
+        let held = self.held(key, holder, now).is_some();
         if held {
             self.leases.remove(key);
         }
         held
     }
 
-    fn renew(&mut self, now: Instant, key: &str, owner: &str, ttl_ms: u64) -> bool {
-        let Some(token) = self.held_token(key, owner, now) else {
+    fn renew(&mut self, now: Instant, key: &str, holder: &Holder, ttl_ms: u64) -> bool {
+        let Some(token) = self.held(key, holder, now) else {
             return false;
         };
-        self.put(key, owner, now + ms(ttl_ms), token);
+        self.put(key, holder, now + ms(ttl_ms), token);
         true
     }
 
-    /// The new holder gets a new token, so a resource that checks tokens refuses the old
-    /// holder's late writes.
-    fn transfer(&mut self, now: Instant, key: &str, from: &str, to: &str, ttl_ms: u64) -> bool {
-        if self.held_token(key, from, now).is_none() {
+    /// A fenced lease's new holder gets a new token, so a resource that checks tokens
+    /// refuses the old holder's late writes.
+    fn transfer(
+        &mut self,
+        now: Instant,
+        key: &str,
+        from: &Holder,
+        to: &Holder,
+        ttl_ms: u64,
+    ) -> bool {
+        let Some(token) = self.held(key, from, now) else {
             return false;
-        }
-        let token = self.next_token();
+        };
+        let token = token.map(|_| self.next_token());
         self.put(key, to, now + ms(ttl_ms), token);
         true
     }
 
-    /// The token of the live lease `owner` holds on `key`.
-    fn held_token(&mut self, key: &str, owner: &str, now: Instant) -> Option<u64> {
+    /// `Some(token)` when `holder` holds the live lease on `key` (the token it holds it with,
+    /// if any); `None` when it does not.
+    #[allow(clippy::option_option)]
+    fn held(&mut self, key: &str, holder: &Holder, now: Instant) -> Option<Option<u64>> {
         self.live(key, now)
-            .filter(|lease| lease.owner == owner)
+            .filter(|lease| lease.holder == *holder)
             .map(|lease| lease.token)
     }
 
@@ -187,12 +220,7 @@ impl Table {
         self.leases.get(key).filter(|lease| lease.expires > now)
     }
 
-    fn holds(&mut self, key: &str, owner: &str, now: Instant) -> bool {
-        self.live(key, now)
-            .is_some_and(|lease| lease.owner == owner)
-    }
-
-    fn put(&mut self, key: &str, owner: &str, expires: Instant, token: u64) {
+    fn put(&mut self, key: &str, holder: &Holder, expires: Instant, token: Option<u64>) {
         let key: Arc<str> = match self.leases.get_key_value(key) {
             Some((existing, _)) => existing.clone(),
             None => Arc::from(key),
@@ -201,7 +229,7 @@ impl Table {
         self.leases.insert(
             key,
             Lease {
-                owner: owner.to_owned(),
+                holder: holder.clone(),
                 expires,
                 token,
             },
@@ -277,15 +305,16 @@ mod tests {
     fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
         Call::Acquire {
             key: key.into(),
-            owner: owner.into(),
+            holder: Holder::new(owner),
             ttl_ms,
+            fenced: true,
         }
     }
 
     fn renew(key: &str, owner: &str, ttl_ms: u64) -> Call {
         Call::Renew {
             key: key.into(),
-            owner: owner.into(),
+            holder: Holder::new(owner),
             ttl_ms,
         }
     }
@@ -321,8 +350,8 @@ mod tests {
         s.apply_at(t0, &renew("k", "a", 100)).unwrap();
         let moved = Call::Transfer {
             key: "k".into(),
-            from: "a".into(),
-            to: "b".into(),
+            from: Holder::new("a"),
+            to: Holder::new("b"),
             ttl_ms: 100,
         };
         assert_eq!(s.apply_at(t0, &moved).unwrap(), Answer::Transferred(true));
@@ -336,6 +365,84 @@ mod tests {
         assert!(lease.token.unwrap() > first);
         let after_expiry = token(s.apply_at(at(t0, 100), &acquire("k", "c", 100)).unwrap());
         assert!(after_expiry > lease.token.unwrap());
+    }
+
+    #[test]
+    fn an_unfenced_grant_takes_no_token_and_a_fenced_one_on_the_same_lease_takes_one_it_keeps() {
+        let s = MemoryStore::default();
+        let t0 = Instant::now();
+        let plain = |owner: &str| Call::Acquire {
+            key: "k".into(),
+            holder: Holder::new(owner),
+            ttl_ms: 100,
+            fenced: false,
+        };
+        assert_eq!(granted(s.apply_at(t0, &plain("a")).unwrap()).token, None);
+        let fenced = granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).token;
+        assert!(fenced.is_some());
+        // A plain refresh keeps the token (and does not tell it); the fenced one still finds it.
+        assert_eq!(granted(s.apply_at(t0, &plain("a")).unwrap()).token, None);
+        let again = granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).token;
+        assert_eq!(again, fenced);
+    }
+
+    #[test]
+    fn the_holder_is_the_owner_and_its_metadata_together() {
+        let s = MemoryStore::default();
+        let t0 = Instant::now();
+        let run = |n: &str| Holder::with("o", n);
+        let claim = |holder: Holder| Call::Acquire {
+            key: "k".into(),
+            holder,
+            ttl_ms: 100,
+            fenced: false,
+        };
+        assert!(granted(s.apply_at(t0, &claim(run("1"))).unwrap()).acquired);
+        let other_run = granted(s.apply_at(t0, &claim(run("2"))).unwrap());
+        assert_eq!(
+            (other_run.acquired, other_run.owner.as_deref()),
+            (false, Some("o"))
+        );
+        let no_metadata = granted(s.apply_at(t0, &claim(Holder::new("o"))).unwrap());
+        assert!(!no_metadata.acquired);
+        let renew = |holder| Call::Renew {
+            key: "k".into(),
+            holder,
+            ttl_ms: 100,
+        };
+        assert_eq!(
+            s.apply_at(t0, &renew(run("2"))).unwrap(),
+            Answer::Renewed(false)
+        );
+        assert_eq!(
+            s.apply_at(t0, &renew(run("1"))).unwrap(),
+            Answer::Renewed(true)
+        );
+        let release = |holder| Call::Release {
+            key: "k".into(),
+            holder,
+        };
+        assert_eq!(
+            s.apply_at(t0, &release(run("2"))).unwrap(),
+            Answer::Released(false)
+        );
+        let moved = Call::Transfer {
+            key: "k".into(),
+            from: run("1"),
+            to: Holder::with("p", "3"),
+            ttl_ms: 100,
+        };
+        assert_eq!(s.apply_at(t0, &moved).unwrap(), Answer::Transferred(true));
+        let record = s.apply_at(t0, &Call::Record { key: "k".into() }).unwrap();
+        assert_eq!(record, Answer::Record(Some(Holder::with("p", "3"))));
+        assert_eq!(
+            s.apply_at(t0, &release(Holder::new("p"))).unwrap(),
+            Answer::Released(false)
+        );
+        assert_eq!(
+            s.apply_at(t0, &release(Holder::with("p", "3"))).unwrap(),
+            Answer::Released(true)
+        );
     }
 
     #[test]
@@ -364,8 +471,8 @@ mod tests {
         let t0 = Instant::now();
         let transfer = |from: &str| Call::Transfer {
             key: "k".into(),
-            from: from.into(),
-            to: "b".into(),
+            from: Holder::new(from),
+            to: Holder::new("b"),
             ttl_ms: 100,
         };
         s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
@@ -383,7 +490,7 @@ mod tests {
         let t0 = Instant::now();
         let release = |owner: &str| Call::Release {
             key: "k".into(),
-            owner: owner.into(),
+            holder: Holder::new(owner),
         };
         s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
         assert_eq!(

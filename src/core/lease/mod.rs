@@ -15,24 +15,72 @@ use std::future::Future;
 
 use crate::core::error::{Argument, Error, InputErrorKind, Result};
 
+/// Who holds a lease: an owner and, optionally, the metadata it holds it with (Mastra passes
+/// a run's identity, so that one owner id running two runs holds a key for one of them only).
+/// The pair is the holder: a call whose pair differs from the holder's is refused as a call of
+/// another owner is. No metadata is a value of its own, "none", never a wildcard.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holder {
+    pub owner: String,
+    pub metadata: Option<String>,
+}
+
+impl Holder {
+    /// An owner with no metadata.
+    #[cfg(test)]
+    pub fn new(owner: impl Into<String>) -> Self {
+        Self {
+            owner: owner.into(),
+            metadata: None,
+        }
+    }
+
+    /// An owner holding with `metadata`.
+    #[cfg(test)]
+    pub fn with(owner: impl Into<String>, metadata: impl Into<String>) -> Self {
+        Self {
+            owner: owner.into(),
+            metadata: Some(metadata.into()),
+        }
+    }
+
+    /// The metadata as the Redis scripts take it: empty for none (an empty metadata is
+    /// refused before any I/O, so the two never meet).
+    pub fn metadata_arg(&self) -> &str {
+        self.metadata.as_deref().unwrap_or("")
+    }
+
+    /// Checks the owner and the metadata against `limits`; `name` is the owner's argument.
+    fn check(&self, limits: &Limits, name: &str, metadata_name: &str) -> Result<()> {
+        limits.check_owner(&self.owner, name)?;
+        match &self.metadata {
+            Some(metadata) => limits.check_metadata(metadata, metadata_name),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The answer to an acquire: whether the caller holds the lease now, and who does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     /// `true` when the caller holds the lease after the call.
     pub acquired: bool,
-    /// The holder after the call: the caller when `acquired`, else the other owner.
+    /// The owner holding after the call: the caller when `acquired`, else the other holder's
+    /// (which may be the caller's own owner id, holding with other metadata).
     pub owner: Option<String>,
-    /// When `acquired`: the lease's fencing token, greater than every token granted before
-    /// for the key (a refresh keeps it). `None` otherwise.
+    /// For a fenced acquire that granted: the lease's fencing token, greater than every token
+    /// granted before for the key (a refresh keeps it). `None` otherwise.
     pub token: Option<u64>,
+    /// Whether the call asked for a token (`acquireFencedLease`): its answer has a `token`.
+    pub fenced: bool,
 }
 
 /// A live lease, read whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub owner: String,
-    /// Its fencing token; `None` for a lease written by another client (Mastra's own
-    /// backend) that no call of ours has refreshed.
+    /// Its fencing token; `None` for a lease no fenced call has granted (an `acquireLease`,
+    /// or a grant written by another client, such as Mastra's own backend).
     pub token: Option<u64>,
     /// Milliseconds left before it expires; `None` for a key with no expiry at all (written
     /// without `PX` by another client: a raw `SET`), which only a release or a `DEL` ends.
@@ -43,29 +91,34 @@ pub struct Lease {
 /// batches (Redis pipelines a batch into one write).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    /// Claim a free or expired key, or refresh the TTL when `owner` already holds it.
+    /// Claim a free or expired key, or refresh the TTL when `holder` already holds it.
+    /// `fenced`: the grant carries a fencing token (one is taken if the lease has none).
     Acquire {
         key: String,
-        owner: String,
+        holder: Holder,
         ttl_ms: u64,
+        fenced: bool,
     },
-    /// Read the holder of a live lease.
+    /// Read the owner of a live lease.
     Owner { key: String },
-    /// Read a live lease whole: holder, fencing token, time left.
+    /// Read a live lease whole: owner, fencing token, time left.
     Lease { key: String },
-    /// Delete the lease if `owner` holds it; otherwise do nothing.
-    Release { key: String, owner: String },
-    /// Extend the TTL if `owner` still holds the lease; never bring an expired one back.
+    /// Read a live lease's holder: owner and metadata.
+    Record { key: String },
+    /// Delete the lease if `holder` holds it; otherwise do nothing.
+    Release { key: String, holder: Holder },
+    /// Extend the TTL if `holder` still holds the lease; never bring an expired one back.
     Renew {
         key: String,
-        owner: String,
+        holder: Holder,
         ttl_ms: u64,
     },
-    /// Move a lease `from` holds to `to` with a fresh TTL, never leaving the key free.
+    /// Move a lease `from` holds to `to` with a fresh TTL, never leaving the key free. A
+    /// fenced lease stays fenced: `to` gets a new token.
     Transfer {
         key: String,
-        from: String,
-        to: String,
+        from: Holder,
+        to: Holder,
         ttl_ms: u64,
     },
 }
@@ -75,13 +128,15 @@ pub enum Call {
 pub enum Answer {
     /// From [`Call::Acquire`].
     Grant(Grant),
-    /// From [`Call::Owner`]: the live holder, if any.
+    /// From [`Call::Owner`]: the live owner, if any.
     Owner(Option<String>),
     /// From [`Call::Lease`]: the live lease, if any.
     Lease(Option<Lease>),
+    /// From [`Call::Record`]: the live lease's holder, if any.
+    Record(Option<Holder>),
     /// From [`Call::Release`]: whether a lease was deleted.
     Released(bool),
-    /// From [`Call::Renew`]: whether the owner still held the lease.
+    /// From [`Call::Renew`]: whether the holder still held the lease.
     Renewed(bool),
     /// From [`Call::Transfer`]: whether the lease moved.
     Transferred(bool),
@@ -94,7 +149,7 @@ impl Answer {
         match self {
             Answer::Grant(grant) => grant.acquired,
             Answer::Renewed(done) | Answer::Transferred(done) => *done,
-            Answer::Owner(_) | Answer::Lease(_) | Answer::Released(_) => false,
+            Answer::Owner(_) | Answer::Lease(_) | Answer::Record(_) | Answer::Released(_) => false,
         }
     }
 }
@@ -103,9 +158,11 @@ impl Call {
     /// The lease method that makes this call.
     pub fn operation(&self) -> stats::Operation {
         match self {
-            Call::Acquire { .. } => stats::Operation::AcquireLease,
+            Call::Acquire { fenced: false, .. } => stats::Operation::AcquireLease,
+            Call::Acquire { fenced: true, .. } => stats::Operation::AcquireFencedLease,
             Call::Owner { .. } => stats::Operation::GetLeaseOwner,
             Call::Lease { .. } => stats::Operation::GetLease,
+            Call::Record { .. } => stats::Operation::GetLeaseRecord,
             Call::Release { .. } => stats::Operation::ReleaseLease,
             Call::Renew { .. } => stats::Operation::RenewLease,
             Call::Transfer { .. } => stats::Operation::TransferLease,
@@ -118,6 +175,7 @@ impl Call {
             Call::Acquire { key, .. }
             | Call::Owner { key }
             | Call::Lease { key }
+            | Call::Record { key }
             | Call::Release { key, .. }
             | Call::Renew { key, .. }
             | Call::Transfer { key, .. } => key,
@@ -135,15 +193,27 @@ impl Call {
     /// Checks the call's arguments against `limits`; a failing call is never executed.
     pub fn check(&self, limits: &Limits) -> Result<()> {
         match self {
-            Call::Acquire { key, owner, ttl_ms } | Call::Renew { key, owner, ttl_ms } => {
+            Call::Acquire {
+                key,
+                holder,
+                ttl_ms,
+                ..
+            }
+            | Call::Renew {
+                key,
+                holder,
+                ttl_ms,
+            } => {
                 limits.check_key(key)?;
-                limits.check_owner(owner, "owner")?;
+                holder.check(limits, "owner", "metadata")?;
                 limits.check_ttl(*ttl_ms)
             }
-            Call::Owner { key } | Call::Lease { key } => limits.check_key(key),
-            Call::Release { key, owner } => {
+            Call::Owner { key } | Call::Lease { key } | Call::Record { key } => {
+                limits.check_key(key)
+            }
+            Call::Release { key, holder } => {
                 limits.check_key(key)?;
-                limits.check_owner(owner, "owner")
+                holder.check(limits, "owner", "metadata")
             }
             Call::Transfer {
                 key,
@@ -152,8 +222,8 @@ impl Call {
                 ttl_ms,
             } => {
                 limits.check_key(key)?;
-                limits.check_owner(from, "fromOwner")?;
-                limits.check_owner(to, "toOwner")?;
+                from.check(limits, "fromOwner", "fromMetadata")?;
+                to.check(limits, "toOwner", "toMetadata")?;
                 limits.check_ttl(*ttl_ms)
             }
         }
@@ -208,6 +278,8 @@ pub struct Limits {
     pub max_key_bytes: usize,
     /// Longest owner, in UTF-8 bytes. Default 1024.
     pub max_owner_bytes: usize,
+    /// Longest metadata, in UTF-8 bytes. Default 4096.
+    pub max_metadata_bytes: usize,
     /// Longest TTL, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: u64,
 }
@@ -217,6 +289,7 @@ impl Default for Limits {
         Self {
             max_key_bytes: 4096,
             max_owner_bytes: 1024,
+            max_metadata_bytes: 4096,
             max_ttl_ms: 86_400_000,
         }
     }
@@ -235,6 +308,12 @@ impl Limits {
     /// Rejects an empty or over-long owner. `name` is the argument's name in messages.
     pub fn check_owner(&self, owner: &str, name: &str) -> Result<()> {
         check_text(owner, name, Argument::Owner, self.max_owner_bytes)
+    }
+
+    /// Rejects an empty or over-long metadata (empty would read as none in Redis, where the
+    /// scripts take "" for no metadata). `name` is the argument's name in messages.
+    pub fn check_metadata(&self, metadata: &str, name: &str) -> Result<()> {
+        check_text(metadata, name, Argument::Metadata, self.max_metadata_bytes)
     }
 
     /// Rejects a TTL outside `1..=max_ttl_ms` (0 would delete a Redis key on renew).
@@ -285,6 +364,7 @@ mod tests {
                 acquired,
                 owner: Some("a".into()),
                 token: acquired.then_some(1),
+                fenced: true,
             })
         };
         assert!(grant(true).granted());
@@ -299,6 +379,7 @@ mod tests {
         let limits = Limits {
             max_key_bytes: 4,
             max_owner_bytes: 2,
+            max_metadata_bytes: 3,
             max_ttl_ms: 10,
         };
         assert!(limits.check_key("abcd").is_ok());
@@ -313,5 +394,11 @@ mod tests {
         assert!(limits.check_ttl(0).is_err());
         assert!(limits.check_ttl(10).is_ok());
         assert!(limits.check_ttl(11).is_err());
+        assert!(limits.check_metadata("abc", "metadata").is_ok());
+        assert_eq!(
+            limits.check_metadata("", "metadata").unwrap_err().code(),
+            "ERR_LEASE_INVALID_METADATA"
+        );
+        assert!(limits.check_metadata("abcd", "metadata").is_err());
     }
 }

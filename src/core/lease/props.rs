@@ -1,9 +1,10 @@
 //! Property tests of the lease core.
 //!
-//! - `MemoryStore` against a reference model: random sequences of acquire, renew, release,
-//!   transfer, owner, sweeps and clock steps on a few keys that are prefixes of one another,
-//!   with time injected, must answer exactly as a plain map of `key -> (owner, deadline)`.
-//! - Validation: any key, owner or TTL outside the limits is rejected with the variant,
+//! - `MemoryStore` against a reference model: random sequences of acquire (fenced or not),
+//!   renew, release, transfer, the reads, sweeps and clock steps on a few keys that are
+//!   prefixes of one another, by owners holding with or without metadata, with time injected,
+//!   must answer exactly as a plain map of `key -> (holder, deadline, token)`.
+//! - Validation: any key, owner, metadata or TTL outside the limits is rejected with the variant,
 //!   code and class of the first bad argument, and a rejected call changes nothing.
 
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::memory::MemoryStore;
-use super::{Answer, Call, Grant, Lease, Limits};
+use super::{Answer, Call, Grant, Holder, Lease, Limits};
 use crate::core::error::{Argument, Error, ErrorClass, InputErrorKind};
 
 /// Keys that are prefixes of one another (Mastra's `resource\0thread` shape), plus two
@@ -34,21 +35,33 @@ enum Step {
     Sweep(usize),
 }
 
+/// A holder: one of the owners, with no metadata or one of two runs' (so one owner id often
+/// holds for another run than the caller's).
+fn holder() -> impl Strategy<Value = Holder> {
+    let owner = proptest::sample::select(OWNERS.to_vec());
+    let metadata = proptest::sample::select(vec![None, Some("r1"), Some("r2")]);
+    (owner, metadata).prop_map(|(owner, metadata)| Holder {
+        owner: owner.into(),
+        metadata: metadata.map(String::from),
+    })
+}
+
 fn step() -> impl Strategy<Value = Step> {
     let key = || proptest::sample::select(KEYS.to_vec()).prop_map(String::from);
-    let owner = || proptest::sample::select(OWNERS.to_vec()).prop_map(String::from);
     // Short TTLs and clock steps of the same size, so leases often expire mid-sequence and
     // calls often land exactly on a deadline.
     let ttl = || 1u64..=40;
     prop_oneof![
-        3 => (key(), owner(), ttl())
-            .prop_map(|(key, owner, ttl_ms)| Step::Call(Call::Acquire { key, owner, ttl_ms })),
+        3 => (key(), holder(), ttl(), any::<bool>()).prop_map(|(key, holder, ttl_ms, fenced)| {
+            Step::Call(Call::Acquire { key, holder, ttl_ms, fenced })
+        }),
         2 => key().prop_map(|key| Step::Call(Call::Owner { key })),
         1 => key().prop_map(|key| Step::Call(Call::Lease { key })),
-        2 => (key(), owner()).prop_map(|(key, owner)| Step::Call(Call::Release { key, owner })),
-        2 => (key(), owner(), ttl())
-            .prop_map(|(key, owner, ttl_ms)| Step::Call(Call::Renew { key, owner, ttl_ms })),
-        2 => (key(), owner(), owner(), ttl())
+        1 => key().prop_map(|key| Step::Call(Call::Record { key })),
+        2 => (key(), holder()).prop_map(|(key, holder)| Step::Call(Call::Release { key, holder })),
+        2 => (key(), holder(), ttl())
+            .prop_map(|(key, holder, ttl_ms)| Step::Call(Call::Renew { key, holder, ttl_ms })),
+        2 => (key(), holder(), holder(), ttl())
             .prop_map(|(key, from, to, ttl_ms)| Step::Call(Call::Transfer { key, from, to, ttl_ms })),
         2 => (0u64..=30).prop_map(Step::Advance),
         1 => (0usize..=4).prop_map(Step::Sweep),
@@ -56,28 +69,30 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// The reference: what a lease store means, with nothing else in it. Tokens come from one
-/// counter: a claim or a transfer takes the next, a refresh or a renew keeps the lease's.
+/// The reference: what a lease store means, with nothing else in it. The holder is the
+/// pair (owner, metadata). Tokens come from one counter: a fenced claim takes the next, a
+/// fenced refresh of a lease without one too, a transfer of a lease with one too; a plain
+/// claim takes none, a refresh or a renew keeps the lease's.
 #[derive(Default)]
 struct Model {
-    /// key -> (owner, expires, token)
-    leases: HashMap<String, (String, u64, u64)>,
+    /// key -> (holder, expires, token)
+    leases: HashMap<String, (Holder, u64, Option<u64>)>,
     last_token: u64,
 }
 
 impl Model {
-    fn live(&self, key: &str, now: u64) -> Option<&str> {
-        self.lease(key, now).map(|(owner, _, _)| owner.as_str())
+    fn live(&self, key: &str, now: u64) -> Option<&Holder> {
+        self.lease(key, now).map(|(holder, _, _)| holder)
     }
 
-    fn lease(&self, key: &str, now: u64) -> Option<&(String, u64, u64)> {
+    fn lease(&self, key: &str, now: u64) -> Option<&(Holder, u64, Option<u64>)> {
         self.leases
             .get(key)
             .filter(|(_, expires, _)| *expires > now)
     }
 
     fn token(&self, key: &str, now: u64) -> Option<u64> {
-        self.lease(key, now).map(|(_, _, token)| *token)
+        self.lease(key, now).and_then(|(_, _, token)| *token)
     }
 
     fn next_token(&mut self) -> u64 {
@@ -85,60 +100,72 @@ impl Model {
         self.last_token
     }
 
-    fn holds(&self, key: &str, owner: &str, now: u64) -> bool {
-        self.live(key, now) == Some(owner)
+    fn holds(&self, key: &str, holder: &Holder, now: u64) -> bool {
+        self.live(key, now) == Some(holder)
     }
 
     fn live_count(&self, now: u64) -> usize {
         self.leases.values().filter(|(_, e, _)| *e > now).count()
     }
 
-    fn put(&mut self, key: &str, owner: &str, expires: u64, token: u64) {
+    fn put(&mut self, key: &str, holder: &Holder, expires: u64, token: Option<u64>) {
         self.leases
-            .insert(key.to_owned(), (owner.to_owned(), expires, token));
+            .insert(key.to_owned(), (holder.clone(), expires, token));
     }
 
     fn apply(&mut self, call: &Call, now: u64) -> Answer {
         match call {
-            Call::Acquire { key, owner, ttl_ms } => match self.live(key, now) {
-                Some(holder) if holder != owner => Answer::Grant(Grant {
+            Call::Acquire {
+                key,
+                holder,
+                ttl_ms,
+                fenced,
+            } => match self.live(key, now) {
+                Some(held) if held != holder => Answer::Grant(Grant {
                     acquired: false,
-                    owner: Some(holder.to_owned()),
+                    owner: Some(held.owner.clone()),
                     token: None,
+                    fenced: *fenced,
                 }),
-                held => {
-                    let token = match held {
-                        Some(_) => self.token(key, now).unwrap_or_default(),
-                        None => self.next_token(),
+                _ => {
+                    let token = match self.token(key, now) {
+                        None if *fenced => Some(self.next_token()),
+                        token => token,
                     };
-                    self.put(key, owner, now + ttl_ms, token);
+                    self.put(key, holder, now + ttl_ms, token);
                     Answer::Grant(Grant {
                         acquired: true,
-                        owner: Some(owner.clone()),
-                        token: Some(token),
+                        owner: Some(holder.owner.clone()),
+                        token: token.filter(|_| *fenced),
+                        fenced: *fenced,
                     })
                 }
             },
-            Call::Owner { key } => Answer::Owner(self.live(key, now).map(str::to_owned)),
+            Call::Owner { key } => Answer::Owner(self.live(key, now).map(|h| h.owner.clone())),
             Call::Lease { key } => {
-                Answer::Lease(self.lease(key, now).map(|(owner, expires, token)| Lease {
-                    owner: owner.clone(),
-                    token: Some(*token),
+                Answer::Lease(self.lease(key, now).map(|(holder, expires, token)| Lease {
+                    owner: holder.owner.clone(),
+                    token: *token,
                     ttl_ms: Some(expires - now),
                 }))
             }
-            Call::Release { key, owner } => {
-                let held = self.holds(key, owner, now);
+            Call::Record { key } => Answer::Record(self.live(key, now).cloned()),
+            Call::Release { key, holder } => {
+                let held = self.holds(key, holder, now);
                 if held {
                     self.leases.remove(key);
                 }
                 Answer::Released(held)
             }
-            Call::Renew { key, owner, ttl_ms } => {
-                let held = self.holds(key, owner, now);
+            Call::Renew {
+                key,
+                holder,
+                ttl_ms,
+            } => {
+                let held = self.holds(key, holder, now);
                 if held {
-                    let token = self.token(key, now).unwrap_or_default();
-                    self.put(key, owner, now + ttl_ms, token);
+                    let token = self.token(key, now);
+                    self.put(key, holder, now + ttl_ms, token);
                 }
                 Answer::Renewed(held)
             }
@@ -150,7 +177,7 @@ impl Model {
             } => {
                 let held = self.holds(key, from, now);
                 if held {
-                    let token = self.next_token();
+                    let token = self.token(key, now).map(|_| self.next_token());
                     self.put(key, to, now + ttl_ms, token);
                 }
                 Answer::Transferred(held)
@@ -188,10 +215,11 @@ fn ttl(max: u64) -> impl Strategy<Value = u64> {
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
-    (1usize..=40, 1usize..=20, 1u64..=100_000).prop_map(
-        |(max_key_bytes, max_owner_bytes, max_ttl_ms)| Limits {
+    (1usize..=40, 1usize..=20, 1usize..=20, 1u64..=100_000).prop_map(
+        |(max_key_bytes, max_owner_bytes, max_metadata_bytes, max_ttl_ms)| Limits {
             max_key_bytes,
             max_owner_bytes,
+            max_metadata_bytes,
             max_ttl_ms,
         },
     )
@@ -201,58 +229,79 @@ fn text_ok(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max
 }
 
-/// What `Call::check` must answer: the first bad argument in the order key, owner (or
-/// fromOwner, then toOwner), ttlMs; each a RangeError (types are the glue's business).
+/// What `Call::check` must answer: the first bad argument in the order key, owner, metadata
+/// (or fromOwner, fromMetadata, toOwner, toMetadata), ttlMs; each a RangeError (types are the
+/// glue's business).
 fn expected_rejection(call: &Call, l: &Limits) -> Option<Argument> {
     let key = |k: &str| (!text_ok(k, l.max_key_bytes)).then_some(Argument::Key);
-    let owner = |o: &str| (!text_ok(o, l.max_owner_bytes)).then_some(Argument::Owner);
+    let holder = |h: &Holder| {
+        let metadata = h.metadata.as_deref();
+        (!text_ok(&h.owner, l.max_owner_bytes))
+            .then_some(Argument::Owner)
+            .or_else(|| {
+                metadata
+                    .is_some_and(|m| !text_ok(m, l.max_metadata_bytes))
+                    .then_some(Argument::Metadata)
+            })
+    };
     let ttl = |t: u64| (t == 0 || t > l.max_ttl_ms).then_some(Argument::Ttl);
     match call {
         Call::Acquire {
             key: k,
-            owner: o,
+            holder: h,
             ttl_ms,
+            ..
         }
         | Call::Renew {
             key: k,
-            owner: o,
+            holder: h,
             ttl_ms,
-        } => key(k).or_else(|| owner(o)).or_else(|| ttl(*ttl_ms)),
-        Call::Owner { key: k } | Call::Lease { key: k } => key(k),
-        Call::Release { key: k, owner: o } => key(k).or_else(|| owner(o)),
+        } => key(k).or_else(|| holder(h)).or_else(|| ttl(*ttl_ms)),
+        Call::Owner { key: k } | Call::Lease { key: k } | Call::Record { key: k } => key(k),
+        Call::Release { key: k, holder: h } => key(k).or_else(|| holder(h)),
         Call::Transfer {
             key: k,
             from,
             to,
             ttl_ms,
         } => key(k)
-            .or_else(|| owner(from))
-            .or_else(|| owner(to))
+            .or_else(|| holder(from))
+            .or_else(|| holder(to))
             .or_else(|| ttl(*ttl_ms)),
     }
+}
+
+/// A holder of any text, with or without metadata.
+fn any_holder() -> impl Strategy<Value = Holder> {
+    (text(), proptest::option::of(text())).prop_map(|(owner, metadata)| Holder { owner, metadata })
 }
 
 fn any_call() -> impl Strategy<Value = (Limits, Call)> {
     limits().prop_flat_map(|l| {
         let t = || ttl(l.max_ttl_ms);
         let call = prop_oneof![
-            (text(), text(), t()).prop_map(|(key, owner, ttl_ms)| Call::Acquire {
-                key,
-                owner,
-                ttl_ms
+            (text(), any_holder(), t(), any::<bool>()).prop_map(|(key, holder, ttl_ms, fenced)| {
+                Call::Acquire {
+                    key,
+                    holder,
+                    ttl_ms,
+                    fenced,
+                }
             }),
             text().prop_map(|key| Call::Owner { key }),
-            (text(), text()).prop_map(|(key, owner)| Call::Release { key, owner }),
-            (text(), text(), t()).prop_map(|(key, owner, ttl_ms)| Call::Renew {
+            (text(), any_holder()).prop_map(|(key, holder)| Call::Release { key, holder }),
+            (text(), any_holder(), t()).prop_map(|(key, holder, ttl_ms)| Call::Renew {
                 key,
-                owner,
+                holder,
                 ttl_ms
             }),
-            (text(), text(), text(), t()).prop_map(|(key, from, to, ttl_ms)| Call::Transfer {
-                key,
-                from,
-                to,
-                ttl_ms
+            (text(), any_holder(), any_holder(), t()).prop_map(|(key, from, to, ttl_ms)| {
+                Call::Transfer {
+                    key,
+                    from,
+                    to,
+                    ttl_ms,
+                }
             }),
         ];
         (Just(l), call)
@@ -263,6 +312,7 @@ fn code_of(argument: Argument) -> &'static str {
     match argument {
         Argument::Key => "ERR_LEASE_INVALID_KEY",
         Argument::Owner => "ERR_LEASE_INVALID_OWNER",
+        Argument::Metadata => "ERR_LEASE_INVALID_METADATA",
         Argument::Ttl => "ERR_LEASE_INVALID_TTL",
     }
 }
@@ -298,7 +348,7 @@ proptest! {
                     for n in 0..*count {
                         // "f…" sorts before every shared key, so at one deadline a burst's
                         // entries come out of the heap first and use up the budget.
-                        let call = Call::Acquire { key: format!("f{n}"), owner: "a".into(), ttl_ms: *ttl };
+                        let call = Call::Acquire { key: format!("f{n}"), holder: Holder::new("a"), ttl_ms: *ttl, fenced: n % 2 == 0 };
                         prop_assert_eq!(store.apply_at(at, &call).ok(), Some(model.apply(&call, now)));
                     }
                 }
@@ -313,7 +363,7 @@ proptest! {
         prop_assert_eq!(store.resident(), model.live_count(now));
         for key in KEYS.iter().copied().chain(["f0", "f79"]) {
             let got = store.apply_at(end, &Call::Owner { key: key.into() }).ok();
-            prop_assert_eq!(got, Some(Answer::Owner(model.live(key, now).map(str::to_owned))));
+            prop_assert_eq!(got, Some(Answer::Owner(model.live(key, now).map(|h| h.owner.clone()))));
         }
     }
 
@@ -344,7 +394,7 @@ proptest! {
         prop_assume!(expected_rejection(&call, &limits).is_some());
         let store = MemoryStore::new(limits);
         let t0 = Instant::now();
-        let held = Call::Acquire { key: HELD_KEY.into(), owner: HOLDER.into(), ttl_ms: 1 };
+        let held = Call::Acquire { key: HELD_KEY.into(), holder: Holder::new(HOLDER), ttl_ms: 1, fenced: true };
         prop_assert!(store.apply_at(t0, &held).is_ok());
         prop_assert!(store.apply_at(t0, &call).is_err());
         prop_assert_eq!(store.resident(), 1);
@@ -361,7 +411,7 @@ proptest! {
         s in text(),
         max in 1usize..=48,
     ) {
-        let limits = Limits { max_key_bytes: max, max_owner_bytes: max, max_ttl_ms: 1 };
+        let limits = Limits { max_key_bytes: max, max_owner_bytes: max, max_metadata_bytes: max, max_ttl_ms: 1 };
         let ok = text_ok(&s, max);
         prop_assert_eq!(limits.check_key(&s).is_ok(), ok);
         for name in ["owner", "fromOwner", "toOwner"] {
@@ -370,6 +420,14 @@ proptest! {
             if let Err(err) = checked {
                 prop_assert_eq!(err.code(), "ERR_LEASE_INVALID_OWNER");
                 // The message names the argument the caller passed.
+                prop_assert!(err.to_string().starts_with(name), "{}", err);
+            }
+        }
+        for name in ["metadata", "fromMetadata", "toMetadata"] {
+            let checked = limits.check_metadata(&s, name);
+            prop_assert_eq!(checked.is_ok(), ok);
+            if let Err(err) = checked {
+                prop_assert_eq!(err.code(), "ERR_LEASE_INVALID_METADATA");
                 prop_assert!(err.to_string().starts_with(name), "{}", err);
             }
         }

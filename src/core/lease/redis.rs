@@ -2,13 +2,14 @@
 //!
 //! A lease is a plain string `<keyPrefix>:lease:<key>` holding the owner, with a PX expiry,
 //! the layout Mastra's own Redis backend uses, so a fleet can move over process by process;
-//! its fencing token lives beside it, in the same hash slot (`keys.rs`). Redis decides
-//! expiry. Scripts are sent by SHA (EVALSHA) and loaded again transparently when Redis
-//! answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+//! its holder's metadata and its fencing token live beside it, in the same hash slot on a
+//! cluster (`keys.rs`). Redis decides expiry. Scripts are sent by SHA (EVALSHA) and loaded
+//! again transparently when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //!
-//! Without fencing tokens an acquire is one plain `SET key owner NX PX ttl GET`, what costs
-//! Redis least; only when it finds the caller already holding the lease (a refresh), or on a
-//! server that refuses the form (before 7.0), is the acquire script sent after it.
+//! An acquire that asks for no token and carries no metadata (Mastra's `acquireLease` today)
+//! is one plain `SET key owner NX PX ttl GET`, what costs Redis least; only when it finds the
+//! caller's owner already holding the lease (a refresh, whose metadata the script compares),
+//! or on a server that refuses the form (before 7.0), is the acquire script sent after it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,7 @@ use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::keys::{self, Layout};
-use super::{Answer, Answered, Call, Grant, Lease, LeaseStore, Limits};
+use super::{Answer, Answered, Call, Grant, Holder, Lease, LeaseStore, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::lock;
@@ -37,29 +38,10 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// Input limits.
     pub limits: Limits,
-    /// How grants are written: with fencing tokens or not, confirmed by replicas or not.
-    pub grants: Grants,
-}
-
-/// How the writes that grant or move a lease are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grants {
-    /// Every grant takes a fencing token (default). Without, a lease is its one key and an
-    /// acquire a plain `SET NX`: a quarter of Redis's work per acquire.
-    pub fencing_tokens: bool,
     /// Failover-safe grants: a write that grants or moves a lease (acquire, renew,
     /// transfer) is answered only once this many replicas confirmed it (`WAIT`, on a link
     /// lent to it alone). Default none.
     pub replication: Option<Replication>,
-}
-
-impl Default for Grants {
-    fn default() -> Self {
-        Self {
-            fencing_tokens: true,
-            replication: None,
-        }
-    }
 }
 
 /// How many replicas must confirm a lease write, and how long to wait for them.
@@ -75,7 +57,7 @@ impl Default for RedisOptions {
             connection: ConnectionOptions::default(),
             key_prefix: "mastra:topic".to_owned(),
             limits: Limits::default(),
-            grants: Grants::default(),
+            replication: None,
         }
     }
 }
@@ -87,7 +69,7 @@ pub struct RedisStore {
     connection: Arc<Connection>,
     layout: Layout,
     limits: Limits,
-    grants: Grants,
+    replication: Option<Replication>,
     /// `false` once the server refused `SET NX GET` (before Redis 7.0): acquires then go as
     /// the script.
     plain_acquire: AtomicBool,
@@ -104,14 +86,14 @@ impl RedisStore {
         let connection = Connection::new(&options.connection, Subject::LeaseProvider)?;
         let mut store =
             Self::with_connection(Arc::new(connection), options.key_prefix, options.limits)?;
-        store.grants = options.grants;
+        store.replication = options.replication;
         Ok(store)
     }
 
-    /// Writes grants with or without fencing tokens, confirmed by replicas or not (see
-    /// [`Grants`]).
-    pub fn set_grants(&mut self, grants: Grants) {
-        self.grants = grants;
+    /// Grants confirmed by this many replicas before they are answered, or not (see
+    /// [`RedisOptions::replication`]).
+    pub fn set_replication(&mut self, replication: Option<Replication>) {
+        self.replication = replication;
     }
 
     /// A store on an existing connection (the one a streams transport writes through, so
@@ -146,10 +128,10 @@ impl RedisStore {
             ));
         }
         Ok(Self {
+            layout: Layout::new(&key_prefix, connection.is_cluster()),
             connection,
-            layout: Layout::new(&key_prefix),
             limits,
-            grants: Grants::default(),
+            replication: None,
             plain_acquire: AtomicBool::new(true),
             failures: Throttle::default(),
             no_wait: OnceLock::new(),
@@ -190,7 +172,7 @@ impl RedisStore {
 
     /// Executes a batch of calls, handing each answer (with the call's place in the batch)
     /// to `answered` as soon as it is known. Every call with good arguments becomes one
-    /// command (EVALSHA of its script, GET, or SET NX for an acquire without tokens), sent in
+    /// command (EVALSHA of its script, GET, or SET NX for a plain acquire), sent in
     /// a few pipelines at once (see `parts.rs`): the callers of the first run while
     /// Redis works on the rest. Every call on one key goes in the pipeline of that key's
     /// first call, so calls on one key take effect in the order they were made. On a
@@ -258,7 +240,7 @@ impl RedisStore {
         let sent = &pipeline.sent;
         for attempt in 0..2 {
             let budget = timing.deadline.saturating_duration_since(Instant::now());
-            let result = match self.grants.replication.filter(|_| pipeline.confirm) {
+            let result = match self.replication.filter(|_| pipeline.confirm) {
                 Some(wanted) => {
                     self.confirmed(calls, pipeline, timing, wanted, answered)
                         .await
@@ -354,7 +336,7 @@ impl RedisStore {
         let sent = &pipeline.sent;
         let mut replies: Vec<Value> = Vec::with_capacity(sent.len());
         // A key with several calls has its acquires sent as the script from the start.
-        let mut scripted = match pipeline.keys_repeat && !self.grants.fencing_tokens {
+        let mut scripted = match pipeline.keys_repeat {
             true => repeated_keys(calls, sent),
             false => vec![false; sent.len()],
         };
@@ -412,14 +394,14 @@ impl RedisStore {
     }
 
     /// Whether a plain acquire's reply asks for the acquire script: the owner already holds
-    /// the lease (a refresh), or the server refused `SET NX GET` (before Redis 7.0; every
+    /// the lease (a refresh, if the metadata agrees: the script decides), or the server refused `SET NX GET` (before Redis 7.0; every
     /// later acquire then goes as the script).
     fn acquire_again(&self, call: &Call, reply: &Value) -> bool {
-        let Call::Acquire { owner, .. } = call else {
+        let Call::Acquire { holder, .. } = call else {
             return false;
         };
         match reply {
-            Value::BulkString(holder) => holder == owner.as_bytes(),
+            Value::BulkString(found) => found == holder.owner.as_bytes(),
             Value::ServerError(err) if err.details().is_some_and(|d| d.contains("syntax")) => {
                 self.plain_acquire.store(false, Ordering::Relaxed);
                 true
@@ -428,40 +410,63 @@ impl RedisStore {
         }
     }
 
-    /// Appends the one command that performs a call; `scripted`: an acquire goes as its
-    /// script even without fencing tokens. `true` when it went as a plain acquire.
+    /// Appends the one command that performs a call; `scripted`: a plain acquire goes as the
+    /// script all the same. `true` when it went as a plain acquire.
     fn encode(&self, sent: &Sent, scripted: bool, pipe: &mut Pipeline) -> bool {
         let call = &sent.call;
-        // With tokens, a lease's scripts take its token key (and the counter where a token is
-        // taken); without, only what they need of them.
-        let tokens = self.grants.fencing_tokens;
         match call {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
                 // whose PX expiry has passed.
                 pipe.cmd("GET").arg(self.layout.lease(key));
             }
-            Call::Lease { key } => {
-                self.evalsha(pipe, call, key, 2);
+            Call::Lease { key } | Call::Record { key } => {
+                self.evalsha(pipe, call, key, 3);
             }
-            Call::Acquire { key, owner, ttl_ms }
-                if !tokens && !scripted && self.plain_acquire.load(Ordering::Relaxed) =>
+            Call::Acquire {
+                key,
+                holder,
+                ttl_ms,
+                fenced: false,
+            } if holder.metadata.is_none()
+                && !scripted
+                && self.plain_acquire.load(Ordering::Relaxed) =>
             {
                 // Answers nil when it claimed the key, else the holder (and writes nothing).
-                let cmd = pipe.cmd("SET").arg(self.layout.lease(key)).arg(owner);
+                let cmd = pipe
+                    .cmd("SET")
+                    .arg(self.layout.lease(key))
+                    .arg(&holder.owner);
                 cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
                 return true;
             }
-            Call::Acquire { key, owner, ttl_ms } => {
-                let n = if tokens { 3 } else { 1 };
-                self.evalsha(pipe, call, key, n).arg(owner).arg(*ttl_ms);
+            Call::Acquire {
+                key,
+                holder,
+                ttl_ms,
+                fenced,
+            } => {
+                let cmd = self
+                    .evalsha(pipe, call, key, 4)
+                    .arg(&holder.owner)
+                    .arg(*ttl_ms);
+                cmd.arg(holder.metadata_arg())
+                    .arg(if *fenced { "1" } else { "0" });
             }
-            Call::Renew { key, owner, ttl_ms } => {
-                let n = if tokens { 2 } else { 1 };
-                self.evalsha(pipe, call, key, n).arg(owner).arg(*ttl_ms);
+            Call::Renew {
+                key,
+                holder,
+                ttl_ms,
+            } => {
+                let cmd = self
+                    .evalsha(pipe, call, key, 3)
+                    .arg(&holder.owner)
+                    .arg(*ttl_ms);
+                cmd.arg(holder.metadata_arg());
             }
-            Call::Release { key, owner } => {
-                self.evalsha(pipe, call, key, 2).arg(owner);
+            Call::Release { key, holder } => {
+                let cmd = self.evalsha(pipe, call, key, 3).arg(&holder.owner);
+                cmd.arg(holder.metadata_arg());
             }
             Call::Transfer {
                 key,
@@ -469,16 +474,20 @@ impl RedisStore {
                 to,
                 ttl_ms,
             } => {
-                let n = if tokens { 3 } else { 2 };
-                let cmd = self.evalsha(pipe, call, key, n).arg(from).arg(to);
+                let cmd = self
+                    .evalsha(pipe, call, key, 4)
+                    .arg(&from.owner)
+                    .arg(&to.owner);
                 cmd.arg(*ttl_ms).arg(&sent.id);
+                cmd.arg(from.metadata_arg()).arg(to.metadata_arg());
             }
         }
         false
     }
 
-    /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its token,
-    /// the slot's token counter), the order every lease script takes them in.
+    /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its
+    /// metadata, its token, the slot's token counter), the order every lease script takes
+    /// them in.
     fn evalsha<'p>(
         &self,
         pipe: &'p mut Pipeline,
@@ -489,7 +498,10 @@ impl RedisStore {
         let sha = lua(call).map_or("", |lua| lua.script().get_hash());
         let keys = self.layout.keys(key);
         let cmd = pipe.cmd("EVALSHA").arg(sha).arg(n);
-        for key in [keys.lease, keys.token, keys.counter].into_iter().take(n) {
+        for key in [keys.lease, keys.metadata, keys.token, keys.counter]
+            .into_iter()
+            .take(n)
+        {
             cmd.arg(key);
         }
         cmd
@@ -540,7 +552,7 @@ fn lua(call: &Call) -> Option<&'static Lua> {
         Call::Renew { .. } => Some(&scripts::RENEW),
         Call::Release { .. } => Some(&scripts::RELEASE),
         Call::Transfer { .. } => Some(&scripts::TRANSFER),
-        Call::Lease { .. } => Some(&scripts::LEASE),
+        Call::Lease { .. } | Call::Record { .. } => Some(&scripts::LEASE),
         Call::Owner { .. } => None,
     }
 }
@@ -549,43 +561,59 @@ fn lua(call: &Call) -> Option<&'static Lua> {
 /// call's error alone.
 pub(super) fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
     Ok(match call {
-        // The acquire script's answer.
-        Call::Acquire { .. } if matches!(reply, Value::Array(_)) => {
+        // The acquire script's answer: a plain acquire is told no token, a kept one either.
+        Call::Acquire { fenced, .. } if matches!(reply, Value::Array(_)) => {
             let (acquired, holder, token): (i64, Vec<u8>, Option<u64>) = parse(reply)?;
             Answer::Grant(Grant {
                 acquired: acquired == 1,
                 owner: Some(text(holder)),
-                token: token.filter(|_| acquired == 1),
+                token: token.filter(|_| acquired == 1 && *fenced),
+                fenced: *fenced,
             })
         }
         // A plain `SET NX GET`'s: nil when it claimed the key, else the other holder (the
         // caller's own goes as the script).
-        Call::Acquire { owner, .. } => match parse::<Option<Vec<u8>>>(reply)? {
+        Call::Acquire { holder, .. } => match parse::<Option<Vec<u8>>>(reply)? {
             None => Answer::Grant(Grant {
                 acquired: true,
-                owner: Some(owner.clone()),
+                owner: Some(holder.owner.clone()),
                 token: None,
+                fenced: false,
             }),
-            Some(holder) => Answer::Grant(Grant {
+            Some(found) => Answer::Grant(Grant {
                 acquired: false,
-                owner: Some(text(holder)),
+                owner: Some(text(found)),
                 token: None,
+                fenced: false,
             }),
         },
         Call::Owner { .. } => Answer::Owner(parse::<Option<Vec<u8>>>(reply)?.map(text)),
-        Call::Lease { .. } => {
-            let lease: Option<(Vec<u8>, i64, Option<u64>)> = parse(reply)?;
-            Answer::Lease(lease.map(|(owner, pttl, token)| Lease {
-                owner: text(owner),
-                token,
-                // -1: a key without an expiry, which our writes never leave but others' can.
-                ttl_ms: u64::try_from(pttl).ok(),
-            }))
-        }
+        Call::Lease { .. } => Answer::Lease(read_lease(reply)?.map(|(lease, _)| lease)),
+        Call::Record { .. } => Answer::Record(read_lease(reply)?.map(|(lease, metadata)| Holder {
+            owner: lease.owner,
+            metadata,
+        })),
         Call::Release { .. } => Answer::Released(parse::<i64>(reply)? == 1),
         Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
         Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),
     })
+}
+
+/// `lease.lua`'s answer as sent: owner, PTTL, token, metadata.
+type LeaseReply = (Vec<u8>, i64, Option<u64>, Option<Vec<u8>>);
+
+/// `lease.lua`'s answer: the live lease and its holder's metadata, if any.
+fn read_lease(reply: Value) -> redis::RedisResult<Option<(Lease, Option<String>)>> {
+    let lease: Option<LeaseReply> = parse(reply)?;
+    Ok(lease.map(|(owner, pttl, token, metadata)| {
+        let lease = Lease {
+            owner: text(owner),
+            token,
+            // -1: a key without an expiry, which our writes never leave but others' can.
+            ttl_ms: u64::try_from(pttl).ok(),
+        };
+        (lease, metadata.map(text))
+    }))
 }
 
 fn is_noscript(reply: &Value) -> bool {

@@ -1,17 +1,19 @@
 -- Release a lease, only on behalf of its holder.
 -- KEYS[1]  the lease key
--- KEYS[2]  the lease's token key
+-- KEYS[2]  the lease's metadata key
+-- KEYS[3]  the lease's token key
 -- ARGV[1]  owner
--- Returns  1 when the lease was deleted, 0 when the owner did not hold it (a no-op).
+-- ARGV[2]  metadata, "" for none
+-- Returns  1 when the lease was deleted, 0 when the holder did not hold it (a no-op).
 -- A release publishes "released" on the lease key's name (a shard channel, so on a cluster
 -- it stays in the key's shard), waking processes that wait for the key (watch.rs); where
 -- SPUBLISH is refused, on the classic channel of that name, where such a server's waiters
 -- listen (listener.rs).
--- Atomically: the ownership check and the delete are one step, so a lease another owner
--- acquired or renewed in between is never deleted. The slot's counter stays: the next
--- claim's token is still greater.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
+-- Atomically: the check of the holder and the delete are one step, so a lease another
+-- holder acquired or renewed in between is never deleted. The slot's counter stays: the
+-- next fenced claim's token is still greater.
+if redis.call('GET', KEYS[1]) == ARGV[1] and (redis.call('GET', KEYS[2]) or '') == ARGV[2] then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   -- pcall: a publish that fails (SPUBLISH came with Redis 7.0; a service or an ACL may refuse
   -- both) must not fail the release; waiters then wake at the lease's TTL.
   if type(redis.pcall('SPUBLISH', KEYS[1], 'released')) == 'table' then

@@ -13,11 +13,16 @@ use crate::core::{lock, Error};
 pub enum Operation {
     AcquireLease,
     GetLeaseOwner,
-    GetLease,
     ReleaseLease,
     RenewLease,
     TransferLease,
+    AcquireFencedLease,
+    GetLease,
+    GetLeaseRecord,
 }
+
+/// How many [`Operation`]s there are.
+pub const OPERATIONS: usize = 8;
 
 impl Operation {
     /// The method's JavaScript name.
@@ -25,10 +30,12 @@ impl Operation {
         match self {
             Operation::AcquireLease => "acquireLease",
             Operation::GetLeaseOwner => "getLeaseOwner",
-            Operation::GetLease => "getLease",
             Operation::ReleaseLease => "releaseLease",
             Operation::RenewLease => "renewLease",
             Operation::TransferLease => "transferLease",
+            Operation::AcquireFencedLease => "acquireFencedLease",
+            Operation::GetLease => "getLease",
+            Operation::GetLeaseRecord => "getLeaseRecord",
         }
     }
 }
@@ -36,7 +43,7 @@ impl Operation {
 /// The counters of one provider.
 #[derive(Debug, Default)]
 pub struct Stats {
-    calls: [AtomicU64; 6],
+    calls: [AtomicU64; OPERATIONS],
     granted: AtomicU64,
     refused: AtomicU64,
     lost: AtomicU64,
@@ -48,7 +55,7 @@ pub struct Stats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     /// Calls made, per operation (in [`Operation`]'s order), rejected ones included.
-    pub calls: [u64; 6],
+    pub calls: [u64; OPERATIONS],
     /// Grants: acquires that left the caller holding the lease, and transfers that moved it.
     pub granted: u64,
     /// Acquires answered with another owner.
@@ -107,6 +114,7 @@ mod tests {
                 acquired,
                 owner: Some("a".into()),
                 token: None,
+                fenced: false,
             })
         };
         stats.record(Operation::AcquireLease, Ok(&grant(true)));
@@ -125,7 +133,7 @@ mod tests {
         assert_eq!(
             stats.snapshot(),
             Snapshot {
-                calls: [2, 1, 0, 1, 2, 1],
+                calls: [2, 1, 1, 2, 1, 0, 0, 0],
                 granted: 2,
                 refused: 1,
                 lost: 1,

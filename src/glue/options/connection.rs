@@ -9,7 +9,7 @@ use napi::sys::ValueType;
 use super::reader::{closest, Options};
 use super::{OptionError, Read, MAX_TIMEOUT_MS};
 use crate::core::connection::{ConnectionOptions, Deployment, TlsOptions};
-use crate::core::lease::redis::{Grants, Replication};
+use crate::core::lease::redis::Replication;
 use crate::core::{Error, InputErrorKind};
 use crate::glue::args::type_name;
 use crate::glue::js::{self, Value};
@@ -343,18 +343,10 @@ impl Options {
             .collect()
     }
 
-    /// How grants are written: `fencingTokens` (default true), and failover-safe grants:
-    /// `minReplicas` (default 0, off) and `replicaTimeoutMs` (how long `WAIT` waits; default
-    /// 1000, or half `commandTimeoutMs` when that is shorter; it must be shorter than
-    /// `commandTimeoutMs`, so a call still settles in time).
-    pub(super) fn grants(&self, command_timeout: Duration) -> Read<Grants> {
-        Ok(Grants {
-            fencing_tokens: self.flag("fencingTokens")?.unwrap_or(true),
-            replication: self.replication(command_timeout)?,
-        })
-    }
-
-    fn replication(&self, command_timeout: Duration) -> Read<Option<Replication>> {
+    /// Failover-safe grants: `minReplicas` (default 0, off) and `replicaTimeoutMs` (how long
+    /// `WAIT` waits; default 1000, or half `commandTimeoutMs` when that is shorter; it must be
+    /// shorter than `commandTimeoutMs`, so a call still settles in time).
+    pub(super) fn replication(&self, command_timeout: Duration) -> Read<Option<Replication>> {
         let replicas = self.whole("minReplicas", 0, 100)?.unwrap_or(0);
         let timeout = self.whole("replicaTimeoutMs", 1, MAX_TIMEOUT_MS)?;
         let range = |message: String| -> OptionError {

@@ -12,7 +12,7 @@ mod types;
 use std::time::Duration;
 
 use super::js::{self, Env, Value};
-use crate::core::lease::redis::Grants;
+use crate::core::lease::redis::Replication;
 use crate::core::lease::TTL_CEILING_MS;
 use crate::core::streams::{StreamsOptions, HARD_MAX_LEN_FACTOR};
 use crate::core::{Error, Limits, RedisOptions};
@@ -65,12 +65,12 @@ pub fn list_leases(env: Env, value: Option<Value>) -> Read<(Option<String>, u32)
 pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
     let options = Options::new(env, value, "RedisLeaseProvider")?;
     let connection = options.connection()?;
-    let grants = options.grants(connection.command_timeout)?;
+    let replication = options.replication(connection.command_timeout)?;
     let read = RedisOptions {
         connection,
         key_prefix: options.string("keyPrefix")?.unwrap_or_else(default_prefix),
         limits: options.limits()?,
-        grants,
+        replication,
     };
     let logger = options.logger()?;
     options.finish()?;
@@ -81,9 +81,9 @@ pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option
 pub struct Streams {
     /// The transport's options, without the logger.
     pub transport: StreamsOptions,
-    /// The lease store's limits, and how it writes grants.
+    /// The lease store's limits, and whether replicas confirm its grants.
     pub limits: Limits,
-    pub grants: Grants,
+    pub replication: Option<Replication>,
     /// The logger object, if any.
     pub logger: Option<Value>,
     /// `maxDeliveryAttempts: 0` was given: unlimited, as `Infinity`, with
@@ -108,7 +108,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
         .whole("maxStreamLength", 0, MAX_COUNT)?
         .unwrap_or(d.max_len);
     let connection = options.connection()?;
-    let grants = options.grants(connection.command_timeout)?;
+    let replication = options.replication(connection.command_timeout)?;
     let attempts = options.count_or_infinity("maxDeliveryAttempts")?;
     let transport = StreamsOptions {
         connection,
@@ -148,7 +148,7 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
     Ok(Streams {
         transport,
         limits,
-        grants,
+        replication,
         logger,
         zero_attempts: attempts == Some(Some(0)),
     })

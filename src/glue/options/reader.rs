@@ -71,6 +71,10 @@ impl Options {
                 "inFlightTimeoutMs" | "hardMaxStreamLength" | "blockMs" | "maxStreamLength" => {
                     "; it is an option of RedisStreamsPubSub".to_owned()
                 }
+                "fencingTokens" => "; it is gone since 0.9: acquireLease grants without a \
+                                    token, as Mastra's own backend does, and a fenced grant is \
+                                    asked for per call (acquireFencedLease, hold())"
+                    .to_owned(),
                 _ => match closest(&name, &read) {
                     Some(near) => format!("; did you mean {near}?"),
                     None => String::new(),
@@ -125,7 +129,7 @@ impl Options {
         Ok((kind != ValueType::napi_undefined).then_some((value, kind)))
     }
 
-    /// The lease limits: `maxKeyBytes`, `maxOwnerBytes`, `maxTtlMs`.
+    /// The lease limits: `maxKeyBytes`, `maxOwnerBytes`, `maxMetadataBytes`, `maxTtlMs`.
     pub(super) fn limits(&self) -> Read<Limits> {
         let d = Limits::default();
         Ok(Limits {
@@ -135,6 +139,9 @@ impl Options {
             max_owner_bytes: self
                 .whole("maxOwnerBytes", 1, MAX_TEXT_BYTES)?
                 .map_or(d.max_owner_bytes, |n| n as usize),
+            max_metadata_bytes: self
+                .whole("maxMetadataBytes", 1, MAX_TEXT_BYTES)?
+                .map_or(d.max_metadata_bytes, |n| n as usize),
             max_ttl_ms: self
                 .whole("maxTtlMs", 1, TTL_CEILING_MS)?
                 .unwrap_or(d.max_ttl_ms),
@@ -167,19 +174,6 @@ impl Options {
                 format!("logger.debug must be a function, got {}", type_name(kind)),
             )
             .into()),
-        }
-    }
-
-    /// A boolean option; anything else (a string `"false"`, a number) is refused.
-    pub(super) fn flag(&self, name: &'static str) -> Read<Option<bool>> {
-        match self.get(name)? {
-            Some((value, ValueType::napi_boolean)) => Ok(Some(js::bool_value(self.env, value))),
-            Some((_, kind)) => Err(Error::option(
-                InputErrorKind::Type,
-                format!("{name} must be a boolean, got {}", type_name(kind)),
-            )
-            .into()),
-            None => Ok(None),
         }
     }
 

@@ -13,6 +13,8 @@ pub struct MemoryLeaseProviderOptions {
     pub max_key_bytes: Option<u32>,
     /// Longest owner accepted, in UTF-8 bytes. Default 1024.
     pub max_owner_bytes: Option<u32>,
+    /// Longest lease metadata accepted, in UTF-8 bytes. Default 4096.
+    pub max_metadata_bytes: Option<u32>,
     /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
 }
@@ -147,11 +149,6 @@ pub struct RedisLeaseProviderOptions {
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
     pub replica_timeout_ms: Option<f64>,
-    /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
-    /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-    /// acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
-    /// use the same.
-    pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
     /// roots).
     #[napi(ts_type = "TlsOptions")]
@@ -172,6 +169,8 @@ pub struct RedisLeaseProviderOptions {
     pub max_key_bytes: Option<u32>,
     /// Longest owner accepted, in UTF-8 bytes. Default 1024.
     pub max_owner_bytes: Option<u32>,
+    /// Longest lease metadata accepted, in UTF-8 bytes. Default 4096.
+    pub max_metadata_bytes: Option<u32>,
     /// Longest TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
     /// Gets the warning when the server's eviction policy could evict leases (any policy
@@ -215,11 +214,6 @@ pub struct RedisStreamsOptions {
     /// How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
     /// `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
     pub replica_timeout_ms: Option<f64>,
-    /// Every grant takes a fencing token (`token` on a grant, `getLease`), in the same atomic
-    /// step. Default true. `false`: a lease is its one key, as in Mastra's own backend, and an
-    /// acquire a plain `SET NX`, a quarter of Redis's work; every process of a fleet should
-    /// use the same.
-    pub fencing_tokens: Option<bool>,
     /// CA, client certificate and key for a `rediss://` URL, for every connection. Default:
     /// none (the platform's roots).
     #[napi(ts_type = "TlsOptions")]
@@ -275,6 +269,8 @@ pub struct RedisStreamsOptions {
     pub max_key_bytes: Option<u32>,
     /// Longest lease owner accepted, in UTF-8 bytes. Default 1024.
     pub max_owner_bytes: Option<u32>,
+    /// Longest lease metadata accepted, in UTF-8 bytes. Default 4096.
+    pub max_metadata_bytes: Option<u32>,
     /// Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day).
     pub max_ttl_ms: Option<f64>,
     /// Gets dropped-event warnings, connection trouble (at most once per 30 s), events held

@@ -12,7 +12,7 @@ impl RedisStore {
     pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
         let size = pipeline_size(good.len());
         let cluster = self.connection.is_cluster();
-        let confirming = self.grants.replication.is_some();
+        let confirming = self.replication.is_some();
         let confirmed: HashSet<&str> = match confirming {
             true => good
                 .iter()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use super::{RedisOptions, RedisStore};
 use crate::core::connection::ConnectionOptions;
 use crate::core::lease::keys::Layout;
-use crate::core::lease::{Grant, Lease};
+use crate::core::lease::{Grant, Holder, Lease};
 use crate::core::test_redis::Server;
 use crate::core::{Answer, Call, LeaseStore};
 
@@ -22,11 +22,23 @@ fn store(server: &Server, command_timeout: Duration) -> RedisStore {
     .unwrap()
 }
 
+/// A fenced acquire (`acquireFencedLease`).
 fn acquire(key: &str, owner: &str, ttl_ms: u64) -> Call {
     Call::Acquire {
         key: key.into(),
-        owner: owner.into(),
+        holder: Holder::new(owner),
         ttl_ms,
+        fenced: true,
+    }
+}
+
+/// A plain acquire (`acquireLease`), with or without metadata.
+fn plain(key: &str, holder: Holder, ttl_ms: u64) -> Call {
+    Call::Acquire {
+        key: key.into(),
+        holder,
+        ttl_ms,
+        fenced: false,
     }
 }
 
@@ -35,6 +47,16 @@ fn grant(acquired: bool, owner: &str, token: Option<u64>) -> Answer {
         acquired,
         owner: Some(owner.into()),
         token,
+        fenced: true,
+    })
+}
+
+fn plain_grant(acquired: bool, owner: &str) -> Answer {
+    Answer::Grant(Grant {
+        acquired,
+        owner: Some(owner.into()),
+        token: None,
+        fenced: false,
     })
 }
 
@@ -54,11 +76,11 @@ fn lease(key: &str) -> Call {
     Call::Lease { key: key.into() }
 }
 
-/// A lease key's companion keys under the tests' prefix, as text for redis-cli.
-fn companions(key: &str) -> (String, String) {
-    let keys = Layout::new("t").keys(key);
-    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
-    (text(keys.token), text(keys.counter))
+/// A lease key's companion keys under the tests' prefix, as text for redis-cli: its
+/// metadata, its token, the slot's counter.
+fn companions(key: &str) -> [String; 3] {
+    let keys = Layout::new("t", false).keys(key);
+    [keys.metadata, keys.token, keys.counter].map(|bytes| String::from_utf8(bytes).unwrap())
 }
 
 #[tokio::test]
@@ -107,14 +129,14 @@ async fn script_flush_is_invisible_to_callers() {
     server.cli(&["SCRIPT", "FLUSH"]);
     let renew = Call::Renew {
         key: "k".into(),
-        owner: "a".into(),
+        holder: Holder::new("a"),
         ttl_ms: 10_000,
     };
     let answers = store.execute(vec![renew, acquire("j", "b", 500)]).await;
     assert_eq!(answers[0].as_ref().unwrap(), &Answer::Renewed(true));
     assert!(matches!(
         answers[1].as_ref().unwrap(),
-        Answer::Grant(Grant { acquired: true, owner: Some(o), token: Some(_) }) if o == "b"
+        Answer::Grant(Grant { acquired: true, owner: Some(o), token: Some(_), .. }) if o == "b"
     ));
 }
 
@@ -165,11 +187,11 @@ async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
 async fn the_same_transfer_run_twice_answers_true_twice_and_another_finding_the_new_owner_false() {
     let server = Server::start("lease-transfer-again");
     let script = crate::core::scripts::TRANSFER.source;
-    let (token, counter) = companions("k");
+    let [metadata, token, counter] = companions("k");
     let run = |id: &str| {
-        let keys = ["t:lease:k", token.as_str(), counter.as_str()];
+        let keys = ["t:lease:k", &metadata, &token, &counter];
         let args = [
-            "EVAL", script, "3", keys[0], keys[1], keys[2], "a", "b", "5000", id,
+            "EVAL", script, "4", keys[0], keys[1], keys[2], keys[3], "a", "b", "5000", id, "", "",
         ];
         (server.cli(&args), server.cli(&["GET", "t:lease:k"]))
     };
@@ -198,7 +220,7 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     );
     let renew = Call::Renew {
         key: "k".into(),
-        owner: "a".into(),
+        holder: Holder::new("a"),
         ttl_ms: 60_000,
     };
     assert_eq!(run(renew).await.unwrap(), Answer::Renewed(true));
@@ -211,8 +233,8 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     // A transfer hands the new holder a greater token.
     let transfer = Call::Transfer {
         key: "k".into(),
-        from: "a".into(),
-        to: "b".into(),
+        from: Holder::new("a"),
+        to: Holder::new("b"),
         ttl_ms: 60_000,
     };
     assert_eq!(run(transfer).await.unwrap(), Answer::Transferred(true));
@@ -223,7 +245,7 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     // After a release, and after an expiry, the next claim's token is greater still.
     let release = Call::Release {
         key: "k".into(),
-        owner: "b".into(),
+        holder: Holder::new("b"),
     };
     assert_eq!(run(release).await.unwrap(), Answer::Released(true));
     assert_eq!(run(lease("k")).await.unwrap(), Answer::Lease(None));
@@ -233,7 +255,7 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     let after_expiry = token_of(run(acquire("k", "d", 60_000)).await.unwrap());
     assert!(after_expiry > after_release);
     // A key in another slot counts on its own counter, so tokens are per key, not global.
-    let (_, counter) = companions("k");
+    let [_, _, counter] = companions("k");
     assert_eq!(server.cli(&["GET", &counter]), after_expiry.to_string());
 }
 
@@ -295,41 +317,198 @@ async fn leases_that_came_and_went_leave_only_one_counter_per_slot_behind() {
     assert!(left <= usize::from(crate::core::lease::keys::SLOTS));
 }
 
-fn untokened(server: &Server) -> RedisStore {
-    let mut store = store(server, Duration::from_secs(2));
-    store.set_grants(super::Grants {
-        fencing_tokens: false,
-        replication: None,
-    });
-    store
-}
-
 #[tokio::test]
-async fn without_tokens_a_server_that_refuses_set_nx_get_turns_acquires_into_the_script_for_good() {
+async fn a_server_that_refuses_set_nx_get_turns_plain_acquires_into_the_script_for_good() {
     let server = Server::start("lease-plain-fallback");
-    let store = untokened(&server);
+    let store = store(&server, Duration::from_secs(2));
+    let a = |key: &str, owner: &str| plain(key, Holder::new(owner), 10_000);
     assert_eq!(
-        store.execute_one(acquire("k", "a", 10_000)).await.unwrap(),
-        grant(true, "a", None)
+        store.execute_one(a("k", "a")).await.unwrap(),
+        plain_grant(true, "a")
     );
     assert_eq!(server.calls("evalsha"), 0, "a claim is one plain SET");
     // What a server before Redis 7.0 answers to SET with both NX and GET.
     let refused = redis::parse_redis_value(b"-ERR syntax error\r\n").unwrap();
-    assert!(store.acquire_again(&acquire("j", "b", 10_000), &refused));
+    assert!(store.acquire_again(&a("j", "b"), &refused));
     assert_eq!(
-        store.execute_one(acquire("j", "b", 10_000)).await.unwrap(),
-        grant(true, "b", None)
+        store.execute_one(a("j", "b")).await.unwrap(),
+        plain_grant(true, "b")
     );
     assert_eq!(
-        store.execute_one(acquire("j", "c", 10_000)).await.unwrap(),
-        grant(false, "b", None)
+        store.execute_one(a("j", "c")).await.unwrap(),
+        plain_grant(false, "b")
     );
     // Every acquire now goes as the script (the first met NOSCRIPT and went again).
     assert_eq!(server.calls("evalsha"), 3);
     assert_eq!(server.calls("set"), 1 + 2);
     // Any other error is the call's own, and changes nothing.
     let wrong_type = redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n").unwrap();
-    assert!(!untokened(&server).acquire_again(&acquire("j", "b", 10_000), &wrong_type));
+    let fresh = store_with_prefix(&server, "u");
+    assert!(!fresh.acquire_again(&a("j", "b"), &wrong_type));
+}
+
+fn store_with_prefix(server: &Server, prefix: &str) -> RedisStore {
+    RedisStore::new(RedisOptions {
+        connection: ConnectionOptions {
+            url: server.url(),
+            ..ConnectionOptions::default()
+        },
+        key_prefix: prefix.into(),
+        ..RedisOptions::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_plain_acquire_is_one_set_and_a_fenced_one_on_the_same_lease_still_gets_a_greater_token()
+{
+    let server = Server::start("lease-plain-then-fenced");
+    let store = store(&server, Duration::from_secs(2));
+    let first = token_of(store.execute_one(acquire("k", "a", 60_000)).await.unwrap());
+    let release = Call::Release {
+        key: "k".into(),
+        holder: Holder::new("a"),
+    };
+    store.execute_one(release.clone()).await.unwrap();
+    // Claims and refusals without a token: one SET each, no script, no token key.
+    let claimed = store
+        .execute_one(plain("k", Holder::new("b"), 60_000))
+        .await;
+    assert_eq!(claimed.unwrap(), plain_grant(true, "b"));
+    let refused = store
+        .execute_one(plain("k", Holder::new("c"), 60_000))
+        .await;
+    assert_eq!(refused.unwrap(), plain_grant(false, "b"));
+    let [_, token_key, _] = companions("k");
+    assert_eq!(server.cli(&["EXISTS", &token_key]), "0");
+    // The holder's fenced refresh takes a token greater than every earlier one; a plain
+    // refresh keeps it and does not tell it.
+    let fenced = token_of(store.execute_one(acquire("k", "b", 60_000)).await.unwrap());
+    assert!(fenced > first);
+    let refreshed = store
+        .execute_one(plain("k", Holder::new("b"), 60_000))
+        .await;
+    assert_eq!(refreshed.unwrap(), plain_grant(true, "b"));
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(read, Answer::Lease(Some(Lease { token: Some(t), .. })) if t == fenced));
+    // A transfer of a fenced lease hands the new holder a greater token; of a plain one, none.
+    let moved = Call::Transfer {
+        key: "k".into(),
+        from: Holder::new("b"),
+        to: Holder::new("d"),
+        ttl_ms: 60_000,
+    };
+    assert_eq!(
+        store.execute_one(moved).await.unwrap(),
+        Answer::Transferred(true)
+    );
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(read, Answer::Lease(Some(Lease { token: Some(t), .. })) if t > fenced));
+}
+
+#[tokio::test]
+async fn the_holder_is_the_owner_with_its_metadata_in_mastra_s_layout() {
+    let server = Server::start("lease-metadata");
+    let store = store(&server, Duration::from_secs(2));
+    let run = |n: &str| Holder::with("o", n);
+    let claim = |holder| plain("k", holder, 60_000);
+    assert_eq!(
+        store.execute_one(claim(run("1"))).await.unwrap(),
+        plain_grant(true, "o")
+    );
+    // Mastra's layout: the owner plain, the metadata beside it with the same expiry.
+    assert_eq!(server.cli(&["GET", "t:lease:k"]), "o");
+    assert_eq!(server.cli(&["GET", "t:lease-metadata:k"]), "1");
+    let ttl: u64 = server.cli(&["PTTL", "t:lease-metadata:k"]).parse().unwrap();
+    assert!(ttl > 59_000);
+    // The same owner id for another run, or with none, is another holder.
+    let other = store.execute_one(claim(run("2"))).await.unwrap();
+    assert_eq!(other, plain_grant(false, "o"));
+    let none = store.execute_one(claim(Holder::new("o"))).await.unwrap();
+    assert_eq!(none, plain_grant(false, "o"));
+    let renew = |holder| Call::Renew {
+        key: "k".into(),
+        holder,
+        ttl_ms: 60_000,
+    };
+    let release = |holder| Call::Release {
+        key: "k".into(),
+        holder,
+    };
+    let answers = store
+        .execute(vec![
+            renew(run("2")),
+            release(run("2")),
+            release(Holder::new("o")),
+            renew(run("1")),
+            Call::Record { key: "k".into() },
+        ])
+        .await;
+    let answers: Vec<Answer> = answers.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        answers,
+        [
+            Answer::Renewed(false),
+            Answer::Released(false),
+            Answer::Released(false),
+            Answer::Renewed(true),
+            Answer::Record(Some(run("1"))),
+        ]
+    );
+    // A transfer stores the new holder's metadata, or removes the old one's for none.
+    let transfer = |from, to| Call::Transfer {
+        key: "k".into(),
+        from,
+        to,
+        ttl_ms: 60_000,
+    };
+    let moved = store
+        .execute_one(transfer(run("1"), Holder::with("p", "3")))
+        .await;
+    assert_eq!(moved.unwrap(), Answer::Transferred(true));
+    assert_eq!(server.cli(&["GET", "t:lease-metadata:k"]), "3");
+    let moved = store
+        .execute_one(transfer(Holder::with("p", "3"), Holder::new("q")))
+        .await;
+    assert_eq!(moved.unwrap(), Answer::Transferred(true));
+    assert_eq!(server.cli(&["EXISTS", "t:lease-metadata:k"]), "0");
+    assert_eq!(
+        store
+            .execute_one(Call::Record { key: "k".into() })
+            .await
+            .unwrap(),
+        Answer::Record(Some(Holder::new("q")))
+    );
+    // A release takes every key of the lease with it.
+    store.execute_one(claim(Holder::new("q"))).await.unwrap();
+    assert_eq!(
+        store.execute_one(release(Holder::new("q"))).await.unwrap(),
+        Answer::Released(true)
+    );
+    assert_eq!(server.cli(&["KEYS", "t:lease*"]), "");
+}
+
+#[tokio::test]
+async fn an_owner_that_looks_like_json_is_an_owner_and_never_read_as_metadata() {
+    let server = Server::start("lease-json-owner");
+    let store = store(&server, Duration::from_secs(2));
+    let owner = r#"{"owner":"o","metadata":"run-1"}"#;
+    server.cli(&["SET", "t:lease:k", owner, "PX", "60000"]);
+    assert_eq!(
+        store
+            .execute_one(Call::Record { key: "k".into() })
+            .await
+            .unwrap(),
+        Answer::Record(Some(Holder::new(owner)))
+    );
+    let as_record = store
+        .execute_one(plain("k", Holder::with("o", "run-1"), 60_000))
+        .await;
+    assert_eq!(as_record.unwrap(), plain_grant(false, owner));
+    let as_owner = store
+        .execute_one(plain("k", Holder::new(owner), 60_000))
+        .await;
+    assert_eq!(as_owner.unwrap(), plain_grant(true, owner));
 }
 
 /// A watcher that counts its wake-ups and lets a test wait for the next one.
@@ -360,14 +539,14 @@ async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_r
     store.execute_one(acquire("k", "b", 10_000)).await.unwrap();
     let renew = Call::Renew {
         key: "k".into(),
-        owner: "a".into(),
+        holder: Holder::new("a"),
         ttl_ms: 10_000,
     };
     store.execute_one(renew).await.unwrap();
     let transfer = Call::Transfer {
         key: "k".into(),
-        from: "a".into(),
-        to: "b".into(),
+        from: Holder::new("a"),
+        to: Holder::new("b"),
         ttl_ms: 10_000,
     };
     store.execute_one(transfer).await.unwrap();
@@ -375,12 +554,12 @@ async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_r
     assert_eq!(*heard.borrow(), 1, "acquires and a renewal publish nothing");
     let not_held = Call::Release {
         key: "k".into(),
-        owner: "a".into(),
+        holder: Holder::new("a"),
     };
     store.execute_one(not_held).await.unwrap();
     let release = Call::Release {
         key: "k".into(),
-        owner: "b".into(),
+        holder: Holder::new("b"),
     };
     store.execute_one(release).await.unwrap();
     assert!(woken(&mut heard, 2).await, "the release woke the watcher");
@@ -430,7 +609,7 @@ async fn a_watcher_is_woken_when_the_listening_connection_is_lost_and_again_once
     let before = *heard.borrow();
     let release = Call::Release {
         key: "k".into(),
-        owner: "a".into(),
+        holder: Holder::new("a"),
     };
     store.execute_one(release).await.unwrap();
     assert!(
