@@ -1,0 +1,211 @@
+// Lease records with metadata, as Mastra's next core uses them: the holder is the owner with
+// its run's identity, so two runs under one owner id never both hold a key. Against Mastra's
+// own Redis layout both ways (its backend writes `<prefix>:lease:<key>` and
+// `<prefix>:lease-metadata:<key>` with raw commands; node-redis plays it here), and in a
+// history-checked round of runs sharing one owner id, with a negative control that drops
+// the metadata and must find two holders at once.
+import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
+
+import { createClient } from 'redis'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
+import { sleep, uniqueKey } from './helpers/lease.js'
+import { closing, leaseSuite, RUN } from './helpers/lease-runs.js'
+import { startRedis, type RedisServer } from './helpers/redis-server.js'
+
+leaseSuite()
+
+let redis: RedisServer
+let mastra: ReturnType<typeof createClient>
+const PREFIX = `meta-${RUN}`
+
+beforeAll(async () => {
+  redis = await startRedis()
+  // Mastra's backend is a node-redis client writing plain commands: this is that client.
+  mastra = createClient({ url: redis.url })
+  await mastra.connect()
+})
+
+afterAll(async () => {
+  await mastra?.close()
+  await redis?.stop()
+})
+
+const leaseKey = (key: string) => `${PREFIX}:lease:${key}`
+const metadataKey = (key: string) => `${PREFIX}:lease-metadata:${key}`
+
+describe("Mastra's lease layout, both ways", () => {
+  it("a lease Mastra's backend wrote with metadata is read, refused to another run, renewed and released by its holder", async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('from-mastra')
+    await mastra.set(leaseKey(key), 'worker-1', { expiration: { type: 'PX', value: 30_000 } })
+    await mastra.set(metadataKey(key), 'run-1', { expiration: { type: 'PX', value: 30_000 } })
+
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-1', metadata: 'run-1' })
+    expect(await leases.getLeaseOwner(key)).toBe('worker-1')
+    expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-2')).toStrictEqual({ acquired: false, owner: 'worker-1' })
+    expect(await leases.acquireLease(key, 'worker-1', 30_000)).toStrictEqual({ acquired: false, owner: 'worker-1' })
+    expect(await leases.renewLease(key, 'worker-1', 60_000, 'run-2')).toBe(false)
+    await leases.releaseLease(key, 'worker-1', 'run-2')
+    expect(await mastra.get(leaseKey(key))).toBe('worker-1')
+
+    expect(await leases.renewLease(key, 'worker-1', 60_000, 'run-1')).toBe(true)
+    // Both keys renewed together: the metadata never expires before its lease.
+    expect(await mastra.pTTL(metadataKey(key))).toBeGreaterThan(50_000)
+    expect(await mastra.pTTL(leaseKey(key))).toBeGreaterThan(50_000)
+    await leases.releaseLease(key, 'worker-1', 'run-1')
+    expect(await mastra.exists([leaseKey(key), metadataKey(key)])).toBe(0)
+  })
+
+  it("a lease we grant with metadata is where Mastra's backend reads it: the owner plain, the metadata beside it, one expiry", async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('to-mastra')
+    expect(await leases.acquireLease(key, 'worker-1', 20_000, 'run-1')).toStrictEqual({ acquired: true, owner: 'worker-1' })
+    expect(await mastra.get(leaseKey(key))).toBe('worker-1')
+    expect(await mastra.get(metadataKey(key))).toBe('run-1')
+    const [leaseTtl, metadataTtl] = await Promise.all([mastra.pTTL(leaseKey(key)), mastra.pTTL(metadataKey(key))])
+    expect(leaseTtl).toBeGreaterThan(19_000)
+    expect(Math.abs(leaseTtl - metadataTtl)).toBeLessThan(100)
+
+    // A transfer writes the new holder's pair; one to no metadata removes it (a 1.71 holder).
+    expect(await leases.transferLease(key, 'worker-1', 'worker-2', 20_000, 'run-1', 'run-2')).toBe(true)
+    expect([await mastra.get(leaseKey(key)), await mastra.get(metadataKey(key))]).toEqual(['worker-2', 'run-2'])
+    expect(await leases.transferLease(key, 'worker-2', 'worker-3', 20_000, 'run-2')).toBe(true)
+    expect(await mastra.get(leaseKey(key))).toBe('worker-3')
+    expect(await mastra.exists(metadataKey(key))).toBe(0)
+
+    await leases.releaseLease(key, 'worker-3')
+    expect(await mastra.exists([leaseKey(key), metadataKey(key)])).toBe(0)
+  })
+
+  it('a plain acquire leaves no metadata key behind, and a grant over an expired one with metadata clears it', async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('plain')
+    expect(await leases.acquireLease(key, 'worker-1', 80, 'run-1')).toStrictEqual({ acquired: true, owner: 'worker-1' })
+    await sleep(120)
+    // The metadata expired with its lease: the next holder has none, and none lingers.
+    expect(await leases.acquireFencedLease(key, 'worker-2', 10_000)).toMatchObject({ acquired: true, owner: 'worker-2' })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-2' })
+    expect(await mastra.exists(metadataKey(key))).toBe(0)
+  })
+
+  it('an owner that looks like JSON is an owner, never read as a record', async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('json-owner')
+    const owner = JSON.stringify({ owner: 'worker-1', metadata: 'run-1' })
+    await mastra.set(leaseKey(key), owner, { expiration: { type: 'PX', value: 30_000 } })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner })
+    expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-1')).toStrictEqual({ acquired: false, owner })
+    expect(await leases.renewLease(key, owner, 30_000)).toBe(true)
+  })
+})
+
+/** One run of a thread: its owner id (shared with other runs) and its identity, the metadata. */
+interface Run {
+  /** How the history checker names this holder: owner and run together. */
+  label: string
+  owner: string
+  metadata: string
+}
+
+type MetadataProvider = {
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<{ acquired: boolean; owner?: string }>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+  transferLease(key: string, from: string, to: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
+  getLeaseOwner(key: string): Promise<string | undefined>
+  close(): Promise<void>
+}
+
+/**
+ * The provider as the history checker sees it: each run a holder of its own (its label),
+ * called on the real provider as its shared owner id with its metadata; `withMetadata: false`
+ * drops the metadata, the bug the records exist to close (the negative control).
+ */
+function asRuns(provider: MetadataProvider, runs: Map<string, Run>, withMetadata: boolean): MetadataProvider {
+  const run = (label: string) => runs.get(label)!
+  const meta = (label: string) => (withMetadata ? run(label).metadata : undefined)
+  return {
+    acquireLease: (key, label, ttlMs) => provider.acquireLease(key, run(label).owner, ttlMs, meta(label)),
+    renewLease: (key, label, ttlMs) => provider.renewLease(key, run(label).owner, ttlMs, meta(label)),
+    releaseLease: (key, label) => provider.releaseLease(key, run(label).owner, meta(label)),
+    transferLease: (key, from, to, ttlMs) => provider.transferLease(key, run(from).owner, run(to).owner, ttlMs, meta(from), meta(to)),
+    getLeaseOwner: (key) => provider.getLeaseOwner(key),
+    close: () => provider.close(),
+  }
+}
+
+/**
+ * Runs of two owner ids (three runs each) contend for `keys` for `durationMs`: each acquires,
+ * renews while it believes it holds, sometimes hands the lease to another run of its own
+ * owner id, releases or walks away. Returns the checked history.
+ */
+async function contend(provider: MetadataProvider, withMetadata: boolean, keys: string[], durationMs: number) {
+  const runs = new Map<string, Run>()
+  for (const owner of ['worker-a', 'worker-b']) {
+    for (const n of [1, 2, 3]) runs.set(`${owner}/run-${n}`, { label: `${owner}/run-${n}`, owner, metadata: `run-${n}` })
+  }
+  const ops: LeaseOperation[] = []
+  const leases = recordLeases(asRuns(provider, runs, withMetadata), (op: LeaseOperation) => ops.push(op))
+  const until = performance.now() + durationMs
+  const labels = [...runs.keys()]
+  let seed = 7
+  const random = () => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31)
+  await Promise.all(
+    labels.map(async (label) => {
+      while (performance.now() < until) {
+        const key = keys[Math.floor(random() * keys.length)]!
+        const ttl = 150 + Math.floor(random() * 250)
+        const grant = await leases.acquireLease(key, label, ttl)
+        if (!grant.acquired) {
+          await sleep(5 + random() * 20)
+          continue
+        }
+        for (let step = 0; step < 3 && performance.now() < until; step++) {
+          await sleep(random() * ttl * 0.5)
+          const roll = random()
+          if (roll < 0.15) {
+            const sibling = labels.find((l) => l !== label && runs.get(l)!.owner === runs.get(label)!.owner && random() < 0.5)
+            if (sibling !== undefined && (await leases.transferLease(key, label, sibling, ttl))) break
+          } else if (roll < 0.3) {
+            await leases.releaseLease(key, label)
+            break
+          } else if (roll < 0.4) {
+            break // walks away: the lease expires
+          }
+          if (!(await leases.renewLease(key, label, ttl))) break
+        }
+      }
+    }),
+  )
+  return checkLeaseHistory(ops)
+}
+
+describe('runs sharing one owner id, history-checked', () => {
+  const providers: Array<[string, () => MetadataProvider]> = [
+    ['in memory', () => new MemoryLeaseProvider()],
+    ['on one Redis server', () => new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX })],
+    ['through RedisStreamsPubSub', () => new RedisStreamsPubSub({ url: redis.url, keyPrefix: `${PREFIX}-streams` })],
+  ]
+  for (const [where, make] of providers) {
+    it(`${where}: two runs with one owner id and different metadata never hold a key at once`, async ({ annotate }) => {
+      const provider = closing(make())
+      const keys = [uniqueKey('runs-0'), uniqueKey('runs-1')]
+      const report = await contend(provider, true, keys, 2_500)
+      await annotate(`${report.operations} calls, ${report.grants} grants (${report.acquisitions} acquisitions), ${report.errors} errors, 0 overlaps expected`)
+      expect(report.errors).toBe(0)
+      // Enough contention that a broken store would have shown it.
+      expect(report.acquisitions).toBeGreaterThan(20)
+      expect(report.overlaps, describeOverlaps(report)).toEqual([])
+    })
+  }
+
+  it('the negative control: without the metadata the same round finds two runs holding one key at once', async ({ annotate }) => {
+    const provider = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const report = await contend(provider, false, [uniqueKey('control')], 1_500)
+    await annotate(`${report.overlaps.length} overlaps among ${report.grants} grants`)
+    expect(report.overlaps.length).toBeGreaterThan(0)
+  })
+})
