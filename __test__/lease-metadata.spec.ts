@@ -6,10 +6,11 @@
 // the metadata and must find two holders at once.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
+import { EventEmitterPubSub } from '@mastra/core/events'
 import { createClient } from 'redis'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases } from '../dist/esm/index.js'
 import { checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { sleep, uniqueKey } from './helpers/lease.js'
 import { closing, leaseSuite, RUN } from './helpers/lease-runs.js'
@@ -99,6 +100,56 @@ describe("Mastra's lease layout, both ways", () => {
     expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner })
     expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-1')).toStrictEqual({ acquired: false, owner })
     expect(await leases.renewLease(key, owner, 30_000)).toBe(true)
+  })
+})
+
+describe('withLeases', () => {
+  it('has getLeaseRecord exactly when its provider has it, and passes every metadata on', async () => {
+    const leases = closing(new MemoryLeaseProvider())
+    const pubsub = withLeases(new EventEmitterPubSub(), leases)
+    const key = uniqueKey('with-leases')
+    expect(typeof pubsub.getLeaseRecord).toBe('function')
+    expect(await pubsub.acquireLease(key, 'worker-1', 10_000, 'run-1')).toStrictEqual({ acquired: true, owner: 'worker-1' })
+    expect(await pubsub.acquireLease(key, 'worker-1', 10_000, 'run-2')).toStrictEqual({ acquired: false, owner: 'worker-1' })
+    expect(await pubsub.renewLease(key, 'worker-1', 10_000, 'run-2')).toBe(false)
+    expect(await pubsub.transferLease(key, 'worker-1', 'worker-2', 10_000, 'run-1', 'run-3')).toBe(true)
+    expect(await pubsub.getLeaseRecord!(key)).toStrictEqual({ owner: 'worker-2', metadata: 'run-3' })
+    await pubsub.releaseLease(key, 'worker-2', 'run-3')
+    expect(await leases.getLeaseRecord(key)).toBeUndefined()
+
+    // A provider of Mastra's 1.71 shape (five methods, no records): no getLeaseRecord at
+    // all, so Mastra's structural check does not take the pubsub for a record provider.
+    const five = {
+      acquireLease: (key: string, owner: string, ttlMs: number) => leases.acquireLease(key, owner, ttlMs),
+      getLeaseOwner: (key: string) => leases.getLeaseOwner(key),
+      releaseLease: (key: string, owner: string) => leases.releaseLease(key, owner),
+      renewLease: (key: string, owner: string, ttlMs: number) => leases.renewLease(key, owner, ttlMs),
+      transferLease: (key: string, from: string, to: string, ttlMs: number) => leases.transferLease(key, from, to, ttlMs),
+    }
+    const plain = withLeases(new EventEmitterPubSub(), five)
+    expect('getLeaseRecord' in plain).toBe(false)
+    expect(typeof (plain as { getLeaseRecord?: unknown }).getLeaseRecord).toBe('undefined')
+    expect('acquireFencedLease' in plain).toBe(false)
+    // hold() over it still holds, with no token to be had.
+    const held = await plain.hold(uniqueKey('plain-hold'), 'worker-1', { ttlMs: 1_000 })
+    expect(held.token).toBeUndefined()
+    await held.release()
+  })
+})
+
+describe('hold() with metadata', () => {
+  it('holds for its run: another run of the same owner id is refused while renewals keep it, and the release frees it', async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('hold')
+    const lease = await leases.hold(key, 'worker-1', { ttlMs: 300, metadata: 'run-1' })
+    expect([lease.metadata, typeof lease.token]).toEqual(['run-1', 'number'])
+    await sleep(700) // past two TTLs: only its renewals (with its metadata) keep it
+    expect(lease.signal.aborted).toBe(false)
+    expect(await leases.acquireLease(key, 'worker-1', 300, 'run-2')).toStrictEqual({ acquired: false, owner: 'worker-1' })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-1', metadata: 'run-1' })
+    await lease.release()
+    expect(await leases.getLeaseRecord(key)).toBeUndefined()
+    await expect(leases.hold(key, 'worker-1', { ttlMs: 300, metadata: 7 as never })).rejects.toMatchObject({ code: 'ERR_LEASE_INVALID_OPTION' })
   })
 })
 

@@ -48,9 +48,10 @@ async function cycles(release, count, inFlight = 64) {
   await Promise.all(Array.from({ length: inFlight }, async () => {
     while (next < count) {
       const i = next++;
-      const keys = [`${PREFIX}:lease:k${i % 4096}`, `${PREFIX}:fence:{0}:k${i % 4096}`, `${PREFIX}:fence:{0}`];
-      await client.evalSha(sha.acquire, { keys, arguments: ['o', '60000'] });
-      await client.evalSha(release, { keys: keys.slice(0, 2), arguments: ['o'] });
+      const k = `k${i % 4096}`;
+      const keys = [`${PREFIX}:lease:${k}`, `${PREFIX}:lease-metadata:${k}`, `${PREFIX}:fence:{0}:${k}`, `${PREFIX}:fence:{0}`];
+      await client.evalSha(sha.acquire, { keys, arguments: ['o', '60000', '', '1'] });
+      await client.evalSha(release, { keys: keys.slice(0, 3), arguments: ['o', ''] });
     }
   }));
   const us = ((await serverCpu()) - cpu0) * 1e6;

@@ -32,9 +32,9 @@ function unsupported(method: string): TypeError {
 
 /**
  * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods (each holder's
- * metadata passed on), `acquireFencedLease`, `getLease`, and `getLeaseProvider()` for
- * wrappers such as Mastra's `CachingPubSub`, all delegated to `leases`; `getLeaseRecord` too
- * when `leases` has it, and only then, so that Mastra's structural detection takes it for a
+ * metadata passed on), `getLease`, and `getLeaseProvider()` for wrappers such as Mastra's
+ * `CachingPubSub`, all delegated to `leases`; `getLeaseRecord` and `acquireFencedLease` too
+ * when `leases` has them, and only then, so that Mastra's structural detection takes it for a
  * `LeaseRecordProvider` exactly when its provider is one. Mastra's detection finds them
  * directly, through its `Proxy`, and through wrappers. Fields are TypeScript-private, not
  * `#private`, so the object keeps working when called through a `Proxy`.
@@ -52,21 +52,37 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
    * `LeaseRecordProvider`): present only when the lease provider has it.
    */
   declare readonly getLeaseRecord?: (key: string) => Promise<LeaseRecord | undefined>
+  /**
+   * `acquireLease` with a fencing token, `{ acquired, owner, token }`: present only when the
+   * lease provider has it (this package's do), so `hold()` takes a token where one is to be had.
+   */
+  declare readonly acquireFencedLease?: (key: string, owner: string, ttlMs: number, metadata?: string) => Promise<FencedLeaseGrant>
 
   protected constructor(leases: LeaseProvider) {
     super()
     this.leases = leases as LeaseProvider & MetadataLeaseProvider
     this.traceHere = !isTracedProvider(leases)
-    const records = leases as Partial<FencingLeaseProvider>
-    if (typeof records.getLeaseRecord === 'function') {
-      const getLeaseRecord = (key: string) => this.recordOf(records as FencingLeaseProvider, key)
+    const ours = leases as Partial<FencingLeaseProvider>
+    if (typeof ours.getLeaseRecord === 'function') {
+      const getLeaseRecord = (key: string) => this.recordOf(ours as FencingLeaseProvider, key)
       Object.defineProperty(this, 'getLeaseRecord', { value: getLeaseRecord, configurable: true })
+    }
+    if (typeof ours.acquireFencedLease === 'function') {
+      const acquireFencedLease = (key: string, owner: string, ttlMs: number, metadata?: string) =>
+        this.fenced(ours as FencingLeaseProvider, key, owner, ttlMs, metadata)
+      Object.defineProperty(this, 'acquireFencedLease', { value: acquireFencedLease, configurable: true })
     }
   }
 
   private recordOf(leases: FencingLeaseProvider, key: string): Promise<LeaseRecord | undefined> {
     if (!this.tracing()) return leases.getLeaseRecord(key)
     return leaseChannel.tracePromise(leases.getLeaseRecord, { operation: 'getLeaseRecord', key }, leases, key)
+  }
+
+  private fenced(leases: FencingLeaseProvider, key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+    if (!this.tracing()) return leases.acquireFencedLease(key, owner, ttlMs, metadata)
+    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
+    return leaseChannel.tracePromise(leases.acquireFencedLease, context, leases, key, owner, ttlMs, metadata)
   }
 
   /** Whether to trace a call here now: the provider does not, and somebody listens. */
@@ -79,18 +95,6 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
     if (!this.tracing()) return leases.acquireLease(key, owner, ttlMs, metadata)
     const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
     return leaseChannel.tracePromise(leases.acquireLease, context, leases, key, owner, ttlMs, metadata)
-  }
-
-  /**
-   * `acquireLease` with a fencing token, `{ acquired, owner, token }`; rejects with
-   * `ERR_LEASE_UNSUPPORTED` when the lease provider is not one of this package's.
-   */
-  acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
-    const leases = this.leases as Partial<FencingLeaseProvider>
-    if (typeof leases.acquireFencedLease !== 'function') return Promise.reject(unsupported('acquireFencedLease'))
-    if (!this.tracing()) return leases.acquireFencedLease(key, owner, ttlMs, metadata)
-    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(leases.acquireFencedLease, context, leases, key, owner, ttlMs, metadata)
   }
 
   /**

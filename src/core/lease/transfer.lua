@@ -32,7 +32,7 @@ if current == ARGV[1] and metadata == ARGV[5] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   if ARGV[6] ~= '' then
     redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[3])
-  else
+  elseif metadata ~= '' then
     redis.call('DEL', KEYS[2])
   end
   local fenced = named == ARGV[1] and token and token ~= ''

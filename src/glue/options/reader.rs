@@ -71,7 +71,7 @@ impl Options {
                 "inFlightTimeoutMs" | "hardMaxStreamLength" | "blockMs" | "maxStreamLength" => {
                     "; it is an option of RedisStreamsPubSub".to_owned()
                 }
-                "fencingTokens" => "; it is gone since 0.9: acquireLease grants without a \
+                "fencingTokens" => "; it is gone: acquireLease grants without a \
                                     token, as Mastra's own backend does, and a fenced grant is \
                                     asked for per call (acquireFencedLease, hold())"
                     .to_owned(),
