@@ -47,7 +47,8 @@ const MANY = 1_500
 beforeAll(async () => {
   server = stopLater(await startRedis())
   const p = new RedisLeaseProvider({ url: server.url, keyPrefix: prefix })
-  await p.acquireLease(THREAD, 'run-1', 600_000)
+  // The thread's lease with a fencing token, the jobs' plain (Mastra's acquireLease takes none).
+  await p.acquireFencedLease(THREAD, 'run-1', 600_000)
   await Promise.all(Array.from({ length: MANY }, (_, i) => p.acquireLease(`job-${i}`, `worker-${i % 7}`, 600_000)))
   await p.close()
   const other = new RedisLeaseProvider({ url: server.url, keyPrefix: `inspX${RUN}` })
@@ -65,6 +66,7 @@ describe('listLeases', () => {
     expect(new Set(all.map((l) => l.key)).size).toBe(MANY + 1)
     expect(all.find((l) => l.key === THREAD)).toEqual({ key: THREAD, owner: 'run-1', token: expect.any(Number), ttlMs: expect.any(Number) })
     expect(all.find((l) => l.key === 'job-8')).toMatchObject({ owner: 'worker-1' })
+    expect(all.find((l) => l.key === 'job-8')!.token).toBeUndefined()
     expect(all.every((l) => l.ttlMs !== null && l.ttlMs > 590_000 && l.ttlMs <= 600_000)).toBe(true)
     expect(all.some((l) => l.key === 'not-ours' || l.key === 'events')).toBe(false)
   })
@@ -149,6 +151,19 @@ describe('npx mastra-lease', () => {
     const thread = await cli('release', 'resource-1\\0thread-1', '--owner', 'run-1', '--url', server.url, '--prefix', prefix)
     expect(thread.code).toBe(0)
     expect(await p.getLeaseOwner(THREAD)).toBeUndefined()
+  })
+
+  it('release names the owner alone and releases a lease held with metadata, with the metadata it holds it with', async () => {
+    const own = `insp-release-metadata:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: own }))
+    expect(await p.acquireLease('run-thread', 'worker-m', 600_000, 'run-7')).toStrictEqual({ acquired: true, owner: 'worker-m' })
+    const wrong = await cli('release', 'run-thread', '--owner', 'worker-n', '--url', server.url, '--prefix', own)
+    expect(wrong).toMatchObject({ code: 1, stderr: expect.stringContaining('held by worker-m') })
+    expect(await p.getLeaseRecord('run-thread')).toStrictEqual({ owner: 'worker-m', metadata: 'run-7' })
+    const right = await cli('release', 'run-thread', '--owner', 'worker-m', '--url', server.url, '--prefix', own)
+    expect(right).toMatchObject({ code: 0, stdout: expect.stringContaining('released run-thread') })
+    expect(await p.getLeaseRecord('run-thread')).toBeUndefined()
+    expect(await server.cli('KEYS', `${own}:*`)).toEqual([])
   })
 
   it('usage errors are exit 2 (release without --owner included); Redis failing is exit 3, and a password in the URL is never printed', async () => {
@@ -271,7 +286,7 @@ describe('what an operator reads is what is there', () => {
 
   // ACL users are the server's own: not created on a server the tests do not own.
   it.skipIf(EXTERNAL_REDIS)('a read-only ACL user (+@read) can list the leases', async () => {
-    const where = await populated('acl', (p) => Promise.all([p.acquireLease('a', 'o', 600_000), p.acquireLease('res\0thr', 'run', 600_000)]))
+    const where = await populated('acl', (p) => Promise.all([p.acquireFencedLease('a', 'o', 600_000), p.acquireLease('res\0thr', 'run', 600_000)]))
     const user = `reader-${RUN}`
     await server.cli('ACL', 'SETUSER', user, 'on', '>read-only-secret', '~*', 'resetchannels', '-@all', '+@read')
     const url = `redis://${user}:read-only-secret@127.0.0.1:${server.port}`
@@ -279,9 +294,10 @@ describe('what an operator reads is what is there', () => {
     expect(listed).toMatchObject({ code: 0, stderr: '' })
     expect(listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l)[0]).sort()).toEqual(['a', 'res\\0thr'])
     const p = closing(new RedisLeaseProvider({ url, keyPrefix: where }))
+    // The token key is read too: the fenced lease shows its token, the plain one none.
     expect((await listAll(p)).map((l) => [l.key, l.owner, l.token]).sort()).toEqual([
       ['a', 'o', expect.any(Number)],
-      ['res\0thr', 'run', expect.any(Number)],
+      ['res\0thr', 'run', undefined],
     ])
   })
 })

@@ -50,9 +50,11 @@ function apply(state: string | undefined, s: Step): { state: string | undefined;
 
 function sameResult(kind: Kind, seen: unknown, model: unknown): boolean {
   if (kind === 'acquire') {
-    const a = seen as Grant | undefined
+    const a = seen as (Grant & { token?: unknown }) | undefined
     const b = model as Grant
-    return a?.acquired === b.acquired && a.owner === b.owner
+    // A fenced answer carries a token exactly when it granted (the shapes: lease-contract.ts).
+    const token = a !== undefined && 'token' in a ? (a.acquired ? typeof a.token === 'number' : a.token === undefined) : true
+    return a?.acquired === b.acquired && a.owner === b.owner && token
   }
   return seen === model
 }
@@ -209,6 +211,12 @@ async function concurrentRounds(o: {
   return run
 }
 
+/** `p` with every acquire fenced (acquireFencedLease: the acquire script each time, a token with each grant). */
+function fencedAcquires(p: LeaseLike & { acquireFencedLease?: LeaseLike['acquireLease'] }): LeaseLike {
+  expect(typeof p.acquireFencedLease).toBe('function')
+  return { ...bindLeases(p), acquireLease: (key, owner, ttl) => p.acquireFencedLease!(key, owner, ttl) }
+}
+
 /** The textbook non-atomic transfer: check, release, acquire, in three steps. */
 function nonAtomicTransfer(p: LeaseLike): LeaseLike {
   return {
@@ -253,16 +261,16 @@ describe('release, renew, transfer and acquire fired together', () => {
     await check(annotate, await concurrentRounds({ providers: [store], rounds: ROUNDS, label: 'concurrent-mem', readOwner: (k) => store.getLeaseOwner(k) }))
   })
 
-  it('RedisLeaseProvider (two connections): no call rejects, and every round matches a serial order and the owner in Redis', async ({ annotate }) => {
+  it('RedisLeaseProvider (two connections; plain SET NX acquires, refreshes sent again as the script): no call rejects, and every round matches a serial order and the owner in Redis', async ({ annotate }) => {
     const prefix = `concurrent:${RUN}`
     const providers = [0, 1].map(() => closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix })))
     await check(annotate, await concurrentRounds({ providers, rounds: ROUNDS, label: 'concurrent-redis', readOwner: redisOwner(prefix) }))
   })
 
-  it('RedisLeaseProvider without fencing tokens (plain SET NX acquires, refreshes sent again as the script): the same', async ({ annotate }) => {
-    const prefix = `concurrent-plain:${RUN}`
-    const providers = [0, 1].map(() => closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens: false })))
-    await check(annotate, await concurrentRounds({ providers, rounds: ROUNDS, label: 'concurrent-plain', readOwner: redisOwner(prefix) }))
+  it('RedisLeaseProvider with fenced acquires (acquireFencedLease: the acquire script every time): the same', async ({ annotate }) => {
+    const prefix = `concurrent-fenced:${RUN}`
+    const providers = [0, 1].map(() => fencedAcquires(closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))))
+    await check(annotate, await concurrentRounds({ providers, rounds: ROUNDS, label: 'concurrent-fenced', readOwner: redisOwner(prefix) }))
   })
 
   it('RedisStreamsPubSub’s lease methods (two instances): the same', async ({ annotate }) => {
@@ -339,30 +347,33 @@ describe('calls of one turn take effect in the order they were made', () => {
     await check(annotate, await inCallOrder(store, 'order-mem', (k) => store.getLeaseOwner(k), ROUNDS))
   })
 
-  for (const fencingTokens of [true, false]) {
-    const tokens = fencingTokens ? 'with fencing tokens' : 'without fencing tokens'
-    it(`RedisLeaseProvider ${tokens}`, async ({ annotate }) => {
-      const prefix = `order-${fencingTokens}:${RUN}`
-      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
-      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS))
+  /** The provider as the turns call it: its acquires plain (acquireLease) or fenced (acquireFencedLease). */
+  const asCalled = (p: RedisLeaseProvider, fenced: boolean): LeaseLike => (fenced ? fencedAcquires(p) : p)
+
+  for (const fenced of [true, false]) {
+    const acquires = fenced ? 'with fenced acquires' : 'with plain acquires'
+    it(`RedisLeaseProvider ${acquires}`, async ({ annotate }) => {
+      const prefix = `order-${fenced}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+      await check(annotate, await inCallOrder(asCalled(p, fenced), prefix, redisOwner(prefix), ROUNDS))
     })
 
-    it(`RedisLeaseProvider ${tokens}, the script cache flushed before every turn`, async ({ annotate }) => {
-      const prefix = `order-cold-${fencingTokens}:${RUN}`
-      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
-      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS, () => server.flushScripts()))
+    it(`RedisLeaseProvider ${acquires}, the script cache flushed before every turn`, async ({ annotate }) => {
+      const prefix = `order-cold-${fenced}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+      await check(annotate, await inCallOrder(asCalled(p, fenced), prefix, redisOwner(prefix), ROUNDS, () => server.flushScripts()))
     })
 
-    it(`RedisLeaseProvider ${tokens}, the cache flushed and only the release script loaded again`, async ({ annotate }) => {
-      const prefix = `order-half-${fencingTokens}:${RUN}`
-      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix, fencingTokens }))
+    it(`RedisLeaseProvider ${acquires}, the cache flushed and only the release script loaded again`, async ({ annotate }) => {
+      const prefix = `order-half-${fenced}:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
       const scratch = `${prefix}:scratch`
       // A release loads release.lua alone: the next turn finds some scripts known and others not.
       const halfCold = async () => {
         await server.flushScripts()
         await p.releaseLease(scratch, 'nobody')
       }
-      await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS, halfCold))
+      await check(annotate, await inCallOrder(asCalled(p, fenced), prefix, redisOwner(prefix), ROUNDS, halfCold))
     })
   }
 
@@ -372,16 +383,16 @@ describe('calls of one turn take effect in the order they were made', () => {
     await check(annotate, await inCallOrder(p, prefix, redisOwner(prefix), ROUNDS))
   })
 
-  it.skipIf(EXTERNAL_REDIS)('RedisLeaseProvider with minReplicas 1 (grants confirmed on a link of their own, the rest on the shared one), with and without tokens', async ({ annotate }) => {
+  it.skipIf(EXTERNAL_REDIS)('RedisLeaseProvider with minReplicas 1 (grants confirmed on a link of their own, the rest on the shared one), with fenced and plain acquires', async ({ annotate }) => {
     const master = await startRedis()
     const replica = await startRedis({ args: ['--replicaof', '127.0.0.1', String(master.port)] })
     try {
       while ((await replica.info('replication'))['master_link_status'] !== 'up') await sleep(20)
       const owner = (prefix: string) => async (key: string) => ((await master.cli('GET', `${prefix}:lease:${key}`)) as string | null) ?? undefined
-      for (const fencingTokens of [true, false]) {
-        const prefix = `order-replicas-${fencingTokens}:${RUN}`
-        const p = closing(new RedisLeaseProvider({ url: master.url, keyPrefix: prefix, fencingTokens, minReplicas: 1 }))
-        await check(annotate, await inCallOrder(p, prefix, owner(prefix), ROUNDS))
+      for (const fenced of [true, false]) {
+        const prefix = `order-replicas-${fenced}:${RUN}`
+        const p = closing(new RedisLeaseProvider({ url: master.url, keyPrefix: prefix, minReplicas: 1 }))
+        await check(annotate, await inCallOrder(asCalled(p, fenced), prefix, owner(prefix), ROUNDS))
       }
     } finally {
       await replica.stop()
@@ -389,7 +400,7 @@ describe('calls of one turn take effect in the order they were made', () => {
     }
   })
 
-  it.skipIf(EXTERNAL_REDIS)('a Cluster (one pipeline per slot), with and without tokens, warm and with the scripts flushed on every master', async ({ annotate }) => {
+  it.skipIf(EXTERNAL_REDIS)('a Cluster (one pipeline per slot), with fenced and plain acquires, warm and with the scripts flushed on every master', async ({ annotate }) => {
     const cluster = await startCluster({ masters: 3, replicasPerMaster: 0 })
     try {
       const owner = (prefix: string) => async (key: string) => {
@@ -397,11 +408,11 @@ describe('calls of one turn take effect in the order they were made', () => {
         return ((await (await cluster.masterOfSlot(slot)).cli('GET', `${prefix}:lease:${key}`)) as string | null) ?? undefined
       }
       const flush = async () => Promise.all((await cluster.masters()).map((m) => m.flushScripts()))
-      for (const fencingTokens of [true, false]) {
+      for (const fenced of [true, false]) {
         for (const before of [undefined, flush]) {
-          const prefix = `order-cluster-${fencingTokens}-${before ? 'cold' : 'warm'}:${RUN}`
-          const p = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix: prefix, fencingTokens }))
-          await check(annotate, await inCallOrder(p, prefix, owner(prefix), ROUNDS, before))
+          const prefix = `order-cluster-${fenced}-${before ? 'cold' : 'warm'}:${RUN}`
+          const p = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix: prefix }))
+          await check(annotate, await inCallOrder(asCalled(p, fenced), prefix, owner(prefix), ROUNDS, before))
         }
       }
     } finally {

@@ -94,6 +94,40 @@ describe.each(cases)('%s', (_name, make) => {
   })
 })
 
+type TracedRecords = Traced & {
+  acquireFencedLease?: (key: string, owner: string, ttlMs: number, metadata?: string) => Promise<unknown>
+  getLeaseRecord?: (key: string) => Promise<unknown>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  transferLease(key: string, from: string, to: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+}
+
+// This package's providers (Mastra's EventEmitterPubSub has neither fenced grants nor records).
+describe.each(cases.slice(0, 4))('%s: fenced grants and lease records', (_name, make) => {
+  it('acquireFencedLease and getLeaseRecord are traced too, and a call given metadata carries it (a transfer its toMetadata as well)', async () => {
+    const p = closing(make()) as TracedRecords
+    expect(typeof p.acquireFencedLease).toBe('function')
+    expect(typeof p.getLeaseRecord).toBe('function')
+    const key = `trace-records-${randomUUID().slice(0, 8)}\u0000thread`
+    const seen = record()
+    const fenced = await p.acquireFencedLease!(key, 'A', 60_000, 'run-a')
+    await p.getLeaseRecord!(key)
+    await p.renewLease(key, 'A', 60_000, 'run-a')
+    await p.transferLease(key, 'A', 'B', 60_000, 'run-a', 'run-b')
+    await p.releaseLease(key, 'B', 'run-b')
+    // Each call once: its four messages, the last with its result.
+    expect(seen).toHaveLength(5 * 4)
+    expect(seen.filter((m) => m.event === 'asyncEnd')).toEqual([
+      { event: 'asyncEnd', operation: 'acquireFencedLease', key, owner: 'A', ttlMs: 60_000, metadata: 'run-a', result: fenced },
+      { event: 'asyncEnd', operation: 'getLeaseRecord', key, result: { owner: 'A', metadata: 'run-a' } },
+      { event: 'asyncEnd', operation: 'renewLease', key, owner: 'A', ttlMs: 60_000, metadata: 'run-a', result: true },
+      { event: 'asyncEnd', operation: 'transferLease', key, owner: 'A', toOwner: 'B', ttlMs: 60_000, metadata: 'run-a', toMetadata: 'run-b', result: true },
+      { event: 'asyncEnd', operation: 'releaseLease', key, owner: 'B', metadata: 'run-b', result: undefined },
+    ])
+    expect(fenced).toStrictEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
+  })
+})
+
 describe.each(cases.slice(2))('%s, through getLeaseProvider() as Mastra calls it', (_name, make) => {
   it('each call is traced once', async () => {
     const pubsub = closing(make()) as Traced & { getLeaseProvider(): Traced }

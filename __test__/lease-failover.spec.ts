@@ -41,17 +41,24 @@ function storm(connection: RedisLeaseProviderOptions, keys: string[], durationMs
   )
 }
 
-/** Failures of the token rule: per key, a grant to another owner carries a greater token. */
+/**
+ * Failures of the token rule: per key, a grant to another owner carries a greater token. The
+ * grants are the fenced acquires and the transfers whose new holder read its token (the
+ * storm's workers do both), each to its holder (a transfer's `to`).
+ */
 function tokenRegressions(ops: LeaseOperation[]): string[] {
   const bad: string[] = []
-  const last = new Map<string, LeaseOperation>()
-  const grants = ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok').sort((a, b) => (a.end < b.end ? -1 : 1))
+  const last = new Map<string, { holder: string; token: number }>()
+  const grants = ops
+    .filter((o) => o.outcome === 'ok' && (o.op === 'acquire' || (o.op === 'transfer' && o.token !== undefined)))
+    .sort((a, b) => (a.end < b.end ? -1 : 1))
   for (const grant of grants) {
+    const holder = grant.op === 'transfer' ? grant.to! : grant.owner
     const before = last.get(grant.key)
-    last.set(grant.key, grant)
+    last.set(grant.key, { holder, token: grant.token! })
     if (!before) continue
-    const ok = grant.owner === before.owner ? grant.token! >= before.token! : grant.token! > before.token!
-    if (!ok) bad.push(`${grant.key}: ${before.owner} had ${before.token}, then ${grant.owner} got ${grant.token}`)
+    const ok = holder === before.holder ? grant.token! >= before.token : grant.token! > before.token
+    if (!ok) bad.push(`${grant.key}: ${before.holder} had ${before.token}, then ${holder} got ${grant.token} (${grant.op})`)
   }
   return bad
 }
@@ -66,6 +73,9 @@ function judge({ history, report, counters }: StormResult, since: bigint, keys: 
   for (const c of counters) expect(c.lost, `lost updates on ${JSON.stringify(c.key)}`).toBe(0)
   expect(tokenRegressions(ops)).toEqual([])
   expect(ops.filter((o) => o.op === 'acquire' && o.outcome === 'ok').every((o) => Number.isSafeInteger(o.token))).toBe(true)
+  // The transfers' tokens were read, so they were checked too (a read can fail in a failover).
+  const transfers = ops.filter((o) => o.op === 'transfer' && o.outcome === 'ok')
+  expect(transfers.filter((o) => Number.isSafeInteger(o.token)).length).toBeGreaterThan(transfers.length / 2)
   // Every call settled within the command timeout (and a little for the event loop).
   const slowestMs = Math.max(...ops.map((o) => msBetween(o.start, o.end)))
   expect(slowestMs).toBeLessThan(COMMAND_TIMEOUT + 500)
@@ -395,7 +405,7 @@ describe.skipIf(EXTERNAL_REDIS)('ERR_LEASE_REPLICATION', () => {
         replica.freeze()
         try {
           const started = performance.now()
-          const err = await a.acquireLease(key, 'a', 60_000).then(
+          const err = await a.acquireFencedLease!(key, 'a', 60_000).then(
             () => undefined,
             (e: unknown) => e,
           )
@@ -408,7 +418,7 @@ describe.skipIf(EXTERNAL_REDIS)('ERR_LEASE_REPLICATION', () => {
           expect(held).toEqual({ owner: 'a', token: expect.any(Number), ttlMs: expect.any(Number) })
           expect(await master.cli('GET', `${options.keyPrefix}:lease:${key}`)).toBe('a')
           // Another owner is refused (a refusal writes nothing, so it waits for no replica).
-          expect(await b.acquireLease(key, 'b', 60_000)).toEqual({ acquired: false, owner: 'a' })
+          expect(await b.acquireLease(key, 'b', 60_000)).toStrictEqual({ acquired: false, owner: 'a' })
           // Renewing it is a grant: unconfirmed, it rejects too.
           await expect(a.renewLease(key, 'a', 60_000)).rejects.toMatchObject({ code: 'ERR_LEASE_REPLICATION' })
         } finally {
@@ -416,8 +426,9 @@ describe.skipIf(EXTERNAL_REDIS)('ERR_LEASE_REPLICATION', () => {
         }
         const held = (await b.getLease(key))!
         // The same owner asks again once the replica answers: the refresh is confirmed, same token.
-        const again = await untilConfirmed(() => a.acquireLease(key, 'a', 60_000))
-        expect(again).toEqual({ acquired: true, owner: 'a', token: held.token })
+        const again = await untilConfirmed(() => a.acquireFencedLease!(key, 'a', 60_000))
+        expect(held.token).toEqual(expect.any(Number))
+        expect(again).toStrictEqual({ acquired: true, owner: 'a', token: held.token })
         // A release waits for no replica.
         replica.freeze()
         try {

@@ -24,12 +24,15 @@ beforeAll(async () => {
 })
 
 type Counted = {
-  acquireLease(key: string, owner: string, ttlMs: number): Promise<unknown>
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<unknown>
+  // Optional in the pubsubs' types: own properties exactly when their provider has them.
+  acquireFencedLease?: (key: string, owner: string, ttlMs: number, metadata?: string) => Promise<unknown>
+  getLeaseRecord?: (key: string) => Promise<unknown>
   getLeaseOwner(key: string): Promise<unknown>
   getLease(key: string): Promise<unknown>
-  releaseLease(key: string, owner: string): Promise<void>
-  renewLease(key: string, owner: string, ttlMs: number): Promise<boolean>
-  transferLease(key: string, from: string, to: string, ttlMs: number): Promise<boolean>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  transferLease(key: string, from: string, to: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
   stats(): LeaseStats
   ping(): Promise<number>
   close(): Promise<void>
@@ -48,7 +51,15 @@ const providers: Array<[string, () => Counted]> = [
 ]
 
 const calls = (counts: Partial<LeaseStats['calls']>): LeaseStats['calls'] => ({
-  acquireLease: 0, getLeaseOwner: 0, getLease: 0, releaseLease: 0, renewLease: 0, transferLease: 0, ...counts,
+  acquireLease: 0,
+  getLeaseOwner: 0,
+  releaseLease: 0,
+  renewLease: 0,
+  transferLease: 0,
+  acquireFencedLease: 0,
+  getLease: 0,
+  getLeaseRecord: 0,
+  ...counts,
 })
 
 describe.each(providers)('%s', (_name, make) => {
@@ -57,30 +68,37 @@ describe.each(providers)('%s', (_name, make) => {
     const key = `stats-${randomUUID().slice(0, 8)}\u0000thread`
     expect(p.stats()).toEqual({ calls: calls({}), errors: {}, granted: 0, refused: 0, lost: 0 })
 
+    expect(typeof p.acquireFencedLease).toBe('function')
+    expect(typeof p.getLeaseRecord).toBe('function')
     await p.acquireLease(key, 'A', 60_000) // granted
     await p.acquireLease(key, 'B', 60_000) // refused
+    await p.acquireFencedLease!(key, 'A', 60_000) // granted: the holder's refresh, with a token
+    await p.acquireFencedLease!(key, 'A', 60_000, 'run-2') // refused: A with other metadata is another holder
     await p.renewLease(key, 'A', 60_000)
     expect(await p.renewLease(key, 'B', 60_000)).toBe(false) // lost
+    expect(await p.renewLease(key, 'A', 60_000, 'run-2')).toBe(false) // lost
     await p.getLeaseOwner(key)
     await p.getLease(key)
-    await p.transferLease(key, 'A', 'C', 60_000) // granted
-    await p.releaseLease(key, 'C')
+    await p.getLeaseRecord!(key)
+    await p.transferLease(key, 'A', 'C', 60_000, undefined, 'run-c') // granted
+    await p.releaseLease(key, 'C', 'run-c')
     await expectRejection(() => p.acquireLease('', 'A', 60_000), RangeError, 'ERR_LEASE_INVALID_KEY')
     await expectRejection(() => p.renewLease(key, 'A', -1), RangeError, 'ERR_LEASE_INVALID_TTL')
     await expectRejection(() => p.renewLease(key, 'A', 0.5), RangeError, 'ERR_LEASE_INVALID_TTL')
+    await expectRejection(() => p.acquireFencedLease!(key, 'A', 60_000, ''), RangeError, 'ERR_LEASE_INVALID_METADATA')
     expect(p.stats()).toEqual({
-      calls: calls({ acquireLease: 3, getLeaseOwner: 1, getLease: 1, releaseLease: 1, renewLease: 4, transferLease: 1 }),
-      errors: { ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2 },
-      granted: 2,
-      refused: 1,
-      lost: 1,
+      calls: calls({ acquireLease: 3, acquireFencedLease: 3, getLeaseOwner: 1, getLease: 1, getLeaseRecord: 1, releaseLease: 1, renewLease: 5, transferLease: 1 }),
+      errors: { ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2, ERR_LEASE_INVALID_METADATA: 1 },
+      granted: 3,
+      refused: 2,
+      lost: 2,
     })
 
     await p.close()
     await expectRejection(() => p.getLeaseOwner(key), Error, 'ERR_LEASE_CLOSED')
     const after = p.stats()
     expect(after.calls.getLeaseOwner).toBe(2)
-    expect(after.errors).toEqual({ ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2, ERR_LEASE_CLOSED: 1 })
+    expect(after.errors).toEqual({ ERR_LEASE_INVALID_KEY: 1, ERR_LEASE_INVALID_TTL: 2, ERR_LEASE_INVALID_METADATA: 1, ERR_LEASE_CLOSED: 1 })
   })
 })
 

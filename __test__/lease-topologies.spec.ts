@@ -1,8 +1,8 @@
 // The lease contract beyond one server: on a local Redis Cluster (3 masters, 3 replicas) and
 // behind Redis Sentinel (a master, 2 replicas, 3 sentinels), for RedisLeaseProvider and for
-// RedisStreamsPubSub's leases. On the cluster, a lease's three keys share one hash slot
-// whatever the key holds (CLUSTER KEYSLOT says so), and a batch of calls on keys of many
-// slots is answered call by call.
+// RedisStreamsPubSub's leases. On the cluster, a lease's four keys (the owner, its metadata,
+// its token and the slot's counter) share one hash slot whatever the key holds (CLUSTER
+// KEYSLOT says so), and a batch of calls on keys of many slots is answered call by call.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { randomUUID } from 'node:crypto'
@@ -35,25 +35,25 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
     "RedisStreamsPubSub's leases",
     (limits) => new RedisStreamsPubSub({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
   )
-  describeLeaseContract(
-    'RedisLeaseProvider without fencing tokens',
-    (limits) => new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, fencingTokens: false, ...(limits as object) }),
-    { tokens: false },
-  )
 
-  it("a lease's key, its token key and its slot's counter share one hash slot, whatever the key holds", async () => {
+  it("a lease's key, its metadata key, its token key and its slot's counter share one hash slot, whatever the key holds", async () => {
     const prefix = `slots:${randomUUID().slice(0, 8)}`
     const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: prefix })
     try {
       const key = fc.string({ unit: fc.constantFrom('a', '{', '}', '\0', 'é', ':', 'x'), minLength: 1, maxLength: 8 })
       await fc.assert(
         fc.asyncProperty(key, async (k) => {
-          const grant = await p.acquireLease(k, 'owner', 60_000)
-          expect(grant).toEqual({ acquired: true, owner: 'owner', token: expect.any(Number) })
+          const grant = await p.acquireFencedLease(k, 'owner', 60_000, 'run-1')
+          expect(grant).toStrictEqual({ acquired: true, owner: 'owner', token: expect.any(Number) })
           const leaseKey = `${prefix}:lease:${k}`
           const slot = await cluster.keySlot(leaseKey)
           // The keys the lease wrote, read from the node that serves its slot.
           const node = await cluster.masterOfSlot(slot)
+          // <keyPrefix>:lease-metadata:{<tag>}:<key>, in the lease key's slot.
+          const metadata = ((await node.cli('KEYS', `${prefix}:lease-metadata:*`)) as string[]).filter((name) => name.endsWith(`}:${k}`))
+          expect(metadata, JSON.stringify(k)).toHaveLength(1)
+          expect(await cluster.keySlot(metadata[0]!)).toBe(slot)
+          expect(await node.cli('GET', metadata[0]!)).toBe('run-1')
           const fence = ((await node.cli('KEYS', `${prefix}:fence:*`)) as string[]).filter(
             (name) => name.endsWith(`}:${k}`) || !name.includes('}:'),
           )
@@ -64,7 +64,8 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
           expect(await cluster.keySlot(counter)).toBe(slot)
           // "<token>:<transfer id>:<holder>"
           expect(await node.cli('GET', token!)).toBe(`${grant.token}::owner`)
-          await p.releaseLease(k, 'owner')
+          await p.releaseLease(k, 'owner', 'run-1')
+          expect(await node.cli('EXISTS', leaseKey, metadata[0]!, token!)).toBe(0)
         }),
         { numRuns: 60 },
       )
@@ -78,7 +79,7 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
     try {
       const keys = Array.from({ length: 200 }, (_, i) => `key-${i}`)
       const grants = await Promise.all(keys.map((k, i) => p.acquireLease(k, `owner-${i}`, 60_000)))
-      grants.forEach((g, i) => expect(g).toEqual({ acquired: true, owner: `owner-${i}`, token: expect.any(Number) }))
+      grants.forEach((g, i) => expect(g).toStrictEqual({ acquired: true, owner: `owner-${i}` }))
       const owners = await Promise.all(keys.map((k) => p.getLeaseOwner(k)))
       expect(owners).toEqual(keys.map((_, i) => `owner-${i}`))
       const slots = new Set(await Promise.all(keys.map((k) => cluster.keySlot(`batch-x:lease:${k}`))))
@@ -125,7 +126,8 @@ describe.skipIf(EXTERNAL_REDIS)('with passwords', () => {
       for (const options of [{ cluster: { nodes: cluster.urls, password: SECRET } }, { cluster: { nodes: inUrls } }]) {
         const p = new RedisLeaseProvider({ ...options, keyPrefix: `auth:${randomUUID().slice(0, 8)}` })
         try {
-          expect(await p.acquireLease('k', 'a', 10_000)).toEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
+          expect(await p.acquireLease('k', 'a', 10_000)).toStrictEqual({ acquired: true, owner: 'a' })
+          expect(await p.acquireFencedLease('k', 'a', 10_000)).toStrictEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
         } finally {
           await p.close()
         }
@@ -148,7 +150,8 @@ describe.skipIf(EXTERNAL_REDIS)('with passwords', () => {
       const nodes = sentinel.sentinelUrls
       const p = new RedisStreamsPubSub({ sentinel: { nodes, masterName: sentinel.masterName, password: SECRET }, keyPrefix: `auth:${randomUUID().slice(0, 8)}` })
       try {
-        expect(await p.acquireLease('k', 'a', 10_000)).toEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
+        expect(await p.acquireLease('k', 'a', 10_000)).toStrictEqual({ acquired: true, owner: 'a' })
+        expect(await p.acquireFencedLease!('k', 'a', 10_000)).toStrictEqual({ acquired: true, owner: 'a', token: expect.any(Number) })
       } finally {
         await p.close()
       }

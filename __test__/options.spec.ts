@@ -81,7 +81,7 @@ describe("redisOptions, as Mastra's Redis Streams backend takes them", () => {
       const redisOptions = { url: server.url, username: 'app', password: 'app-secret', database: 3, name }
       const leases = kept(new RedisLeaseProvider({ redisOptions }))
       const key = uniqueKey('redis-options')
-      expect(await leases.acquireLease(key, 'A', 10_000)).toEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
+      expect(await leases.acquireLease(key, 'A', 10_000)).toStrictEqual({ acquired: true, owner: 'A' })
       await server.cli('SELECT', 3) // the helper's own connection now looks at database 3
       expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
       const pubsub = kept(new RedisStreamsPubSub({ redisOptions, keyPrefix: 'opts' }))
@@ -285,7 +285,7 @@ describe('streams arguments are checked as lease keys are', () => {
   })
 })
 
-describe('cluster, sentinel, minReplicas and fencingTokens', () => {
+describe('cluster, sentinel, minReplicas and maxMetadataBytes; fencingTokens refused', () => {
   const NODES = ['redis://127.0.0.1:7000', 'redis://127.0.0.1:7001']
   const redisClasses = { RedisLeaseProvider: classes.RedisLeaseProvider, RedisStreamsPubSub: classes.RedisStreamsPubSub }
 
@@ -312,9 +312,13 @@ describe('cluster, sentinel, minReplicas and fencingTokens', () => {
       [{ minReplicas: '1' }, TypeError, /minReplicas/],
       [{ replicaTimeoutMs: 100 }, TypeError, /replicaTimeoutMs without minReplicas/],
       [{ minReplicas: 1, replicaTimeoutMs: 2_000, commandTimeoutMs: 2_000 }, RangeError, /must be shorter than commandTimeoutMs/],
-      [{ fencingTokens: 'false' }, TypeError, /fencingTokens must be a boolean, got string/],
-      [{ fencingTokens: 0 }, TypeError, /fencingTokens must be a boolean, got number/],
-      [{ fencingToken: false }, TypeError, /fencingToken.*did you mean fencingTokens\?/],
+      // Gone: whatever its value, it is refused with the way over (a fenced grant per call).
+      [{ fencingTokens: false }, TypeError, /unknown option fencingTokens; it is gone: .*acquireFencedLease/],
+      [{ fencingTokens: true }, TypeError, /unknown option fencingTokens; it is gone: .*acquireFencedLease/],
+      [{ fencingTokens: 'false' }, TypeError, /unknown option fencingTokens; it is gone: .*acquireFencedLease/],
+      [{ maxMetadataBytes: 0 }, RangeError, /maxMetadataBytes/],
+      [{ maxMetadataBytes: '4096' }, TypeError, /maxMetadataBytes/],
+      [{ maxMetadataByte: 1 }, TypeError, /maxMetadataByte.*did you mean maxMetadataBytes\?/],
     ] as Array<[AnyOptions, typeof TypeError, RegExp]>) {
       const err = expectThrow(() => make(options), cls, 'ERR_LEASE_INVALID_OPTION')
       expect(err.message, JSON.stringify(options)).toMatch(message)
@@ -327,13 +331,15 @@ describe('cluster, sentinel, minReplicas and fencingTokens', () => {
     for (const option of ['cluster', 'sentinel', 'minReplicas', 'fencingTokens']) {
       expectThrow(() => classes.MemoryLeaseProvider({ [option]: 1 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
     }
+    const gone = expectThrow(() => classes.MemoryLeaseProvider({ fencingTokens: false }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    expect(gone.message).toMatch(/unknown option fencingTokens; it is gone: .*acquireFencedLease/)
   })
 
   it('good cluster and sentinel options construct without connecting', async () => {
     for (const make of Object.values(redisClasses)) {
       await kept(make({ cluster: { nodes: NODES, username: 'u', password: 'p' }, minReplicas: 1, replicaTimeoutMs: 200 })).close()
       await kept(make({ sentinel: { nodes: NODES, masterName: 'm', username: 'u', password: 'p', database: 2 }, minReplicas: 2 })).close()
-      await kept(make({ cluster: { nodes: NODES }, fencingTokens: false })).close()
+      await kept(make({ cluster: { nodes: NODES }, maxMetadataBytes: 256 })).close()
     }
   })
 })

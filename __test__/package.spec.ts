@@ -66,12 +66,13 @@ describe('the npm package', () => {
       'check.cjs',
       `const { MemoryLeaseProvider, RedisLeaseProvider } = require('mastra-lease')
        const m = new MemoryLeaseProvider()
-       m.acquireLease('k\\0t', 'me', 1000).then((g) => {
-         console.log(typeof RedisLeaseProvider, JSON.stringify(g))
+       m.acquireLease('k\\0t', 'me', 1000).then(async (g) => {
+         const fenced = await m.acquireFencedLease('k\\0t', 'me', 1000)
+         console.log(typeof RedisLeaseProvider, JSON.stringify(g), JSON.stringify(fenced))
          return m.close()
        })`,
     )
-    expect(out.trim()).toBe('function {"acquired":true,"owner":"me","token":1}')
+    expect(out.trim()).toBe('function {"acquired":true,"owner":"me"} {"acquired":true,"owner":"me","token":1}')
   })
 
   it('loads with import, exposing the same classes', () => {

@@ -170,21 +170,30 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on a Redis Cluster without shard channe
 })
 
 describe.skipIf(EXTERNAL_REDIS)('a server without EVALSHA', () => {
-  it('fails every scripted lease call with ERR_LEASE_UNSUPPORTED_COMMAND naming EVALSHA; getLeaseOwner still answers', async () => {
+  it('fails every scripted lease call with ERR_LEASE_UNSUPPORTED_COMMAND naming EVALSHA; a plain claim or refusal (one SET) and getLeaseOwner still answer', async () => {
     const server = await serverWithout('EVALSHA')
     const logger = new Collect()
     const p = closing(new RedisLeaseProvider({ url: server.url, logger }))
     const key = newKey()
+    const free = newKey()
     for (const call of [
-      () => p.acquireLease(key, 'A', 10_000),
+      () => p.acquireFencedLease(free, 'A', 10_000),
+      () => p.acquireLease(free, 'A', 10_000, 'run-1'),
       () => p.renewLease(key, 'A', 10_000),
       () => p.transferLease(key, 'A', 'B', 10_000),
       () => p.releaseLease(key, 'A'),
+      () => p.getLeaseRecord(key),
     ]) {
       const error = await expectRejection(call, Error, 'ERR_LEASE_UNSUPPORTED_COMMAND')
       expect(error.message).toContain('EVALSHA')
     }
-    expect(await p.getLeaseOwner(key)).toBeUndefined()
+    expect(await p.getLeaseOwner(free)).toBeUndefined()
+    // A plain acquire needs no script: a claim and a refusal are one SET NX GET each.
+    expect(await p.acquireLease(key, 'A', 10_000)).toStrictEqual({ acquired: true, owner: 'A' })
+    expect(await p.acquireLease(key, 'B', 10_000)).toStrictEqual({ acquired: false, owner: 'A' })
+    expect(await p.getLeaseOwner(key)).toBe('A')
+    // The holder asking again is a refresh, which the script decides (its metadata compared).
+    await expectRejection(() => p.acquireLease(key, 'A', 10_000), Error, 'ERR_LEASE_UNSUPPORTED_COMMAND')
     // Mastra swallows these failures: the provider's warning about failing calls has the code.
     expect(logger.lines.find((l) => l.level === 'warn')?.fields).toMatchObject({ code: 'ERR_LEASE_UNSUPPORTED_COMMAND' })
   })

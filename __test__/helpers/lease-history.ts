@@ -15,7 +15,7 @@
 // holders ever overlap, increments get lost and the final value falls short of the count.
 import type { LeaseLike, LeaseOperation } from '../fixtures/lease-recorder.mjs'
 
-export type { FileCounter, LeaseLike, LeaseOperation, LeaseOpKind } from '../fixtures/lease-recorder.mjs'
+export type { FencedLeaseLike, FileCounter, LeaseLike, LeaseOperation, LeaseOpKind, RecordedLeases } from '../fixtures/lease-recorder.mjs'
 export { alwaysAcquired, fileCounter, monotonicNow, recordLeases } from '../fixtures/lease-recorder.mjs'
 
 /** One critical section (a counter increment) run while the owner believed it held `key`. */

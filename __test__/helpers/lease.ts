@@ -13,17 +13,52 @@ export interface LeaseApi {
   close(): Promise<void>
 }
 
+/** Who holds a lease, as `getLeaseRecord` answers it (Mastra's `LeaseRecordProvider`). */
+export interface LeaseRecordLike {
+  owner: string
+  metadata?: string
+}
+
+/**
+ * The providers of this package: Mastra's five methods with the next core's metadata (the
+ * holder is the owner and its metadata together), `getLeaseRecord`, fenced grants and
+ * `getLease`. `acquireFencedLease` and `getLeaseRecord` are optional in the pubsubs' types:
+ * they have them as own properties exactly when their lease provider has them.
+ */
+export interface LeaseRecordApi extends LeaseApi {
+  acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<{ acquired: boolean; owner?: string }>
+  releaseLease(key: string, owner: string, metadata?: string): Promise<void>
+  renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean>
+  transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
+  getLease(key: string): Promise<{ owner: string; token?: number; ttlMs: number | null } | undefined>
+  acquireFencedLease?: (key: string, owner: string, ttlMs: number, metadata?: string) => Promise<{ acquired: boolean; owner?: string; token?: number }>
+  getLeaseRecord?: (key: string) => Promise<LeaseRecordLike | undefined>
+}
+
+/** A `LeaseRecordApi` that has `acquireFencedLease` and `getLeaseRecord` (checked by `complete`). */
+export type CompleteLeaseApi = LeaseRecordApi & Required<Pick<LeaseRecordApi, 'acquireFencedLease' | 'getLeaseRecord'>>
+
+/** `provider`, failing unless it has `acquireFencedLease` and `getLeaseRecord` (optional in a pubsub's type). */
+export function complete(provider: LeaseRecordApi): CompleteLeaseApi {
+  expect(typeof provider.acquireFencedLease, 'acquireFencedLease').toBe('function')
+  expect(typeof provider.getLeaseRecord, 'getLeaseRecord').toBe('function')
+  return provider as CompleteLeaseApi
+}
+
 export interface LeaseLimitsOptions {
   maxKeyBytes?: unknown
   maxOwnerBytes?: unknown
+  maxMetadataBytes?: unknown
   maxTtlMs?: unknown
 }
 
 export const LEASE_METHODS = ['acquireLease', 'getLeaseOwner', 'releaseLease', 'renewLease', 'transferLease'] as const
 export type LeaseMethod = (typeof LEASE_METHODS)[number]
+/** The lease methods this package's providers have beyond Mastra's five. */
+export const EXTRA_LEASE_METHODS = ['acquireFencedLease', 'getLease', 'getLeaseRecord'] as const
 
 /** The provider seen without its types, to pass what TypeScript would refuse. */
-export type Untyped = Record<LeaseMethod | 'close', (...args: unknown[]) => unknown>
+export type Untyped = Record<LeaseMethod | (typeof EXTRA_LEASE_METHODS)[number] | 'close', (...args: unknown[]) => unknown>
 export const untyped = (p: LeaseApi): Untyped => p as unknown as Untyped
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))

@@ -15,11 +15,6 @@ use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Call, Error, RedisStore, Result, Subject};
 
-/// An optional argument's value: `undefined` when left out.
-fn optional(env: napi::sys::napi_env, value: Option<Unknown<'_>>) -> napi::sys::napi_value {
-    value.map_or_else(|| super::js::undefined(env), |v| v.raw())
-}
-
 /// Leases in Redis, one atomic Lua script and one round trip per call.
 ///
 /// Has exactly the five methods of Mastra's `LeaseProvider`, so `isLeaseProvider()` from
@@ -241,10 +236,12 @@ impl RedisLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
-        metadata: Option<Unknown<'env>>,
+        // Not an Option: napi reads null as None, and null is bad metadata (a TypeError, as
+        // in memory), not none. A left-out argument arrives as undefined.
+        metadata: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), metadata.raw()];
         let call = args::acquire_lease(e, values, false);
         self.submit(env, Operation::AcquireLease, call)
     }
@@ -272,10 +269,10 @@ impl RedisLeaseProvider {
         env: &'env Env,
         key: Unknown<'env>,
         owner: Unknown<'env>,
-        metadata: Option<Unknown<'env>>,
+        metadata: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let call = args::release_lease(e, [key.raw(), owner.raw(), optional(e, metadata)]);
+        let call = args::release_lease(e, [key.raw(), owner.raw(), metadata.raw()]);
         self.submit(env, Operation::ReleaseLease, call)
     }
 
@@ -292,10 +289,10 @@ impl RedisLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
-        metadata: Option<Unknown<'env>>,
+        metadata: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), metadata.raw()];
         let call = args::renew_lease(e, values);
         self.submit(env, Operation::RenewLease, call)
     }
@@ -317,8 +314,8 @@ impl RedisLeaseProvider {
         from_owner: Unknown<'env>,
         to_owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
-        from_metadata: Option<Unknown<'env>>,
-        to_metadata: Option<Unknown<'env>>,
+        from_metadata: Unknown<'env>,
+        to_metadata: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
         let values = [
@@ -326,8 +323,8 @@ impl RedisLeaseProvider {
             from_owner.raw(),
             to_owner.raw(),
             ttl_ms.raw(),
-            optional(e, from_metadata),
-            optional(e, to_metadata),
+            from_metadata.raw(),
+            to_metadata.raw(),
         ];
         self.submit(
             env,
@@ -363,10 +360,10 @@ impl RedisLeaseProvider {
         key: Unknown<'env>,
         owner: Unknown<'env>,
         ttl_ms: Unknown<'env>,
-        metadata: Option<Unknown<'env>>,
+        metadata: Unknown<'env>,
     ) -> Unknown<'env> {
         let e = env.raw();
-        let values = [key.raw(), owner.raw(), ttl_ms.raw(), optional(e, metadata)];
+        let values = [key.raw(), owner.raw(), ttl_ms.raw(), metadata.raw()];
         let call = args::acquire_lease(e, values, true);
         self.submit(env, Operation::AcquireFencedLease, call)
     }

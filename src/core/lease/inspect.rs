@@ -250,6 +250,8 @@ fn lease_of(replies: Vec<Value>) -> redis::RedisResult<Option<Lease>> {
         Value::BulkString(owner),
         Value::Int(pttl),
         token.map_or(Value::Nil, Value::Int),
+        // The holder's metadata, which a listing does not show.
+        Value::Nil,
     ]);
     // The script's answer, so the TTL and the owner read as getLease's do.
     match decode(&Call::Lease { key: String::new() }, reply)? {
@@ -321,6 +323,28 @@ mod tests {
         assert_eq!(token_of(b":id:run-1", b"run-1"), None);
         assert_eq!(token_of(b"4x:id:run-1", b"run-1"), None);
         assert_eq!(token_of(b"42", b"run-1"), None);
+    }
+
+    #[test]
+    fn a_lease_read_with_plain_reads_decodes_as_get_lease_does() {
+        let replies = |fence: Value| {
+            vec![
+                Value::BulkString(b"run-1".to_vec()),
+                Value::Int(5_000),
+                fence,
+            ]
+        };
+        let fenced = lease_of(replies(Value::BulkString(b"7::run-1".to_vec()))).unwrap();
+        assert_eq!(
+            fenced,
+            Some(Lease {
+                owner: "run-1".into(),
+                token: Some(7),
+                ttl_ms: Some(5_000),
+            })
+        );
+        let plain = lease_of(replies(Value::Nil)).unwrap();
+        assert_eq!(plain.map(|lease| lease.token), Some(None));
     }
 
     #[test]

@@ -394,8 +394,12 @@ impl RedisStore {
     }
 
     /// Whether a plain acquire's reply asks for the acquire script: the owner already holds
-    /// the lease (a refresh, if the metadata agrees: the script decides), or the server refused `SET NX GET` (before Redis 7.0; every
-    /// later acquire then goes as the script).
+    /// the lease (a refresh, if the metadata agrees: the script decides), the server refused
+    /// `SET NX GET` (before Redis 7.0; every later acquire then goes as the script), or it
+    /// refused it for want of memory (OOM, under `maxmemory` with `noeviction`): Redis refuses
+    /// a SET before looking at the key, but a refresh or a refusal needs no memory, and the
+    /// script answers them truly (Mastra counts a rejected acquire as acquired); a claim it
+    /// cannot write rejects there as well.
     fn acquire_again(&self, call: &Call, reply: &Value) -> bool {
         let Call::Acquire { holder, .. } = call else {
             return false;
@@ -406,6 +410,7 @@ impl RedisStore {
                 self.plain_acquire.store(false, Ordering::Relaxed);
                 true
             }
+            Value::ServerError(err) if err.code() == "OOM" => true,
             _ => false,
         }
     }

@@ -347,6 +347,43 @@ async fn a_server_that_refuses_set_nx_get_turns_plain_acquires_into_the_script_f
     assert!(!fresh.acquire_again(&a("j", "b"), &wrong_type));
 }
 
+#[tokio::test]
+async fn under_maxmemory_a_plain_refresh_or_refusal_goes_as_the_script_and_tells_the_truth() {
+    let server = Server::start("lease-plain-oom");
+    let store = store(&server, Duration::from_secs(2));
+    let a = |key: &str, owner: &str| plain(key, Holder::new(owner), 10_000);
+    assert_eq!(
+        store.execute_one(a("k", "a")).await.unwrap(),
+        plain_grant(true, "a")
+    );
+    server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    // Redis refuses any SET when out of memory, before it looks at the key.
+    let oom =
+        redis::parse_redis_value(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n")
+            .unwrap();
+    assert!(store.acquire_again(&a("k", "b"), &oom));
+    let refresh = store.execute_one(a("k", "a")).await;
+    let refusal = store.execute_one(a("k", "b")).await;
+    let claim = store.execute_one(a("fresh", "c")).await;
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(refresh.unwrap(), plain_grant(true, "a"));
+    assert_eq!(refusal.unwrap(), plain_grant(false, "a"));
+    // A claim needs memory: the script cannot write it either, and says so.
+    assert_eq!(claim.unwrap_err().code(), "ERR_LEASE_REDIS");
+    // Memory is back: plain acquires were not given up for good.
+    let before = server.calls("evalsha");
+    assert_eq!(
+        store.execute_one(a("fresh", "c")).await.unwrap(),
+        plain_grant(true, "c")
+    );
+    assert_eq!(
+        server.calls("evalsha"),
+        before,
+        "a claim is one plain SET again"
+    );
+}
+
 fn store_with_prefix(server: &Server, prefix: &str) -> RedisStore {
     RedisStore::new(RedisOptions {
         connection: ConnectionOptions {
