@@ -67,8 +67,9 @@ pub enum Error {
     #[error("Redis refused access: {0}")]
     Auth(#[source] redis::RedisError),
     /// A write that grants or moves a lease ran on the master, but fewer replicas than
-    /// `minReplicas` confirmed it within `replicaTimeoutMs` (`WAIT`): a failover could
-    /// forget it, so it is not reported as granted.
+    /// `minReplicas` confirmed it within `replicaTimeoutMs`, or before the lease's TTL ran
+    /// out (`WAIT`): a failover could forget it, or it expired unconfirmed and another owner
+    /// may hold the key, so it is not reported as granted.
     #[error(
         "{confirmed} of the {wanted} replicas asked for confirmed the write in time; a failover \
          could forget it"

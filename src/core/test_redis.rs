@@ -8,18 +8,56 @@ use std::time::{Duration, Instant};
 pub(crate) struct Server {
     child: Child,
     dir: PathBuf,
+    /// What this server is started with beyond the common arguments.
+    args: Vec<String>,
 }
 
 impl Server {
     /// Starts a server; `name` must be unique among the tests of one run.
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, Vec::new())
+    }
+
+    fn start_with(name: &str, args: Vec<String>) -> Self {
         let dir = std::env::temp_dir().join(format!("mastra-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let child = spawn(&dir);
-        let server = Self { child, dir };
+        let child = spawn(&dir, &args);
+        let server = Self { child, dir, args };
         server.wait_ready();
         server
+    }
+
+    /// Starts a master and one replica of it, in sync. Replication runs over TCP (a replica
+    /// cannot follow a unix socket), so the master also listens on a free loopback port;
+    /// clients use the sockets, as everywhere else.
+    pub fn start_with_replica(name: &str) -> (Self, Self) {
+        let port = free_port();
+        let master = Self::start_with(
+            &format!("{name}-master"),
+            vec![
+                "--port".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                // A full sync starts at once, not after waiting for more replicas.
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+            ],
+        );
+        let replica = Self::start_with(
+            &format!("{name}-replica"),
+            vec!["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (master, replica)
     }
 
     fn wait_ready(&self) {
@@ -36,7 +74,7 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(self.socket());
-        self.child = spawn(&self.dir);
+        self.child = spawn(&self.dir, &self.args);
         self.wait_ready();
     }
 
@@ -79,13 +117,23 @@ impl Server {
     }
 }
 
-fn spawn(dir: &std::path::Path) -> Child {
+/// A loopback TCP port nothing listens on (what the kernel hands out next; free for the
+/// moment it takes the server to bind it).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A server on a unix socket in `dir`; no TCP unless `args` give a port (a later `--port`
+/// wins over the first).
+fn spawn(dir: &std::path::Path, args: &[String]) -> Child {
     Command::new("redis-server")
         .args(["--port", "0", "--save", "", "--appendonly", "no"])
         .arg("--unixsocket")
         .arg(dir.join("redis.sock"))
         .arg("--dir")
         .arg(dir)
+        .args(args)
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server must be on the PATH")

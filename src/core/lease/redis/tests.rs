@@ -317,6 +317,91 @@ async fn leases_that_came_and_went_leave_only_one_counter_per_slot_behind() {
     assert!(left <= usize::from(crate::core::lease::keys::SLOTS));
 }
 
+/// A store whose grants wait for one replica's confirmation, `replica_timeout` at most.
+fn confirming(server: &Server, replica_timeout: Duration) -> RedisStore {
+    let mut store = store(server, Duration::from_secs(3));
+    store.set_replication(Some(super::Replication {
+        replicas: 1,
+        timeout: replica_timeout,
+    }));
+    store
+}
+
+#[tokio::test]
+async fn a_grant_its_replica_confirms_only_after_its_ttl_ran_out_is_not_answered_as_held() {
+    let (master, replica) = Server::start_with_replica("lease-late-confirmation");
+    let a = confirming(&master, Duration::from_secs(2));
+    let b = confirming(&master, Duration::from_secs(2));
+    // Connected, the scripts loaded, before the replica stops answering.
+    a.execute_one(lease("k")).await.unwrap();
+    b.execute_one(lease("k")).await.unwrap();
+    replica.signal("-STOP");
+    let first = async {
+        let started = Instant::now();
+        let answer = a.execute_one(acquire("k", "a", 200)).await;
+        (answer, started.elapsed())
+    };
+    // Once a's lease expired on the master, b claims the key; its grant waits for the same
+    // replica, and both confirmations arrive together when it answers again.
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        b.execute_one(acquire("k", "b", 10_000)).await
+    };
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        replica.signal("-CONT");
+    };
+    let ((first, took), second, ()) = tokio::join!(first, second, thaw);
+    assert_eq!(token_of(second.unwrap()), 2, "b holds the key now");
+    // Answered as granted, a would believe it holds the key b holds (with an older token).
+    let err = first.unwrap_err();
+    assert_eq!(err.code(), "ERR_LEASE_REPLICATION", "{err}");
+    // When its TTL runs out, well before the replica thaws (with room for a busy machine).
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(500),
+        "a's grant rejects when its TTL runs out, not at the confirmation: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn in_one_pipeline_a_grant_with_a_short_ttl_rejects_when_it_ends_and_a_longer_one_waits_on() {
+    let (master, replica) = Server::start_with_replica("lease-late-confirmation-batch");
+    let store = confirming(&master, Duration::from_secs(2));
+    store.execute_one(lease("short")).await.unwrap();
+    replica.signal("-STOP");
+    let started = Instant::now();
+    let answers = std::sync::Mutex::new(Vec::new());
+    let record = |answered: Vec<(usize, crate::core::Result<Answer>)>| {
+        let at = started.elapsed();
+        let mut answers = answers.lock().unwrap();
+        answers.extend(answered.into_iter().map(|(i, answer)| (i, answer, at)));
+    };
+    let batch = store.execute_each(
+        vec![acquire("short", "a", 200), acquire("long", "a", 10_000)],
+        &record,
+    );
+    let thaw = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        replica.signal("-CONT");
+    };
+    tokio::join!(batch, thaw);
+    let mut answers = answers.into_inner().unwrap();
+    answers.sort_by_key(|(i, _, _)| *i);
+    let [(_, short, short_at), (_, long, long_at)] = &answers[..] else {
+        panic!("two answers expected: {answers:?}");
+    };
+    assert_eq!(short.as_ref().unwrap_err().code(), "ERR_LEASE_REPLICATION");
+    assert!(
+        *short_at >= Duration::from_millis(200) && *short_at < Duration::from_millis(500),
+        "the short lease's grant rejects when its TTL runs out: {short_at:?}"
+    );
+    assert_eq!(long.as_ref().unwrap(), &grant(true, "a", Some(1)));
+    assert!(
+        *long_at >= Duration::from_millis(600),
+        "the long lease's grant waits for the replica: {long_at:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_server_that_refuses_set_nx_get_turns_plain_acquires_into_the_script_for_good() {
     let server = Server::start("lease-plain-fallback");
