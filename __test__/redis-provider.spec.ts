@@ -741,9 +741,8 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // A known limit: getLeaseRecord reads the lease with the script getLease runs, which reads
-    // its TTL too, so the user of the seven commands alone needs PTTL for it as well.
-    it.fails('an ACL user of the seven commands alone reads a lease record (getLeaseRecord)', async () => {
+    // getLeaseRecord has a script of its own, plain GETs: no PTTL needed, as getLease needs.
+    it('an ACL user of the seven commands alone reads a lease record (getLeaseRecord)', async () => {
       const server = await ownServer()
       const secret = 'Rec0rd-only-pa55-Tq4'
       await server.cli(...leaseUser('recorder', secret, LEASE_COMMANDS))

@@ -134,6 +134,10 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
         } else if (op.outcome === 'refused') {
           if ((byHolder.get(holder(op.key, op.owner)) ?? []).some((w) => w.to > op.start)) lost.push(op)
           giveUp(op.key, op.owner, op.end, op)
+        } else {
+          // Rejected, it may still have run (written on the master, unconfirmed by replicas):
+          // its TTL, counted from its start, may have replaced a longer one.
+          end(op.key, op.owner, op.start + BigInt(op.ttlMs) * NS_PER_MS, op)
         }
         break
       case 'transfer':

@@ -37,9 +37,12 @@ pub(crate) static RELEASE: Lua = Lua::new(include_str!("lease/release.lua"));
 pub(crate) static TRANSFER: Lua = Lua::new(include_str!("lease/transfer.lua"));
 /// Reads a live lease whole: owner, fencing token, time left.
 pub(crate) static LEASE: Lua = Lua::new(include_str!("lease/lease.lua"));
+/// Reads who holds a live lease: owner and metadata.
+pub(crate) static RECORD: Lua = Lua::new(include_str!("lease/record.lua"));
 
 /// The lease scripts, loaded together when Redis has forgotten one (it forgets all at once).
-pub(crate) static LEASE_SCRIPTS: [&Lua; 5] = [&ACQUIRE, &RENEW, &RELEASE, &TRANSFER, &LEASE];
+pub(crate) static LEASE_SCRIPTS: [&Lua; 6] =
+    [&ACQUIRE, &RENEW, &RELEASE, &TRANSFER, &LEASE, &RECORD];
 
 /// Appends events again, each exactly once, after a broken connection.
 pub(crate) static APPEND_AGAIN: Lua = Lua::new(include_str!("streams/append_again.lua"));

@@ -250,8 +250,6 @@ fn lease_of(replies: Vec<Value>) -> redis::RedisResult<Option<Lease>> {
         Value::BulkString(owner),
         Value::Int(pttl),
         token.map_or(Value::Nil, Value::Int),
-        // The holder's metadata, which a listing does not show.
-        Value::Nil,
     ]);
     // The script's answer, so the TTL and the owner read as getLease's do.
     match decode(&Call::Lease { key: String::new() }, reply)? {

@@ -425,8 +425,18 @@ impl RedisStore {
                 // whose PX expiry has passed.
                 pipe.cmd("GET").arg(self.layout.lease(key));
             }
-            Call::Lease { key } | Call::Record { key } => {
-                self.evalsha(pipe, call, key, 3);
+            Call::Lease { key } => {
+                // The lease and its token key only: the one script that skips the metadata.
+                let keys = self.layout.keys(key);
+                let sha = scripts::LEASE.script().get_hash();
+                pipe.cmd("EVALSHA")
+                    .arg(sha)
+                    .arg(2)
+                    .arg(keys.lease)
+                    .arg(keys.token);
+            }
+            Call::Record { key } => {
+                self.evalsha(pipe, call, key, 2);
             }
             Call::Acquire {
                 key,
@@ -491,8 +501,8 @@ impl RedisStore {
     }
 
     /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its
-    /// metadata, its token, the slot's token counter), the order every lease script takes
-    /// them in.
+    /// metadata, its token, the slot's token counter), the order every lease script but
+    /// `lease.lua` takes them in.
     fn evalsha<'p>(
         &self,
         pipe: &'p mut Pipeline,
@@ -557,7 +567,8 @@ fn lua(call: &Call) -> Option<&'static Lua> {
         Call::Renew { .. } => Some(&scripts::RENEW),
         Call::Release { .. } => Some(&scripts::RELEASE),
         Call::Transfer { .. } => Some(&scripts::TRANSFER),
-        Call::Lease { .. } | Call::Record { .. } => Some(&scripts::LEASE),
+        Call::Lease { .. } => Some(&scripts::LEASE),
+        Call::Record { .. } => Some(&scripts::RECORD),
         Call::Owner { .. } => None,
     }
 }
@@ -593,31 +604,28 @@ pub(super) fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
             }),
         },
         Call::Owner { .. } => Answer::Owner(parse::<Option<Vec<u8>>>(reply)?.map(text)),
-        Call::Lease { .. } => Answer::Lease(read_lease(reply)?.map(|(lease, _)| lease)),
-        Call::Record { .. } => Answer::Record(read_lease(reply)?.map(|(lease, metadata)| Holder {
-            owner: lease.owner,
-            metadata,
-        })),
+        Call::Lease { .. } => Answer::Lease(read_lease(reply)?),
+        Call::Record { .. } => {
+            let record: Option<(Vec<u8>, Option<Vec<u8>>)> = parse(reply)?;
+            Answer::Record(record.map(|(owner, metadata)| Holder {
+                owner: text(owner),
+                metadata: metadata.map(text),
+            }))
+        }
         Call::Release { .. } => Answer::Released(parse::<i64>(reply)? == 1),
         Call::Renew { .. } => Answer::Renewed(parse::<i64>(reply)? == 1),
         Call::Transfer { .. } => Answer::Transferred(parse::<i64>(reply)? == 1),
     })
 }
 
-/// `lease.lua`'s answer as sent: owner, PTTL, token, metadata.
-type LeaseReply = (Vec<u8>, i64, Option<u64>, Option<Vec<u8>>);
-
-/// `lease.lua`'s answer: the live lease and its holder's metadata, if any.
-fn read_lease(reply: Value) -> redis::RedisResult<Option<(Lease, Option<String>)>> {
-    let lease: Option<LeaseReply> = parse(reply)?;
-    Ok(lease.map(|(owner, pttl, token, metadata)| {
-        let lease = Lease {
-            owner: text(owner),
-            token,
-            // -1: a key without an expiry, which our writes never leave but others' can.
-            ttl_ms: u64::try_from(pttl).ok(),
-        };
-        (lease, metadata.map(text))
+/// `lease.lua`'s answer: the live lease, if any.
+fn read_lease(reply: Value) -> redis::RedisResult<Option<Lease>> {
+    let lease: Option<(Vec<u8>, i64, Option<u64>)> = parse(reply)?;
+    Ok(lease.map(|(owner, pttl, token)| Lease {
+        owner: text(owner),
+        token,
+        // -1: a key without an expiry, which our writes never leave but others' can.
+        ttl_ms: u64::try_from(pttl).ok(),
     }))
 }
 

@@ -1,5 +1,5 @@
 //! Reading where and how to connect: `url`, `cluster` or `sentinel`, `tls`, `connectionName`,
-//! the timeouts, `minReplicas` and `fencingTokens`, with what `redisOptions` gives
+//! the timeouts and `minReplicas`, with what `redisOptions` gives
 //! (`node_redis.rs` reads node-redis' shapes).
 
 use std::time::Duration;
