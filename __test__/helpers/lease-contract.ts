@@ -111,10 +111,17 @@ function args(...list: unknown[]): unknown[] {
   return list.map((v) => (v === MISSING ? undefined : v))
 }
 
-/** The commands that ran between two `INFO commandstats` readings, `INFO` itself left out. */
+/**
+ * A fresh connection's own setup, sent once after its first call succeeded and without
+ * delaying any, so it may land after a reading taken right after that call: the eviction-policy
+ * check (`INFO memory`, `INFO` being the readings' own command too) and the connection name.
+ */
+const CONNECTION_SETUP = new Set(['info', 'client|setname'])
+
+/** The commands that ran between two `INFO commandstats` readings, a connection's setup left out. */
 function commandsBetween(before: Record<string, number>, after: Record<string, number>): string[] {
   return Object.keys(after)
-    .filter((cmd) => cmd !== 'info' && after[cmd] !== (before[cmd] ?? 0))
+    .filter((cmd) => !CONNECTION_SETUP.has(cmd) && after[cmd] !== (before[cmd] ?? 0))
     .map((cmd) => `${cmd}: ${(after[cmd] ?? 0) - (before[cmd] ?? 0)}`)
 }
 
