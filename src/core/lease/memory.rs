@@ -209,7 +209,6 @@ impl Table {
 
     /// `Some(token)` when `holder` holds the live lease on `key` (the token it holds it with,
     /// if any); `None` when it does not.
-    #[allow(clippy::option_option)]
     fn held(&mut self, key: &str, holder: &Holder, now: Instant) -> Option<Option<u64>> {
         self.live(key, now)
             .filter(|lease| lease.holder == *holder)

@@ -426,17 +426,12 @@ impl RedisStore {
                 pipe.cmd("GET").arg(self.layout.lease(key));
             }
             Call::Lease { key } => {
-                // The lease and its token key only: the one script that skips the metadata.
-                let keys = self.layout.keys(key);
-                let sha = scripts::LEASE.script().get_hash();
-                pipe.cmd("EVALSHA")
-                    .arg(sha)
-                    .arg(2)
-                    .arg(keys.lease)
-                    .arg(keys.token);
+                let k = self.layout.keys(key);
+                self.evalsha(pipe, call, [k.lease, k.token]);
             }
             Call::Record { key } => {
-                self.evalsha(pipe, call, key, 2);
+                let k = self.layout.keys(key);
+                self.evalsha(pipe, call, [k.lease, k.metadata]);
             }
             Call::Acquire {
                 key,
@@ -461,8 +456,10 @@ impl RedisStore {
                 ttl_ms,
                 fenced,
             } => {
+                let k = self.layout.keys(key);
+                let keys = [k.lease, k.metadata, k.token, k.counter];
                 let cmd = self
-                    .evalsha(pipe, call, key, 4)
+                    .evalsha(pipe, call, keys)
                     .arg(&holder.owner)
                     .arg(*ttl_ms);
                 cmd.arg(holder.metadata_arg())
@@ -473,14 +470,18 @@ impl RedisStore {
                 holder,
                 ttl_ms,
             } => {
+                let k = self.layout.keys(key);
+                let keys = [k.lease, k.metadata, k.token];
                 let cmd = self
-                    .evalsha(pipe, call, key, 3)
+                    .evalsha(pipe, call, keys)
                     .arg(&holder.owner)
                     .arg(*ttl_ms);
                 cmd.arg(holder.metadata_arg());
             }
             Call::Release { key, holder } => {
-                let cmd = self.evalsha(pipe, call, key, 3).arg(&holder.owner);
+                let k = self.layout.keys(key);
+                let keys = [k.lease, k.metadata, k.token];
+                let cmd = self.evalsha(pipe, call, keys).arg(&holder.owner);
                 cmd.arg(holder.metadata_arg());
             }
             Call::Transfer {
@@ -489,8 +490,10 @@ impl RedisStore {
                 to,
                 ttl_ms,
             } => {
+                let k = self.layout.keys(key);
+                let keys = [k.lease, k.metadata, k.token, k.counter];
                 let cmd = self
-                    .evalsha(pipe, call, key, 4)
+                    .evalsha(pipe, call, keys)
                     .arg(&from.owner)
                     .arg(&to.owner);
                 cmd.arg(*ttl_ms).arg(&sent.id);
@@ -500,23 +503,17 @@ impl RedisStore {
         false
     }
 
-    /// `EVALSHA <sha> <n> KEYS...`: the first `n` of the lease's keys (the lease, its
-    /// metadata, its token, the slot's token counter), the order every lease script but
-    /// `lease.lua` takes them in.
-    fn evalsha<'p>(
+    /// `EVALSHA <sha> <n> KEYS...` of the call's script with the lease keys it names in its
+    /// header, in that order.
+    fn evalsha<'p, const N: usize>(
         &self,
         pipe: &'p mut Pipeline,
         call: &Call,
-        key: &str,
-        n: usize,
+        keys: [Vec<u8>; N],
     ) -> &'p mut Pipeline {
         let sha = lua(call).map_or("", |lua| lua.script().get_hash());
-        let keys = self.layout.keys(key);
-        let cmd = pipe.cmd("EVALSHA").arg(sha).arg(n);
-        for key in [keys.lease, keys.metadata, keys.token, keys.counter]
-            .into_iter()
-            .take(n)
-        {
+        let cmd = pipe.cmd("EVALSHA").arg(sha).arg(N);
+        for key in keys {
             cmd.arg(key);
         }
         cmd
