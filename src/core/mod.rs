@@ -13,7 +13,7 @@ pub(crate) mod test_redis;
 pub use error::{Argument, Error, ErrorClass, InputErrorKind, Result, Subject};
 pub use lease::memory::MemoryStore;
 pub use lease::redis::{RedisOptions, RedisStore};
-pub use lease::{Answer, Call, LeaseStore, Limits};
+pub use lease::{Answer, Call, Limits};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};

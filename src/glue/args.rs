@@ -3,8 +3,8 @@
 
 use napi::sys::ValueType;
 
+use super::crossing::JsCallback;
 use super::js::{self, Env, Value};
-use super::tsfn::JsCallback;
 use crate::core::lease::Holder;
 use crate::core::streams::StartFrom;
 use crate::core::{Argument, Call, Error, InputErrorKind, Limits, Result};

@@ -1,5 +1,6 @@
-//! The few N-API calls the glue makes by hand: reading arguments without coercion, making
-//! results, and promises that are settled later from a batch (see `bridge.rs`).
+//! The raw N-API calls the glue makes by hand, each wrapped once: reading arguments without
+//! coercion, making values, errors and functions, and promises settled later from a batch
+//! (see `crossing/`). What the values mean (an answer's shape) is `reply.rs`'s business.
 //!
 //! Every function takes the raw `napi_env` of the JavaScript thread it runs on; none may be
 //! called from another thread.
@@ -22,7 +23,7 @@ pub type Finalizer = unsafe extern "C" fn(Env, *mut std::ffi::c_void, *mut std::
 pub struct Deferred(sys::napi_deferred);
 
 // SAFETY: the pointer is never dereferenced off the JavaScript thread; other threads only
-// move it around until `bridge.rs` hands it back to that thread.
+// move it around until the crossing hands it back to that thread.
 unsafe impl Send for Deferred {}
 
 /// The JavaScript type of a value, as `typeof` would name it.
@@ -369,67 +370,57 @@ pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
     }
 }
 
-/// `{ acquired, owner }`, the answer of `acquireLease`; with a token (`Some`, its value
-/// `None` when refused), `{ acquired, owner, token }`, the answer of `acquireFencedLease`.
-///
-/// Made by a tiny JavaScript function rather than property by property: an object literal
-/// gets V8's ready-made shape, while two `napi_set_named_property` calls walk a map
-/// transition and internalize both names every time (a third of an in-memory call's cost).
-pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<Option<u64>>) -> Value {
-    let fenced = token.is_some();
-    let token = token
-        .flatten()
-        .map_or_else(|| undefined(env), |t| number_value(env, t as f64));
-    let args = [boolean(env, acquired), owner, token];
-    let argc = if fenced { 3 } else { 2 };
-    let mut out = ptr::null_mut();
-    if let Some(factory) = grant_factory(env, fenced) {
-        // SAFETY: factory is a live function of this environment; args holds argc values.
-        let status = unsafe {
-            sys::napi_call_function(env, undefined(env), factory, argc, args.as_ptr(), &mut out)
-        };
-        if status == sys::Status::napi_ok && !out.is_null() {
-            return out;
-        }
-        clear_exception(env);
+/// A strong reference to a value of this environment, held for the environment's life.
+#[derive(Clone, Copy)]
+pub struct Persistent(sys::napi_ref);
+
+impl Persistent {
+    /// The value referred to (`None` once it is gone).
+    pub fn value(self, env: Env) -> Option<Value> {
+        let mut out = ptr::null_mut();
+        // SAFETY: the reference was made in this environment and is never deleted.
+        unsafe { sys::napi_get_reference_value(env, self.0, &mut out) };
+        (!out.is_null()).then_some(out)
     }
-    // SAFETY: plain object creation and property writes on the JavaScript thread.
-    unsafe {
-        sys::napi_create_object(env, &mut out);
-        sys::napi_set_named_property(env, out, c"acquired".as_ptr(), args[0]);
-        sys::napi_set_named_property(env, out, c"owner".as_ptr(), owner);
-        if fenced {
-            sys::napi_set_named_property(env, out, c"token".as_ptr(), token);
-        }
-    }
-    out
 }
 
-/// `{ leases: [{ key, owner, token, ttlMs }, ...], cursor }`, a page of `listLeases`.
-pub fn page(env: Env, page: &crate::core::lease::Page) -> Value {
-    let rows: Vec<Value> = page
-        .leases
-        .iter()
-        .map(|(key, l)| {
-            let row = lease(env, &l.owner, l.token, l.ttl_ms);
-            match std::str::from_utf8(key) {
-                Ok(key) => set_property(env, row, c"key", string(env, key)),
-                // No string holds these bytes: the key as text shows U+FFFD for them, and
-                // `rawKey` is the key as Redis holds it.
-                Err(_) => {
-                    let text = String::from_utf8_lossy(key);
-                    set_property(env, row, c"key", string(env, &text));
-                    set_property(env, row, c"rawKey", buffer(env, key));
-                }
-            }
-            row
-        })
-        .collect();
-    let out = object(env);
-    set_property(env, out, c"leases", array(env, &rows));
-    let cursor = string_or_undefined(env, page.cursor.as_deref());
-    set_property(env, out, c"cursor", cursor);
-    out
+/// Compiles and runs `source`, a constant expression, and keeps what it evaluates to.
+pub fn compile(env: Env, source: &str) -> Option<Persistent> {
+    let source = string(env, source);
+    let mut value = ptr::null_mut();
+    let mut reference = ptr::null_mut();
+    // SAFETY: runs a script of this environment and keeps a strong reference to its value.
+    let ok = unsafe {
+        sys::napi_run_script(env, source, &mut value) == sys::Status::napi_ok
+            && sys::napi_create_reference(env, value, 1, &mut reference) == sys::Status::napi_ok
+    };
+    if !ok {
+        clear_exception(env);
+        return None;
+    }
+    Some(Persistent(reference))
+}
+
+/// `function(...args)` with `this` undefined: what it returned, or `None` when it threw
+/// (the exception cleared).
+pub fn call(env: Env, function: Value, args: &[Value]) -> Option<Value> {
+    let mut out = ptr::null_mut();
+    // SAFETY: a call of a live function of this environment with values made in it.
+    let status = unsafe {
+        sys::napi_call_function(
+            env,
+            undefined(env),
+            function,
+            args.len(),
+            args.as_ptr(),
+            &mut out,
+        )
+    };
+    if status != sys::Status::napi_ok || out.is_null() {
+        clear_exception(env);
+        return None;
+    }
+    Some(out)
 }
 
 /// A Node `Buffer` holding a copy of `bytes`.
@@ -441,88 +432,6 @@ pub fn buffer(env: Env, bytes: &[u8]) -> Value {
         sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut out)
     };
     out
-}
-
-/// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease; `ttlMs` is `null`
-/// for a key that never expires (the same in JavaScript and in JSON, where `Infinity` is not).
-pub fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: Option<u64>) -> Value {
-    let fields = [
-        (c"owner", string(env, owner)),
-        (
-            c"token",
-            token.map_or_else(|| undefined(env), |t| number_value(env, t as f64)),
-        ),
-        (
-            c"ttlMs",
-            ttl_ms.map_or_else(|| null(env), |t| number_value(env, t as f64)),
-        ),
-    ];
-    let mut out = ptr::null_mut();
-    // SAFETY: plain object creation and property writes on the JavaScript thread.
-    unsafe {
-        sys::napi_create_object(env, &mut out);
-        for (name, value) in fields {
-            sys::napi_set_named_property(env, out, name.as_ptr(), value);
-        }
-    }
-    out
-}
-
-/// `{ owner, metadata }` (`metadata` absent for none), the answer of `getLeaseRecord`.
-pub fn record(env: Env, holder: &crate::core::lease::Holder) -> Value {
-    let mut out = ptr::null_mut();
-    // SAFETY: plain object creation and property writes on the JavaScript thread.
-    unsafe {
-        sys::napi_create_object(env, &mut out);
-        sys::napi_set_named_property(env, out, c"owner".as_ptr(), string(env, &holder.owner));
-        if let Some(metadata) = &holder.metadata {
-            sys::napi_set_named_property(env, out, c"metadata".as_ptr(), string(env, metadata));
-        }
-    }
-    out
-}
-
-thread_local! {
-    /// This thread's environment and its grant factories (plain, fenced). Each Node
-    /// environment (the main thread or a worker) runs on its own thread; the references live
-    /// as long as it does.
-    static GRANT_FACTORIES: std::cell::Cell<Option<(Env, [sys::napi_ref; 2])>> =
-        const { std::cell::Cell::new(None) };
-}
-
-/// The environment's grant factory, plain or fenced, compiled on first use.
-fn grant_factory(env: Env, fenced: bool) -> Option<Value> {
-    const SOURCES: [&str; 2] = [
-        "(function grant(acquired, owner) { return { acquired, owner } })",
-        "(function fencedGrant(acquired, owner, token) { return { acquired, owner, token } })",
-    ];
-    let references = match GRANT_FACTORIES.get() {
-        Some((made_in, references)) if made_in == env => references,
-        _ => {
-            let mut references = [ptr::null_mut(); 2];
-            for (source, reference) in SOURCES.iter().zip(references.iter_mut()) {
-                let source = string(env, source);
-                let mut function = ptr::null_mut();
-                // SAFETY: compiles a constant function expression and keeps a strong
-                // reference to it for the life of the environment.
-                let ok = unsafe {
-                    sys::napi_run_script(env, source, &mut function) == sys::Status::napi_ok
-                        && sys::napi_create_reference(env, function, 1, reference)
-                            == sys::Status::napi_ok
-                };
-                if !ok {
-                    clear_exception(env);
-                    return None;
-                }
-            }
-            GRANT_FACTORIES.set(Some((env, references)));
-            references
-        }
-    };
-    let mut function = ptr::null_mut();
-    // SAFETY: the reference was made in this environment and is still held.
-    unsafe { sys::napi_get_reference_value(env, references[usize::from(fenced)], &mut function) };
-    (!function.is_null()).then_some(function)
 }
 
 /// A `TypeError`, `RangeError` or `Error` with `err.code` set to the error's stable code.

@@ -6,8 +6,8 @@ use std::ptr;
 use napi::sys::{self, ValueType};
 use serde_json::{Map, Value as Json};
 
+use super::crossing::JsCallback;
 use super::js::{self, Env, Value};
-use super::tsfn::JsCallback;
 use crate::core::connection::EVICTION_WARNING_CODE;
 use crate::core::log::{Level, Logger, Notice};
 use crate::core::{Error, Result};

@@ -17,10 +17,10 @@ use napi::{sys, JsValue};
 use napi_derive::napi;
 
 use super::args;
+use super::crossing::{catching, Tsfn};
 use super::js::{self, Value};
 use super::options;
-use super::reply::{catching, to_js, LeaseStats, Reply};
-use super::tsfn::Tsfn;
+use super::reply::{to_js, LeaseStats, Reply};
 use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};

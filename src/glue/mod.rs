@@ -2,8 +2,7 @@
 //! converts arguments, then hands the work to the core; no lease logic lives here.
 
 mod args;
-mod bridge;
-mod inbox;
+mod crossing;
 mod js;
 mod log;
 pub mod memory;
@@ -11,8 +10,6 @@ pub mod options;
 pub mod redis;
 pub mod reply;
 pub mod streams;
-mod tsfn;
-mod turn;
 
 use std::sync::LazyLock;
 

@@ -7,13 +7,13 @@ use napi::JsValue;
 use napi_derive::napi;
 
 use super::args;
-use super::bridge::Bridge;
+use super::crossing::{resolved, settled, Answers, Crossing, Queue};
 use super::log::JsLog;
 use super::options;
-use super::reply::{resolved, settled, LeaseStats, Reply};
+use super::reply::{LeaseStats, Reply};
 use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
-use crate::core::{Call, Error, RedisStore, Result, Subject};
+use crate::core::{Answer, Call, Error, RedisStore, Result, Subject};
 
 /// Leases in Redis, one atomic Lua script and one round trip per call.
 ///
@@ -23,10 +23,49 @@ use crate::core::{Call, Error, RedisStore, Result, Subject};
 /// within `commandTimeoutMs`.
 #[napi]
 pub struct RedisLeaseProvider {
-    bridge: Option<Arc<Bridge<RedisStore>>>,
+    open: Option<Open>,
     /// What its calls after `close()` say is closed.
     subject: Subject,
     stats: Arc<Stats>,
+}
+
+/// What a provider holds until `close()`: its store, its way across, and the queue its lease
+/// calls leave Node's thread in.
+struct Open {
+    store: Arc<RedisStore>,
+    crossing: Arc<Crossing>,
+    calls: Arc<Queue<Call>>,
+}
+
+impl Open {
+    fn new(env: &Env, store: Arc<RedisStore>, stats: Arc<Stats>) -> napi::Result<Self> {
+        let crossing = Crossing::new(env.raw())?;
+        let batch_store = store.clone();
+        let calls = Queue::new(&crossing, move |calls, answers| {
+            let (store, stats) = (batch_store.clone(), stats.clone());
+            async move { execute(&store, &stats, calls, &answers).await }
+        });
+        Ok(Self {
+            store,
+            crossing,
+            calls,
+        })
+    }
+}
+
+/// Runs one turn's lease calls, in the order they were made, the store pipelining them; each
+/// promise is settled, and its outcome counted, as soon as the store answers its call.
+async fn execute(store: &RedisStore, stats: &Stats, calls: Vec<Call>, answers: &Answers) {
+    let operations: Vec<Operation> = calls.iter().map(Call::operation).collect();
+    let answered = |done: Vec<(usize, Result<Answer>)>| {
+        answers.answer(done.into_iter().map(|(i, answer)| {
+            if let Some(&operation) = operations.get(i) {
+                stats.record(operation, answer.as_ref());
+            }
+            (i, answer.map(Reply::Answer))
+        }))
+    };
+    store.execute_each(calls, &answered).await;
 }
 
 #[napi]
@@ -59,7 +98,7 @@ impl RedisLeaseProvider {
             Ok(store) => {
                 let stats = Arc::<Stats>::default();
                 Ok(Self {
-                    bridge: Some(Bridge::new(raw, Arc::new(store), stats.clone())?),
+                    open: Some(Open::new(&env, Arc::new(store), stats.clone())?),
                     subject: Subject::LeaseProvider,
                     stats,
                 })
@@ -76,7 +115,7 @@ impl RedisLeaseProvider {
     pub(super) fn over(env: &Env, store: Arc<RedisStore>) -> napi::Result<Self> {
         let stats = Arc::<Stats>::default();
         Ok(Self {
-            bridge: Some(Bridge::new(env.raw(), store, stats.clone())?),
+            open: Some(Open::new(env, store, stats.clone())?),
             subject: Subject::StreamsPubSub,
             stats,
         })
@@ -86,9 +125,9 @@ impl RedisLeaseProvider {
     /// still settle. Idempotent. Leases stay in Redis until they expire or are released.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
-        if let Some(bridge) = self.bridge.take() {
+        if let Some(open) = self.open.take() {
             // Whoever waits for a release looks once more and finds the provider closed.
-            bridge.store().unwatch_all();
+            open.store.unwatch_all();
         }
         unknown(env, resolved(env.raw()))
     }
@@ -116,12 +155,12 @@ impl RedisLeaseProvider {
             let wake = args::callback(e, on_release.raw(), "onRelease")?;
             Ok((key, wake))
         })();
-        let promise = match (&self.bridge, checked) {
+        let promise = match (&self.open, checked) {
             (_, Err(err)) => settled(e, Err(err)),
             (None, _) => settled(e, Err(Error::Closed(self.subject))),
-            (Some(bridge), Ok((key, wake))) => {
-                let store = bridge.store().clone();
-                bridge.spawn(e, async move {
+            (Some(open), Ok((key, wake))) => {
+                let store = open.store.clone();
+                open.crossing.run(e, async move {
                     let wake = Arc::new(move || {
                         wake.call(());
                     });
@@ -136,8 +175,8 @@ impl RedisLeaseProvider {
     /// Stops the watch `watchRelease` answered `id` for; nothing once closed.
     #[napi(catch_unwind)]
     pub fn unwatch_release(&self, key: String, id: f64) {
-        if let Some(bridge) = &self.bridge {
-            bridge.store().unwatch(&key, id as u64);
+        if let Some(open) = &self.open {
+            open.store.unwatch(&key, id as u64);
         }
     }
 
@@ -147,11 +186,11 @@ impl RedisLeaseProvider {
     #[napi(catch_unwind, ts_return_type = "Promise<number>")]
     pub fn ping<'env>(&self, env: &'env Env) -> Unknown<'env> {
         let e = env.raw();
-        let promise = match &self.bridge {
+        let promise = match &self.open {
             None => settled(e, Err(Error::Closed(self.subject))),
-            Some(bridge) => {
-                let store = bridge.store().clone();
-                bridge.spawn(e, async move {
+            Some(open) => {
+                let store = open.store.clone();
+                open.crossing.run(e, async move {
                     let took = store.connection().ping().await?;
                     Ok(Reply::Number(took.as_secs_f64() * 1000.0))
                 })
@@ -180,14 +219,14 @@ impl RedisLeaseProvider {
     ) -> Unknown<'env> {
         let e = env.raw();
         let promise = match (
-            &self.bridge,
+            &self.open,
             options::list_leases(e, options.map(|o| o.raw())),
         ) {
             (_, Err(refused)) => settled(e, Err(refused.error)),
             (None, _) => settled(e, Err(Error::Closed(self.subject))),
-            (Some(bridge), Ok((cursor, count))) => {
-                let store = bridge.store().clone();
-                bridge.spawn(e, async move {
+            (Some(open), Ok((cursor, count))) => {
+                let store = open.store.clone();
+                open.crossing.run(e, async move {
                     Ok(Reply::Page(store.list(cursor.as_deref(), count).await?))
                 })
             }
@@ -195,7 +234,8 @@ impl RedisLeaseProvider {
         unknown(env, promise)
     }
 
-    /// Hands a checked call to the bridge; a closed provider or bad input is answered at once.
+    /// Queues a checked call for the end of this turn; a closed provider or bad input is
+    /// answered at once.
     fn submit<'env>(
         &self,
         env: &'env Env,
@@ -207,10 +247,10 @@ impl RedisLeaseProvider {
             self.stats.record(operation, Err(&err));
             settled(e, Err(err))
         };
-        let promise = match (&self.bridge, call) {
+        let promise = match (&self.open, call) {
             (None, _) => refused(Error::Closed(self.subject)),
             (Some(_), Err(err)) => refused(err),
-            (Some(bridge), Ok(call)) => bridge.submit(e, call),
+            (Some(open), Ok(call)) => open.calls.push(e, call),
         };
         unknown(env, promise)
     }

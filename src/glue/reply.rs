@@ -1,8 +1,11 @@
-//! What a finished lease call hands back to JavaScript.
+//! What a finished call hands back to JavaScript: the shape of every answer, and the
+//! declared types of those shapes (for `index.d.ts`).
 
-use super::js::{self, Env, Value};
-use crate::core::lease::Page;
-use crate::core::{Answer, Error, Result};
+use std::cell::Cell;
+
+use super::js::{self, Env, Persistent, Value};
+use crate::core::lease::{Holder, Page};
+use crate::core::{Answer, Result};
 
 /// What a finished call hands back: a lease answer, or a plain value.
 pub enum Reply {
@@ -26,22 +29,22 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
         Ok(Reply::Answer(Answer::Grant(grant))) => {
             let owner = js::string_or_undefined(env, grant.owner.as_deref());
             let token = grant.fenced.then_some(grant.token);
-            Ok(js::grant(env, grant.acquired, owner, token))
+            Ok(self::grant(env, grant.acquired, owner, token))
         }
         Ok(Reply::Answer(Answer::Owner(owner))) => {
             Ok(js::string_or_undefined(env, owner.as_deref()))
         }
         Ok(Reply::Answer(Answer::Lease(lease))) => Ok(match lease {
-            Some(lease) => js::lease(env, &lease.owner, lease.token, lease.ttl_ms),
+            Some(lease) => self::lease(env, &lease.owner, lease.token, lease.ttl_ms),
             None => js::undefined(env),
         }),
         Ok(Reply::Answer(Answer::Record(record))) => Ok(match record {
-            Some(holder) => js::record(env, &holder),
+            Some(holder) => self::record(env, &holder),
             None => js::undefined(env),
         }),
         Ok(Reply::Answer(Answer::Released(_)) | Reply::Undefined) => Ok(js::undefined(env)),
         Ok(Reply::Number(n)) => Ok(js::number_value(env, n)),
-        Ok(Reply::Page(page)) => Ok(js::page(env, &page)),
+        Ok(Reply::Page(page)) => Ok(self::page(env, &page)),
         Ok(Reply::Answer(Answer::Renewed(done) | Answer::Transferred(done))) => {
             Ok(js::boolean(env, done))
         }
@@ -49,43 +52,100 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
     }
 }
 
-/// A promise already settled with `outcome`.
-pub fn settled(env: Env, outcome: Outcome) -> Value {
-    let (deferred, promise) = js::promise(env);
-    js::settle(env, deferred, to_js(env, outcome));
-    promise
+/// `{ acquired, owner }`, the answer of `acquireLease`; with a token (`Some`, its value
+/// `None` when refused), `{ acquired, owner, token }`, the answer of `acquireFencedLease`.
+///
+/// Made by a tiny JavaScript function rather than property by property: an object literal
+/// gets V8's ready-made shape, where setting the properties one by one walks a map
+/// transition and internalizes each name on every call (`docs/benchmarks.md`).
+pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<Option<u64>>) -> Value {
+    let fenced = token.is_some();
+    let token = token
+        .flatten()
+        .map_or_else(|| js::undefined(env), |t| js::number_value(env, t as f64));
+    let args = [js::boolean(env, acquired), owner, token];
+    let args = &args[..if fenced { 3 } else { 2 }];
+    if let Some(made) = grant_factory(env, fenced).and_then(|f| js::call(env, f, args)) {
+        return made;
+    }
+    // No factory (the environment is shutting down): the same object, property by property.
+    let out = js::object(env);
+    for (name, value) in [c"acquired", c"owner", c"token"].into_iter().zip(args) {
+        js::set_property(env, out, name, *value);
+    }
+    out
 }
 
-/// A promise already resolved with `undefined` (what `close()` answers).
-pub fn resolved(env: Env) -> Value {
-    let (deferred, promise) = js::promise(env);
-    js::settle(env, deferred, Ok(js::undefined(env)));
-    promise
+thread_local! {
+    /// This thread's environment and its grant factories (plain, fenced). Each Node
+    /// environment (the main thread or a worker) runs on its own thread.
+    static GRANT_FACTORIES: Cell<Option<(Env, [Persistent; 2])>> = const { Cell::new(None) };
 }
 
-/// Awaits `work` on the runtime, turning a panic into an internal error so it never tears
-/// down the task that would have answered the caller.
-pub async fn guarded<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    use futures::FutureExt;
-    std::panic::AssertUnwindSafe(work)
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Err(Error::Internal(panic_message(panic.as_ref()))))
+/// The environment's grant factory, plain or fenced, compiled on first use.
+fn grant_factory(env: Env, fenced: bool) -> Option<Value> {
+    const SOURCES: [&str; 2] = [
+        "(function grant(acquired, owner) { return { acquired, owner } })",
+        "(function fencedGrant(acquired, owner, token) { return { acquired, owner, token } })",
+    ];
+    let factories = match GRANT_FACTORIES.get() {
+        Some((made_in, factories)) if made_in == env => factories,
+        _ => {
+            let factories = [js::compile(env, SOURCES[0])?, js::compile(env, SOURCES[1])?];
+            GRANT_FACTORIES.set(Some((env, factories)));
+            factories
+        }
+    };
+    factories[usize::from(fenced)].value(env)
 }
 
-/// Runs `f`, turning a panic into an internal error so it never unwinds into Node.
-pub fn catching<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|panic| Err(Error::Internal(panic_message(panic.as_ref()))))
+/// `{ leases: [{ key, owner, token, ttlMs }, ...], cursor }`, a page of `listLeases`.
+fn page(env: Env, page: &Page) -> Value {
+    let rows: Vec<Value> = page
+        .leases
+        .iter()
+        .map(|(key, l)| {
+            let row = lease(env, &l.owner, l.token, l.ttl_ms);
+            match std::str::from_utf8(key) {
+                Ok(key) => js::set_property(env, row, c"key", js::string(env, key)),
+                // No string holds these bytes: the key as text shows U+FFFD for them, and
+                // `rawKey` is the key as Redis holds it.
+                Err(_) => {
+                    let text = String::from_utf8_lossy(key);
+                    js::set_property(env, row, c"key", js::string(env, &text));
+                    js::set_property(env, row, c"rawKey", js::buffer(env, key));
+                }
+            }
+            row
+        })
+        .collect();
+    let out = js::object(env);
+    js::set_property(env, out, c"leases", js::array(env, &rows));
+    let cursor = js::string_or_undefined(env, page.cursor.as_deref());
+    js::set_property(env, out, c"cursor", cursor);
+    out
 }
 
-/// The text of a caught panic.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
+/// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease; `ttlMs` is `null`
+/// for a key that never expires (the same in JavaScript and in JSON, where `Infinity` is not).
+fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: Option<u64>) -> Value {
+    let out = js::object(env);
+    js::set_property(env, out, c"owner", js::string(env, owner));
+    let token = token.map_or_else(|| js::undefined(env), |t| js::number_value(env, t as f64));
+    js::set_property(env, out, c"token", token);
+    let ttl = ttl_ms.map_or_else(|| js::null(env), |t| js::number_value(env, t as f64));
+    js::set_property(env, out, c"ttlMs", ttl);
+    out
+}
+
+/// `{ owner, metadata }` (`metadata` absent for none), the answer of `getLeaseRecord`.
+fn record(env: Env, holder: &Holder) -> Value {
+    let out = js::object(env);
+    js::set_property(env, out, c"owner", js::string(env, &holder.owner));
+    if let Some(metadata) = &holder.metadata {
+        js::set_property(env, out, c"metadata", js::string(env, metadata));
+    }
+    out
 }
 
 /// What `acquireLease` resolves to, Mastra's shape exactly.

@@ -13,15 +13,17 @@ use napi::JsValue;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+
 use super::args;
-use super::inbox::Inbox;
+use super::crossing::{guarded, resolved, settled, Crossing, JsCallback, Queue};
 use super::js::{self, Value};
 use super::log::JsLog;
 use super::options;
 use super::redis::RedisLeaseProvider;
-use super::reply::{guarded, resolved, settled, Reply};
-use super::tsfn::JsCallback;
-use super::turn::Outbox;
+use super::reply::Reply;
 use super::{runtime, unknown};
 use crate::core::lock;
 use crate::core::log::{Level, Logger, Notice};
@@ -43,8 +45,8 @@ pub struct RedisStreamsTransport {
 
 /// The transport while it is open; `close()` drops it.
 struct Open {
-    pubsub: StreamsPubSub,
-    inbox: Arc<Inbox>,
+    pubsub: Arc<StreamsPubSub>,
+    crossing: Arc<Crossing>,
     /// Running subscriptions: the signal that stops each one's forwarding task.
     subscriptions: Mutex<HashMap<u32, Running>>,
     next_subscription: AtomicU32,
@@ -54,9 +56,63 @@ struct Open {
     publishes: Arc<tokio::sync::RwLock<()>>,
     /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
     /// write in call order (Mastra publishes without awaiting and relies on that order).
-    outbox: Outbox<Pending>,
+    publishes_queued: Arc<Queue<Publish>>,
     /// Acks made in this turn of JavaScript: they leave together, one XACK per consumer.
-    acks: Outbox<(js::Deferred, Delivery)>,
+    acks: Arc<Queue<Delivery>>,
+    /// Nacks and extends made in this turn of JavaScript: they leave together and run
+    /// concurrently, their commands sharing the connection's pipeline.
+    settles: Arc<Queue<BoxFuture<'static, ()>>>,
+}
+
+impl Open {
+    fn new(env: js::Env, pubsub: StreamsPubSub) -> napi::Result<Self> {
+        let pubsub = Arc::new(pubsub);
+        let crossing = Crossing::new(env)?;
+        let writer = pubsub.clone();
+        let publishes_queued = Queue::new(&crossing, move |batch: Vec<Publish>, answers| {
+            let pubsub = writer.clone();
+            async move {
+                let (guards, events): (Vec<_>, Vec<_>) = batch
+                    .into_iter()
+                    .map(|p| (p.guard, (p.topic, p.json)))
+                    .unzip();
+                let written = pubsub.publish_stamped_batch(events).await;
+                answers.answer_in_order(written.into_iter().map(|w| w.map(|_| Reply::Undefined)));
+                // The guards drop here, after the write: a flush waiting on them sees the
+                // publishes done.
+                drop(guards);
+            }
+        });
+        // Acks resolve whatever happened: one that could not land is retried in the
+        // background, and a panic is a bug, reported as one on stderr.
+        let acks = Queue::new(&crossing, |deliveries: Vec<Delivery>, answers| async move {
+            let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
+            answers.answer_in_order(deliveries.iter().map(|_| Ok(Reply::Undefined)));
+        });
+        let settles = Queue::new(
+            &crossing,
+            |work: Vec<BoxFuture<'static, ()>>, answers| async move {
+                let mut running: FuturesUnordered<_> = work
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, work)| work.map(move |()| i))
+                    .collect();
+                while let Some(i) = running.next().await {
+                    answers.answer([(i, Ok(Reply::Undefined))]);
+                }
+            },
+        );
+        Ok(Self {
+            pubsub,
+            crossing,
+            subscriptions: Mutex::new(HashMap::new()),
+            next_subscription: AtomicU32::new(1),
+            publishes: Arc::new(tokio::sync::RwLock::new(())),
+            publishes_queued,
+            acks,
+            settles,
+        })
+    }
 }
 
 /// A running subscription: the signal that stops its forwarding task, and the signal the
@@ -66,8 +122,8 @@ struct Running {
     done: oneshot::Receiver<()>,
 }
 
-struct Pending {
-    deferred: js::Deferred,
+/// A publish on its way: the topic, the stamped event, and its hold on `publishes`.
+struct Publish {
     topic: String,
     json: String,
     /// Keeps a flush or close waiting until this publish was written.
@@ -124,15 +180,7 @@ impl RedisStreamsTransport {
         match built {
             Ok((pubsub, store, limits)) => Ok(Self {
                 max_delivery_attempts: pubsub.max_delivery_attempts(),
-                open: Some(Arc::new(Open {
-                    pubsub,
-                    inbox: Inbox::new(raw)?,
-                    subscriptions: Mutex::new(HashMap::new()),
-                    next_subscription: AtomicU32::new(1),
-                    publishes: Arc::new(tokio::sync::RwLock::new(())),
-                    outbox: Outbox::default(),
-                    acks: Outbox::default(),
-                })),
+                open: Some(Arc::new(Open::new(raw, pubsub)?)),
                 store: Arc::new(store),
                 limits,
             }),
@@ -189,18 +237,11 @@ impl RedisStreamsTransport {
             Ok(checked) => checked,
             Err(err) => return unknown(env, settled(raw, Err(err))),
         };
-        let (deferred, promise) = open.inbox.promise(raw);
         // Unavailable only while a flush or close is waiting: a publish made after it need
         // not be waited for.
         let guard = open.publishes.clone().try_read_owned().ok();
-        let pending = Pending {
-            deferred,
-            topic,
-            json,
-            guard,
-        };
-        open.outbox.push(raw, pending, open, Open::send_publishes);
-        unknown(env, promise)
+        let publish = Publish { topic, json, guard };
+        unknown(env, open.publishes_queued.push(raw, publish))
     }
 
     /// Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
@@ -246,10 +287,10 @@ impl RedisStreamsTransport {
         // A live subscription keeps the process alive, as a listening socket would.
         sink.refer(raw);
         let open = Arc::clone(open);
-        let inbox = open.inbox.clone();
+        let crossing = open.crossing.clone();
         unknown(
             env,
-            inbox.spawn(raw, async move {
+            crossing.run(raw, async move {
                 let mut subscription = open.pubsub.subscribe(&topic, options).await?;
                 let id = open.next_subscription.fetch_add(1, Ordering::Relaxed);
                 let (stop, mut stopped) = oneshot::channel();
@@ -290,10 +331,7 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        let (deferred, promise) = open.inbox.promise(raw);
-        open.acks
-            .push(raw, (deferred, delivery), open, Open::send_acks);
-        unknown(env, promise)
+        unknown(env, open.acks.push(raw, delivery))
     }
 
     /// Rejects a delivery: redelivered with `deliveryAttempt + 1`, or dropped with a warning
@@ -444,10 +482,10 @@ impl RedisStreamsTransport {
                 done
             })
             .collect();
-        let inbox = open.inbox.clone();
+        let crossing = open.crossing.clone();
         unknown(
             env,
-            inbox.spawn(env.raw(), async move {
+            crossing.run(env.raw(), async move {
                 // Each subscription stops as an unsubscribe does (its reader interrupted, what
                 // it read handed back) while the connection is still open; publishes are
                 // bounded by the command timeout. So these waits are bounded too.
@@ -468,23 +506,20 @@ impl RedisStreamsTransport {
     fn on_delivery<'env, F, Fut>(&self, env: &'env Env, delivery: f64, work: F) -> Unknown<'env>
     where
         F: FnOnce(Delivery) -> Fut + Send + 'static,
-        Fut: std::future::Future + Send,
+        Fut: std::future::Future + Send + 'static,
     {
         let raw = env.raw();
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        unknown(
-            env,
-            open.inbox.defer(raw, async move {
-                let _ = guarded(async {
-                    work(delivery).await;
-                    Ok(())
-                })
-                .await;
-                Ok(Reply::Undefined)
-            }),
-        )
+        let work = async move {
+            let _ = guarded(async {
+                work(delivery).await;
+                Ok(())
+            })
+            .await;
+        };
+        unknown(env, open.settles.push(raw, work.boxed()))
     }
 
     fn held(&self, delivery: f64) -> Option<(&Arc<Open>, Delivery)> {
@@ -502,56 +537,13 @@ impl RedisStreamsTransport {
         let Some(open) = &self.open else {
             return unknown(env, closed(env.raw(), Subject::StreamsPubSub));
         };
-        let inbox = open.inbox.clone();
-        unknown(env, inbox.spawn(env.raw(), work(open.clone())))
+        unknown(env, open.crossing.run(env.raw(), work(open.clone())))
     }
 }
 
 /// A promise rejected because the transport was closed, saying what was refused.
 fn closed(env: js::Env, refused: Subject) -> Value {
     settled(env, Err(Error::Closed(refused)))
-}
-
-impl Open {
-    /// Sends the turn's publishes as one ordered batch.
-    fn send_publishes(self: &Arc<Self>) {
-        let Some((runtime, batch)) = self.inbox.take_batch(&self.outbox, |p| p.deferred) else {
-            return;
-        };
-        let open = self.clone();
-        runtime.spawn(async move {
-            let (waiting, events): (Vec<_>, Vec<_>) = batch
-                .into_iter()
-                .map(|p| ((p.deferred, p.guard), (p.topic, p.json)))
-                .unzip();
-            let answers = open.pubsub.publish_stamped_batch(events).await;
-            // Each pending publish's guard drops here, after the write: a flush waiting on
-            // it sees the publish done.
-            let outcomes = waiting
-                .into_iter()
-                .zip(answers)
-                .map(|((deferred, _guard), answer)| (deferred, answer.map(|_| Reply::Undefined)));
-            open.inbox.complete(outcomes.collect());
-        });
-    }
-
-    /// Sends the turn's acks as one round trip. They resolve whatever happened: an ack that
-    /// could not land is retried in the background.
-    fn send_acks(self: &Arc<Self>) {
-        let Some((runtime, batch)) = self.inbox.take_batch(&self.acks, |(d, _)| d) else {
-            return;
-        };
-        let inbox = self.inbox.clone();
-        runtime.spawn(async move {
-            let (waiting, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            // A panic is a bug, and reported as one on stderr; the acks still resolve.
-            let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
-            let outcomes = waiting
-                .into_iter()
-                .map(|deferred| (deferred, Ok(Reply::Undefined)));
-            inbox.complete(outcomes.collect());
-        });
-    }
 }
 
 fn delivery_args(env: js::Env, batch: Vec<(f64, Arc<str>)>) -> Vec<Value> {

@@ -7,19 +7,17 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::future::{ready, Future};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Answer, Call, Grant, Holder, LeaseStore, Limits};
+use super::{Answer, Call, Grant, Holder, Limits};
 use crate::core::error::Result;
 
 /// How many expired leases each call reclaims on its way, so no single call pays for a
 /// large backlog: the periodic sweep does that.
 const RECLAIM_PER_CALL: usize = 32;
 
-/// An in-memory lease table guarded by one mutex. All operations are synchronous; the
-/// [`LeaseStore`] implementation wraps them in ready futures.
+/// An in-memory lease table guarded by one mutex. All operations are synchronous.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     limits: Limits,
@@ -285,12 +283,6 @@ const MIN_ROOM: usize = 1024;
 
 fn ms(ttl_ms: u64) -> Duration {
     Duration::from_millis(ttl_ms)
-}
-
-impl LeaseStore for MemoryStore {
-    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> {
-        ready(calls.iter().map(|call| self.apply(call)).collect())
-    }
 }
 
 #[cfg(test)]

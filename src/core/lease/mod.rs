@@ -11,8 +11,6 @@ pub mod redis;
 pub mod stats;
 mod watch;
 
-use std::future::Future;
-
 use crate::core::error::{Argument, Error, InputErrorKind, Result};
 
 /// Who holds a lease: an owner and, optionally, the metadata it holds it with (Mastra passes
@@ -230,42 +228,9 @@ impl Call {
     }
 }
 
-/// Where [`LeaseStore::execute_each`] hands answers: each with its call's place in the batch.
+/// Where [`RedisStore::execute_each`](redis::RedisStore::execute_each) hands answers: each
+/// with its call's place in the batch.
 pub type Answered<'a> = dyn Fn(Vec<(usize, Result<Answer>)>) + Send + Sync + 'a;
-
-/// A place leases live. Every call is atomic on its own; calls in one batch are independent
-/// (each gets its own answer or error), in order.
-///
-/// Owners are opaque strings; a key is held by at most one live owner at a time; expiry is
-/// decided by the store's own clock (Redis' for Redis, a monotonic clock in memory).
-pub trait LeaseStore: Send + Sync {
-    /// Executes `calls`, answering each in order. Arguments are checked first: a call with
-    /// bad arguments is answered with its error and never reaches the store.
-    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> + Send;
-
-    /// Executes `calls` like [`LeaseStore::execute`], handing each answer, with the call's
-    /// place in `calls`, to `answered` as soon as it is known (some before others).
-    fn execute_each(
-        &self,
-        calls: Vec<Call>,
-        answered: &Answered<'_>,
-    ) -> impl Future<Output = ()> + Send {
-        let answers = self.execute(calls);
-        async move { answered(answers.await.into_iter().enumerate().collect()) }
-    }
-
-    /// Runs one call.
-    #[cfg(test)]
-    fn execute_one(&self, call: Call) -> impl Future<Output = Result<Answer>> + Send {
-        let answers = self.execute(vec![call]);
-        async move {
-            answers
-                .await
-                .pop()
-                .unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
-        }
-    }
-}
 
 /// Longest `keyPrefix`, in UTF-8 bytes: it starts every key a provider or pubsub writes, so
 /// it is held to what an owner may be, and not to a key's own (larger) limit.

@@ -11,7 +11,6 @@
 //! caller's owner already holding the lease (a refresh, whose metadata the script compares),
 //! or on a server that refuses the form (before 7.0), is the acquire script sent after it.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -20,10 +19,9 @@ use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::keys::{self, Layout};
-use super::{Answer, Answered, Call, Grant, Holder, Lease, LeaseStore, Limits};
+use super::{Answer, Answered, Call, Grant, Holder, Lease, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
-use crate::core::lock;
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts::{self, Lua};
 use parts::{repeated_keys, Part};
@@ -153,12 +151,25 @@ impl RedisStore {
         &self.connection
     }
 
-    /// Executes a batch of calls, answering each in order (see [`RedisStore::execute_each`]).
+    /// Runs one call (for tests).
+    #[cfg(test)]
+    pub async fn execute_one(&self, call: Call) -> Result<Answer> {
+        let mut answers = self.execute(vec![call]).await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(Error::Internal("a call went unanswered".into())))
+    }
+
+    /// Executes a batch of calls, answering each in order (for tests; the glue hands each
+    /// answer on as it comes, with [`RedisStore::execute_each`]).
+    #[cfg(test)]
     pub async fn execute(&self, calls: Vec<Call>) -> Vec<Result<Answer>> {
         let count = calls.len();
         let answers = std::sync::Mutex::new(Vec::with_capacity(count));
-        self.execute_each(calls, &|answered| lock(&answers).extend(answered))
-            .await;
+        self.execute_each(calls, &|answered| {
+            crate::core::lock(&answers).extend(answered)
+        })
+        .await;
         let mut answers = answers.into_inner().unwrap_or_else(|e| e.into_inner());
         answers.sort_unstable_by_key(|(i, _)| *i);
         let mut answers = answers.into_iter().peekable();
@@ -517,20 +528,6 @@ impl RedisStore {
             cmd.arg(key);
         }
         cmd
-    }
-}
-
-impl LeaseStore for RedisStore {
-    fn execute(&self, calls: Vec<Call>) -> impl Future<Output = Vec<Result<Answer>>> {
-        RedisStore::execute(self, calls)
-    }
-
-    fn execute_each(
-        &self,
-        calls: Vec<Call>,
-        answered: &Answered<'_>,
-    ) -> impl Future<Output = ()> + Send {
-        RedisStore::execute_each(self, calls, answered)
     }
 }
 

@@ -7,7 +7,7 @@ use crate::core::connection::ConnectionOptions;
 use crate::core::lease::keys::Layout;
 use crate::core::lease::{Grant, Holder, Lease};
 use crate::core::test_redis::Server;
-use crate::core::{Answer, Call, LeaseStore};
+use crate::core::{Answer, Call};
 
 fn store(server: &Server, command_timeout: Duration) -> RedisStore {
     RedisStore::new(RedisOptions {

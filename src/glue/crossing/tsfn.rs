@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use napi::sys;
 
-use super::js::{self, Env, Value};
+use crate::glue::js::{self, Env, Value};
 
 /// The signature N-API calls on Node's thread with each queued `data` pointer.
 pub type CallJs = unsafe extern "C" fn(Env, Value, *mut c_void, *mut c_void);

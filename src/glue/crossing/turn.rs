@@ -5,49 +5,13 @@
 
 use std::cell::RefCell;
 use std::ptr;
-use std::sync::{Arc, Mutex};
 
 use napi::sys;
 
-use super::js::{self, Env, Value};
-use crate::core::lock;
+use crate::glue::js::{self, Env, Value};
 
-type Job = Box<dyn FnOnce()>;
-
-/// Items queued during one turn of JavaScript and sent on together at its end: the lease
-/// calls of a provider, the publishes or the deferred work of a streams transport.
-pub struct Outbox<T> {
-    items: Mutex<Vec<T>>,
-}
-
-impl<T> Default for Outbox<T> {
-    fn default() -> Self {
-        Self {
-            items: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl<T> Outbox<T> {
-    /// On the JavaScript thread: queues `item`. The first item of a turn schedules
-    /// `send(owner)` for the turn's end, where it takes everything queued by then.
-    pub fn push<O: 'static>(&self, env: Env, item: T, owner: &Arc<O>, send: fn(&Arc<O>)) {
-        let first = {
-            let mut items = lock(&self.items);
-            items.push(item);
-            items.len() == 1
-        };
-        if first {
-            let owner = owner.clone();
-            at_end(env, Box::new(move || send(&owner)));
-        }
-    }
-
-    /// Everything queued so far, in order.
-    pub fn take(&self) -> Vec<T> {
-        std::mem::take(&mut *lock(&self.items))
-    }
-}
+/// Work for the end of the turn.
+pub type Job = Box<dyn FnOnce()>;
 
 /// This thread's environment, the references it needs, and the jobs waiting for the turn's
 /// end. Each Node environment (main thread or worker) runs on its own thread.
