@@ -13,10 +13,6 @@ use crate::core::{Error, ErrorClass};
 
 pub type Env = sys::napi_env;
 pub type Value = sys::napi_value;
-/// A function N-API calls: what `napi_create_function` takes.
-pub type Callback = unsafe extern "C" fn(Env, sys::napi_callback_info) -> Value;
-/// What runs when the garbage collector frees an object: what `napi_add_finalizer` takes.
-pub type Finalizer = unsafe extern "C" fn(Env, *mut std::ffi::c_void, *mut std::ffi::c_void);
 
 /// A promise's resolver, carried through other threads as an opaque token and used only
 /// back on the JavaScript thread that made it.
@@ -61,7 +57,7 @@ pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     if copied < STACK - 1 {
         // SAFETY: N-API wrote the first `copied` units (fewer than STACK).
         let units = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u16>(), copied) };
-        return String::from_utf16(units).map_err(|_| StringError::LoneSurrogate);
+        return decode_utf16(units);
     }
     // Possibly truncated: ask for the length and read it whole.
     let mut len = 0usize;
@@ -79,7 +75,17 @@ pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     if status != sys::Status::napi_ok {
         return Err(StringError::Unreadable);
     }
-    String::from_utf16(&units[..copied]).map_err(|_| StringError::LoneSurrogate)
+    decode_utf16(&units[..copied])
+}
+
+/// UTF-16 code units as a `String`, a lone surrogate an error. Keys and owners are mostly
+/// ASCII, which is narrowed unit by unit rather than decoded.
+fn decode_utf16(units: &[u16]) -> Result<String, StringError> {
+    if units.iter().all(|&unit| unit < 0x80) {
+        let ascii: Vec<u8> = units.iter().map(|&unit| unit as u8).collect();
+        return String::from_utf8(ascii).map_err(|_| StringError::Unreadable);
+    }
+    String::from_utf16(units).map_err(|_| StringError::LoneSurrogate)
 }
 
 /// A string's text as UTF-8, a lone surrogate becoming U+FFFD: for payloads (an event's
@@ -289,47 +295,6 @@ pub fn object(env: Env) -> Value {
 pub fn set_property(env: Env, object: Value, name: &std::ffi::CStr, value: Value) {
     // SAFETY: object and value are live values of this environment; name is NUL-terminated.
     unsafe { sys::napi_set_named_property(env, object, name.as_ptr(), value) };
-}
-
-/// A function named `name` that runs `callback` with `data` (read back by [`callback_args`]);
-/// `finalize` runs with `data` once the function is garbage-collected.
-pub fn function(
-    env: Env,
-    name: &std::ffi::CStr,
-    callback: Callback,
-    data: *mut std::ffi::c_void,
-    finalize: Finalizer,
-) -> Value {
-    let mut out = ptr::null_mut();
-    // SAFETY: name is NUL-terminated (length -1 says so); data stays valid until `finalize`.
-    unsafe {
-        sys::napi_create_function(env, name.as_ptr(), -1, Some(callback), data, &mut out);
-        sys::napi_add_finalizer(
-            env,
-            out,
-            data,
-            Some(finalize),
-            ptr::null_mut(),
-            ptr::null_mut(),
-        );
-    }
-    out
-}
-
-/// Inside a [`function`]'s callback: its `data`, and its first `N` arguments (`undefined`
-/// for those not passed).
-pub fn callback_args<const N: usize>(
-    env: Env,
-    info: sys::napi_callback_info,
-) -> (*mut std::ffi::c_void, [Value; N]) {
-    let mut args = [ptr::null_mut(); N];
-    let mut count = N;
-    let mut data = ptr::null_mut();
-    let this = ptr::null_mut();
-    // SAFETY: info is the current call's; args holds `count` slots, which N-API fills
-    // (with `undefined` past the arguments given).
-    unsafe { sys::napi_get_cb_info(env, info, &mut count, args.as_mut_ptr(), this, &mut data) };
-    (data, args)
 }
 
 /// A JavaScript array holding `items`.

@@ -1,18 +1,18 @@
 //! `memoryLeaseTable()`: the in-memory store behind the shell's `MemoryLeaseProvider`.
 //!
 //! Its functions answer on the spot, with no thread hop, and synchronously: the shell makes
-//! the promise and the `acquireLease` object in JavaScript, where both cost a fraction of
-//! what they cost through N-API. They are plain functions bound to their table (not class
-//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping. Together: 1.05M
-//! to 2.9M lifecycle calls/s (`docs/benchmarks.md` has what each piece cost).
+//! the promise and the `acquireLease` object in JavaScript, where both are cheaper than
+//! through N-API. They are plain functions bound to their table (napi-rs closures, not class
+//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping
+//! (`docs/benchmarks.md` has what each piece cost).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use napi::bindgen_prelude::{Env, ToNapiValue, Unknown};
+use napi::bindgen_prelude::{Env, JsObjectValue, Object, ToNapiValue, Unknown};
 use napi::{sys, JsValue};
 use napi_derive::napi;
 
@@ -21,7 +21,7 @@ use super::crossing::{catching, Tsfn};
 use super::js::{self, Value};
 use super::options;
 use super::reply::{to_js, LeaseStats, Reply};
-use super::{runtime, unknown};
+use super::runtime;
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};
 
@@ -63,7 +63,7 @@ struct Table {
 pub fn memory_lease_table<'env>(
     env: &'env Env,
     options: Option<Unknown<'env>>,
-) -> napi::Result<Unknown<'env>> {
+) -> napi::Result<Object<'env>> {
     let raw = env.raw();
     let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
         let table = Arc::new(Table {
@@ -76,7 +76,7 @@ pub fn memory_lease_table<'env>(
         Ok(table)
     });
     match made {
-        Ok(table) => Ok(unknown(env, functions(raw, &table))),
+        Ok(table) => functions(env, &table),
         Err(err) => {
             err.throw(raw);
             Err(napi::Error::from_status(napi::Status::PendingException))
@@ -84,65 +84,156 @@ pub fn memory_lease_table<'env>(
     }
 }
 
+/// A native function of a table: what it answers (as a JavaScript value), or the coded error
+/// to throw.
+type TableFn<const N: usize> = fn(&Table, js::Env, [Value; N]) -> Result<Value>;
+
 /// The object of functions, each holding the table alive for as long as it lives itself.
-fn functions(env: js::Env, table: &Arc<Table>) -> Value {
-    const FUNCTIONS: [(&CStr, js::Callback); 12] = [
-        (c"acquireLease", acquire_lease),
-        (c"acquireFencedLease", acquire_fenced_lease),
-        (c"getLeaseOwner", get_lease_owner),
-        (c"getLease", get_lease),
-        (c"getLeaseRecord", get_lease_record),
-        (c"releaseLease", release_lease),
-        (c"renewLease", renew_lease),
-        (c"transferLease", transfer_lease),
-        (c"close", close),
-        (c"ping", ping),
-        (c"size", size),
-        (c"stats", stats),
-    ];
-    let object = js::object(env);
-    for (name, callback) in FUNCTIONS {
-        let data = Arc::into_raw(Arc::clone(table)).cast_mut().cast();
-        let function = js::function(env, name, callback, data, release_table);
-        js::set_property(env, object, name, function);
+fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'env>> {
+    let mut object = Object::new(env)?;
+    bind(
+        env,
+        &mut object,
+        table,
+        "acquireLease",
+        |t, e, args: [_; 4]| {
+            lease_call(
+                t,
+                e,
+                Operation::AcquireLease,
+                args::acquire_lease(e, args, false),
+            )
+        },
+    )?;
+    bind(
+        env,
+        &mut object,
+        table,
+        "acquireFencedLease",
+        |t, e, args: [_; 4]| {
+            lease_call(
+                t,
+                e,
+                Operation::AcquireFencedLease,
+                args::acquire_lease(e, args, true),
+            )
+        },
+    )?;
+    bind(env, &mut object, table, "getLeaseOwner", |t, e, [key]| {
+        lease_call(
+            t,
+            e,
+            Operation::GetLeaseOwner,
+            args::get_lease_owner(e, key),
+        )
+    })?;
+    bind(env, &mut object, table, "getLease", |t, e, [key]| {
+        lease_call(t, e, Operation::GetLease, args::get_lease(e, key))
+    })?;
+    bind(env, &mut object, table, "getLeaseRecord", |t, e, [key]| {
+        lease_call(
+            t,
+            e,
+            Operation::GetLeaseRecord,
+            args::get_lease_record(e, key),
+        )
+    })?;
+    bind(env, &mut object, table, "releaseLease", |t, e, args| {
+        lease_call(t, e, Operation::ReleaseLease, args::release_lease(e, args))
+    })?;
+    bind(env, &mut object, table, "renewLease", |t, e, args| {
+        lease_call(t, e, Operation::RenewLease, args::renew_lease(e, args))
+    })?;
+    bind(env, &mut object, table, "transferLease", |t, e, args| {
+        lease_call(
+            t,
+            e,
+            Operation::TransferLease,
+            args::transfer_lease(e, args),
+        )
+    })?;
+    // `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.
+    bind(env, &mut object, table, "close", |t, e, []| {
+        if !t.closed.swap(true, Ordering::Relaxed) {
+            t.store.clear();
+        }
+        Ok(js::undefined(e))
+    })?;
+    // `ping()`: 0 (milliseconds: there is no server to reach); throws once closed.
+    bind(env, &mut object, table, "ping", |t, e, []| {
+        if t.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed(Subject::LeaseProvider));
+        }
+        Ok(js::number_value(e, 0.0))
+    })?;
+    // `size()`: leases resident, expired ones not yet swept included (0 once closed).
+    bind(env, &mut object, table, "size", |t, e, []| {
+        Ok(js::number_value(e, t.store.resident() as f64))
+    })?;
+    // `stats()`: the table's counters (see `LeaseStats`).
+    bind(env, &mut object, table, "stats", |t, e, []| {
+        let stats = LeaseStats::from(t.stats.snapshot());
+        let env = Env::from_raw(e);
+        stats
+            .into_unknown(&env)
+            .map(|stats| stats.raw())
+            .map_err(|err| Error::Internal(err.reason))
+    })?;
+    Ok(object)
+}
+
+/// Sets `object[name]` to a function running `call` on `table` with its first `N` arguments
+/// (`undefined` for those not passed). The function holds the table alive while it lives.
+fn bind<const N: usize>(
+    env: &Env,
+    object: &mut Object,
+    table: &Arc<Table>,
+    name: &str,
+    call: TableFn<N>,
+) -> napi::Result<()> {
+    let table = table.clone();
+    let function = env.create_function_from_closure::<(), Raw, _>(name, move |ctx| {
+        let raw = ctx.env.raw();
+        let mut args = [js::undefined(raw); N];
+        for (i, arg) in args.iter_mut().enumerate().take(ctx.length()) {
+            *arg = ctx.get::<Unknown>(i)?.raw();
+        }
+        match catching(|| call(&table, raw, args)) {
+            Ok(value) => Ok(Raw(value)),
+            Err(err) => {
+                js::throw(raw, &err, None);
+                Err(napi::Error::from_status(napi::Status::PendingException))
+            }
+        }
+    })?;
+    object.set_named_property(name, function)
+}
+
+/// A value made on Node's thread during the current call, handed back as a function's result.
+struct Raw(Value);
+
+impl ToNapiValue for Raw {
+    unsafe fn to_napi_value(_env: sys::napi_env, value: Self) -> napi::Result<sys::napi_value> {
+        Ok(value.0)
     }
-    object
 }
 
-/// The finalizer of each function: gives back its hold on the table.
-unsafe extern "C" fn release_table(_env: js::Env, data: *mut c_void, _hint: *mut c_void) {
-    // SAFETY: data is the `Arc::into_raw` made for this function in `functions`, and a
-    // finalizer runs once.
-    drop(unsafe { Arc::from_raw(data.cast::<Table>().cast_const()) });
-}
-
-/// One lease call: reads the `N` arguments, runs the call on the table and counts it, then
-/// answers as [`answered`] says or throws the call's coded error.
-///
-/// # Safety
-/// `info` is the callback info of a call to a function made by `functions`.
-unsafe fn lease_call<const N: usize>(
+/// One lease call on the table, its arguments read into `call`: counted, then answered as
+/// [`answered`] says.
+fn lease_call(
+    table: &Table,
     env: js::Env,
-    info: sys::napi_callback_info,
     operation: Operation,
-    read: impl FnOnce(js::Env, [Value; N]) -> Result<Call>,
-) -> Value {
-    // SAFETY: as this function's contract says.
-    let (table, args) = unsafe { bound::<N>(env, info) };
-    let outcome = catching(|| {
+    call: Result<Call>,
+) -> Result<Value> {
+    let outcome = call.and_then(|call| {
         if table.closed.load(Ordering::Relaxed) {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
-        table.store.apply(&read(env, args)?)
+        table.store.apply(&call)
     });
     table.stats.record(operation, outcome.as_ref());
-    match outcome {
-        Ok(answer) => answered(env, answer),
-        Err(err) => {
-            js::throw(env, &err, None);
-            ptr::null_mut()
-        }
-    }
+    outcome.map(|answer| answered(env, answer))
 }
 
 /// A lease answer as a table function gives it: as a Redis call resolves (`reply::to_js`),
@@ -160,114 +251,6 @@ fn answered(env: js::Env, answer: Answer) -> Value {
             Ok(value) | Err(value) => value,
         },
     }
-}
-
-/// The table a function was made for, and its first `N` arguments.
-///
-/// # Safety
-/// As [`lease_call`]'s.
-unsafe fn bound<'a, const N: usize>(
-    env: js::Env,
-    info: sys::napi_callback_info,
-) -> (&'a Table, [Value; N]) {
-    let (data, args) = js::callback_args::<N>(env, info);
-    // SAFETY: data is the table pointer `functions` gave this function, kept alive until the
-    // function's finalizer runs, which cannot happen while it is being called.
-    (unsafe { &*data.cast::<Table>() }, args)
-}
-
-/// `acquireLease(key, owner, ttlMs, metadata?)`: `true` when granted, the holder's owner
-/// when refused.
-unsafe extern "C" fn acquire_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, args: [Value; 4]| args::acquire_lease(env, args, false);
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::AcquireLease, read) }
-}
-
-/// `acquireFencedLease(key, owner, ttlMs, metadata?)`: the fencing token when granted, the
-/// holder's owner when refused.
-unsafe extern "C" fn acquire_fenced_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, args: [Value; 4]| args::acquire_lease(env, args, true);
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::AcquireFencedLease, read) }
-}
-
-/// `getLeaseOwner(key)`: the owner, or `undefined`.
-unsafe extern "C" fn get_lease_owner(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key]: [Value; 1]| args::get_lease_owner(env, key);
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::GetLeaseOwner, read) }
-}
-
-/// `getLease(key)`: `{ owner, token, ttlMs }`, or `undefined`.
-unsafe extern "C" fn get_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key]: [Value; 1]| args::get_lease(env, key);
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::GetLease, read) }
-}
-
-/// `getLeaseRecord(key)`: `{ owner, metadata? }`, or `undefined`.
-unsafe extern "C" fn get_lease_record(env: js::Env, info: sys::napi_callback_info) -> Value {
-    let read = |env, [key]: [Value; 1]| args::get_lease_record(env, key);
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::GetLeaseRecord, read) }
-}
-
-/// `releaseLease(key, owner, metadata?)`: `undefined`.
-unsafe extern "C" fn release_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::ReleaseLease, args::release_lease) }
-}
-
-/// `renewLease(key, owner, ttlMs, metadata?)`: whether the holder still held the lease.
-unsafe extern "C" fn renew_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::RenewLease, args::renew_lease) }
-}
-
-/// `transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata?, toMetadata?)`: whether the
-/// lease moved.
-unsafe extern "C" fn transfer_lease(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    unsafe { lease_call(env, info, Operation::TransferLease, args::transfer_lease) }
-}
-
-/// `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.
-unsafe extern "C" fn close(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    let (table, []) = unsafe { bound::<0>(env, info) };
-    if !table.closed.swap(true, Ordering::Relaxed) {
-        table.store.clear();
-    }
-    js::undefined(env)
-}
-
-/// `ping()`: 0 (milliseconds: there is no server to reach); throws `ERR_LEASE_CLOSED` once
-/// closed.
-unsafe extern "C" fn ping(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    let (table, []) = unsafe { bound::<0>(env, info) };
-    if table.closed.load(Ordering::Relaxed) {
-        js::throw(env, &Error::Closed(Subject::LeaseProvider), None);
-        return ptr::null_mut();
-    }
-    js::number_value(env, 0.0)
-}
-
-/// `size()`: leases resident, expired ones not yet swept included (0 once closed).
-unsafe extern "C" fn size(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    let (table, []) = unsafe { bound::<0>(env, info) };
-    js::number_value(env, table.store.resident() as f64)
-}
-
-/// `stats()`: the table's counters (see `LeaseStats`).
-unsafe extern "C" fn stats(env: js::Env, info: sys::napi_callback_info) -> Value {
-    // SAFETY: called by N-API for a function made by `functions`.
-    let (table, []) = unsafe { bound::<0>(env, info) };
-    let stats = LeaseStats::from(table.stats.snapshot());
-    // SAFETY: a plain object conversion on the JavaScript thread.
-    unsafe { LeaseStats::to_napi_value(env, stats) }.unwrap_or(ptr::null_mut())
 }
 
 /// Sweeps expired leases out of `table` until it is dropped. After a sweep that removed many,
