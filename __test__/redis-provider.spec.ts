@@ -11,14 +11,14 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { holdLease } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
 import { errorCode, expectRejection, expectThrow, settleWithin, sleep, uniqueKey, untyped, type LeaseApi } from './helpers/lease.js'
-import { EXTERNAL_REDIS, freePort, RespClient, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+import { connectClient, EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RedisServerOptions, type RedisTestClient } from './helpers/redis-server.js'
 
 const LONG = 60_000
 type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
 
 const providers: LeaseApi[] = []
 const servers: RedisServer[] = []
-const extraClients: RespClient[] = []
+const extraClients: RedisTestClient[] = []
 
 function provider(options: RedisOptions): RedisLeaseProvider {
   const p = new RedisLeaseProvider(options)
@@ -35,7 +35,7 @@ async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
 
 afterEach(async () => {
   await Promise.allSettled(providers.splice(0).map((p) => p.close()))
-  for (const c of extraClients.splice(0)) c.close()
+  for (const c of extraClients.splice(0)) c.destroy()
   // stop() thaws a frozen server first: nothing is ever left SIGSTOPped.
   await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
 })
@@ -810,9 +810,9 @@ describe('RedisLeaseProvider', () => {
       const p = provider({ url: `${server.url}/5` })
       const key = uniqueKey('db5')
       await p.acquireLease(key, 'A', LONG)
-      const db5 = new RespClient({ host: '127.0.0.1', port: server.port, db: 5 })
+      const db5 = await connectClient({ host: '127.0.0.1', port: server.port, db: 5 })
       extraClients.push(db5)
-      expect(await db5.command('GET', `mastra:topic:lease:${key}`)).toBe('A')
+      expect(await db5.get(`mastra:topic:lease:${key}`)).toBe('A')
       expect(await server.cli('EXISTS', `mastra:topic:lease:${key}`)).toBe(0)
       // A provider on db 0 does not see it.
       const p0 = provider({ url: server.url })
