@@ -1,7 +1,7 @@
-// The Redis Cluster and Redis Sentinel harness (helpers/redis-topologies.ts) on its own:
-// both topologies start healthy on free ports, a SIGKILLed master is replaced, a slot moves
-// with its keys, and stop() leaves no process and no temp dir behind. The timings go to the
-// run's figures.
+// The Redis Cluster and Redis Sentinel harness (helpers/redis-cluster.ts and
+// helpers/redis-sentinel.ts) on its own: both topologies start healthy on free ports, a
+// SIGKILLed master is replaced, a slot moves with its keys, and stop() leaves no process and
+// no temp dir behind. The timings go to the run's figures.
 import { existsSync } from 'node:fs'
 import path from 'node:path'
 import { performance } from 'node:perf_hooks'

@@ -21,7 +21,7 @@ import { freePort, RedisProcess, tail, type RedisServer } from './redis-server.j
 
 export const HOST = '127.0.0.1'
 const execFileAsync = promisify(execFile)
-export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 /** A redis-server (or sentinel) process of a topology. */
 export interface TopologyNode extends RedisServer {
