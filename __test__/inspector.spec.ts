@@ -12,7 +12,7 @@ import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { NODE } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 
 leaseSuite()
 

@@ -10,7 +10,7 @@ import { bindLeases, checkLeaseHistory, describeOverlaps, monotonicNow, recordLe
 import { closing, leaseSuite, RUN, stopLater, type Grant } from './helpers/lease-runs.js'
 import { sleep } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster } from './helpers/redis-topologies.js'
+import { startCluster } from './helpers/redis-cluster.js'
 
 leaseSuite()
 

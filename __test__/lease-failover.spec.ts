@@ -19,7 +19,8 @@ import { checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type L
 import { leaseStorm, unprotectedWithoutPause, type StormResult } from './helpers/lease-storm.js'
 import { closing, leaseSuite, msBetween, msToNs } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type ClusterNode, type RedisCluster } from './helpers/redis-topologies.js'
+import { startCluster, type ClusterNode, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
 

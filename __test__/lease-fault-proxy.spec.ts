@@ -20,7 +20,7 @@ import { RedisLeaseProvider } from '../index.js'
 import { startFaultProxy, type FaultProxy } from './helpers/fault-proxy.js'
 import { errorCode, settleWithin, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, recordLeases, type LeaseOperation, type RecordedLeases } from './helpers/lease-history.js'
-import { EXTERNAL_REDIS, RespClient, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+import { connectClient, EXTERNAL_REDIS, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
 
 /** Short timeouts keep the file fast; the margin is generous for a loaded 2-core machine. */
 const TIMEOUT = 400
@@ -545,11 +545,11 @@ describe.skipIf(EXTERNAL_REDIS)('a server that pauses writes or sleeps', () => {
     expect(paused[4], 'a read is not a write: it is answered during the pause').toBe('A')
 
     // DEBUG SLEEP: the whole server stops answering for a while.
-    const sleeper = new RespClient({ host: redis.host, port: redis.port }, 5_000)
-    cleanups.push(async () => sleeper.close())
-    expect(await sleeper.command('PING')).toBe('PONG') // connected before the sleep is sent
+    const sleeper = await connectClient({ host: redis.host, port: redis.port }, 5_000)
+    cleanups.push(async () => sleeper.destroy())
+    expect(await sleeper.ping()).toBe('PONG') // connected before the sleep is sent
     await sleep(700) // past the pause
-    const slept = sleeper.command('DEBUG', 'SLEEP', '0.8')
+    const slept = sleeper.sendCommand(['DEBUG', 'SLEEP', '0.8'])
     await sleep(50)
     await Promise.all([
       expectCodedRejection('acquire during DEBUG SLEEP', C.acquireLease('k1', 'C', 1_000), ['ERR_LEASE_TIMEOUT']),

@@ -2,18 +2,87 @@
 // (helpers/lease-history.ts): per key, the windows over which different owners *believed*
 // they held the lease must never overlap, and a counter incremented read-sleep-write under
 // the lease must lose no update. Two negative controls show the checker flags real breaks.
+//
+// And what one provider's calls do when the server fails them: nothing listening, a server
+// that accepts and never answers, a frozen, killed or restarted server, a connection closed
+// while idle, a server out of memory or without its scripts (SCRIPT FLUSH). Each call
+// settles in bounded time with a coded error, never a false answer, and the provider
+// recovers by itself; a process whose providers meet no Redis still exits by itself.
+import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import net from 'node:net'
+import path from 'node:path'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
+import { errorCode, everyCall, expectRejection, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
 import { checkCounter, checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { leaseStorm, unprotectedWithoutPause, type StormConfig, type StormResult } from './helpers/lease-storm.js'
-import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+
+const LONG = 60_000
+type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
 
 const servers: RedisServer[] = []
 afterAll(async () => {
   await Promise.all(servers.map((s) => s.stop()))
 })
+
+/** Providers and servers of one test, closed and stopped after it. */
+const providers: LeaseApi[] = []
+const ownServers: RedisServer[] = []
+afterEach(async () => {
+  await Promise.allSettled(providers.splice(0).map((p) => p.close()))
+  // stop() thaws a frozen server first: nothing is ever left SIGSTOPped.
+  await Promise.allSettled(ownServers.splice(0).map((s) => s.stop()))
+})
+
+function provider(options: RedisOptions): RedisLeaseProvider {
+  const p = new RedisLeaseProvider(options)
+  providers.push(p)
+  return p
+}
+
+/** A server of this test's own, stopped after it. */
+async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
+  const s = await startRedis(opts)
+  ownServers.push(s)
+  return s
+}
+
+/**
+ * Runs `script` in a child Node process; answers its stdout. The child must exit by itself,
+ * with code 0, within 8 s: a handle left open keeps it alive and fails the test.
+ */
+async function runScript(script: string): Promise<string> {
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()))
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()))
+  const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)))
+  try {
+    const r = await settleWithin(exit, 8_000)
+    if (r.status !== 'fulfilled') throw new Error(`child did not exit by itself within 8 s (a handle is left open); stderr: ${err}`)
+    expect(r.value, err).toBe(0)
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+  }
+  return out
+}
+
+/** Poll `fn` until it resolves, each attempt bounded; fails after `ms`. */
+async function eventually<T>(fn: () => Promise<T>, ms: number, attemptMs = 3_000): Promise<T> {
+  const deadline = Date.now() + ms
+  let last: unknown
+  while (Date.now() < deadline) {
+    const r = await settleWithin(fn(), attemptMs)
+    if (r.status === 'fulfilled') return r.value
+    last = r.reason
+    await sleep(50)
+  }
+  throw new Error(`did not succeed within ${ms} ms; last error: ${String(last)} (${String(errorCode(last))})`)
+}
 
 /** A storm of `config.workers` processes on `keys` fresh keys of one redis-server. */
 function storm(server: RedisServer, config: Omit<StormConfig, 'keys'> & { keys: number }): Promise<StormResult> {
@@ -221,5 +290,285 @@ describe.skipIf(EXTERNAL_REDIS)('mutual exclusion, checked from the recorded his
     // A's window was cut short by its false renew, after B's began.
     expect(overlap?.first.endedBy?.op).toBe('renew')
     expect(overlap?.overlapMs).toBeGreaterThan(0)
+  })
+})
+
+describe('RedisLeaseProvider', () => {
+  describe('when no server answers, and no handle is left open', () => {
+    it('nothing listening at start: calls reject fast with a coded error, again and again', async () => {
+      const port = await freePort()
+      const p = provider({ url: `redis://127.0.0.1:${port}` })
+      for (const [name, call] of everyCall(p, uniqueKey('refused'))) {
+        const r = await settleWithin(call(), 2_500)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT'], name).toContain(errorCode(r.reason))
+      }
+    })
+
+    it('Redis absent at start: a process that never closes its providers gets fast coded rejections, no unhandled rejection, and exits by itself', async () => {
+      const port = await freePort()
+      // Both Redis surfaces, pointed at a port nobody listens on, never closed. Each call is
+      // timed alone; the process must then end on its own (no handle left open).
+      const script = `
+        const { RedisLeaseProvider, RedisStreamsPubSub } = require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'cjs', 'index.js'))});
+        const failures = [];
+        const results = [];
+        process.on('unhandledRejection', (e) => failures.push('unhandledRejection ' + ((e && e.code) || String(e))));
+        process.on('uncaughtException', (e) => failures.push('uncaughtException ' + ((e && e.code) || String(e))));
+        process.on('exit', () => process.stdout.write(JSON.stringify({ results, failures })));
+        const options = { url: 'redis://127.0.0.1:${port}', commandTimeoutMs: 5000 };
+        const provider = new RedisLeaseProvider(options);
+        const pubsub = new RedisStreamsPubSub(options);
+        const calls = (p, who) => [
+          [who + ' acquireLease', () => p.acquireLease('k', 'a', 60000)],
+          [who + ' getLeaseOwner', () => p.getLeaseOwner('k')],
+          [who + ' releaseLease', () => p.releaseLease('k', 'a')],
+          [who + ' renewLease', () => p.renewLease('k', 'a', 60000)],
+          [who + ' transferLease', () => p.transferLease('k', 'a', 'b', 60000)],
+        ];
+        const all = [
+          ...calls(provider, 'provider'),
+          ...calls(pubsub, 'pubsub'),
+          ['pubsub publish', () => pubsub.publish('topic', { type: 'test', runId: 'r', data: {} })],
+        ];
+        (async () => {
+          for (const [name, call] of all) {
+            const started = performance.now();
+            const outcome = await call().then(() => 'resolved', (e) => e.code);
+            results.push({ name, outcome, ms: Math.round(performance.now() - started) });
+          }
+        })();
+      `
+      const started = performance.now()
+      const out = await runScript(script)
+      const lifetime = performance.now() - started
+      const { results, failures } = JSON.parse(out) as { results: Array<{ name: string; outcome: string; ms: number }>; failures: string[] }
+      expect(failures).toEqual([])
+      expect(results.map((r) => r.name)).toHaveLength(11)
+      for (const r of results) {
+        expect(r.outcome, r.name).toMatch(/^ERR_LEASE_(CONNECTION|TIMEOUT)$/)
+        // A refused connection is known at once: far under commandTimeoutMs (5 s).
+        expect(r.ms, r.name).toBeLessThan(1_000)
+      }
+      // Eleven refused calls and Node's start-up, far from 11 command timeouts.
+      expect(lifetime).toBeLessThan(8_000)
+    })
+
+    it('a server that accepts but never answers: calls reject within connect + command timeout', async () => {
+      const sockets = new Set<net.Socket>()
+      const silent = net.createServer((s) => {
+        sockets.add(s)
+        s.on('error', () => {})
+      })
+      await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
+      try {
+        const port = (silent.address() as net.AddressInfo).port
+        const p = provider({ url: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300, commandTimeoutMs: 300 })
+        const results = await Promise.all(everyCall(p, uniqueKey('silent')).map(([, call]) => settleWithin(call(), 2_000)))
+        for (const r of results) {
+          expect(r.status).toBe('rejected')
+          if (r.status === 'rejected') expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION']).toContain(errorCode(r.reason))
+        }
+      } finally {
+        for (const s of sockets) s.destroy()
+        await new Promise((r) => silent.close(r))
+      }
+    })
+
+    it('a child process that uses both providers and closes them exits by itself', async () => {
+      const server = await ownServer()
+      const script = `
+        const { MemoryLeaseProvider, RedisLeaseProvider } = require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'cjs', 'index.js'))});
+        (async () => {
+          const memory = new MemoryLeaseProvider();
+          const redis = new RedisLeaseProvider({ url: ${JSON.stringify(server.url)}, keyPrefix: ${JSON.stringify(`child:${randomUUID()}`)} });
+          const unreachable = new RedisLeaseProvider({ url: 'redis://127.0.0.1:${await freePort()}', connectTimeoutMs: 200, commandTimeoutMs: 200 });
+          const a = await memory.acquireLease('k', 'child', 60000);
+          const b = await redis.acquireLease('k', 'child', 60000);
+          const c = await redis.getLeaseOwner('k');
+          const d = await unreachable.getLeaseOwner('k').then(() => 'resolved', (e) => e.code);
+          await memory.close();
+          await redis.close();
+          await unreachable.close();
+          process.stdout.write(JSON.stringify({ a, b, c, d }));
+        })().catch((e) => { console.error(e); process.exit(2); });
+      `
+      const out = await runScript(script)
+      expect(JSON.parse(out)).toStrictEqual({
+        a: { acquired: true, owner: 'child' },
+        b: { acquired: true, owner: 'child' },
+        c: 'child',
+        d: expect.stringMatching(/^ERR_LEASE_(CONNECTION|TIMEOUT)$/),
+      })
+    })
+  })
+
+  describe('when the server forgets its scripts', () => {
+    let server: RedisServer
+    beforeAll(async () => {
+      server = await startRedis()
+    })
+    afterAll(async () => {
+      await server?.stop()
+    })
+
+    it('SCRIPT FLUSH between calls is invisible: every call keeps working', async () => {
+      const p = provider({ url: server.url })
+      const key = uniqueKey('noscript')
+      const steps: Array<() => Promise<unknown>> = [
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' }),
+        async () => expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' }),
+        async () => expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' }),
+        async () => expect(await p.getLeaseOwner(key)).toBe('A'),
+        async () => expect(await p.renewLease(key, 'A', LONG)).toBe(true),
+        async () => expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true),
+        async () => expect(await p.releaseLease(key, 'B')).toBeUndefined(),
+        async () => expect(await p.getLeaseOwner(key)).toBeUndefined(),
+      ]
+      for (const step of steps) {
+        await server.flushScripts()
+        await step()
+      }
+      // And many concurrent calls right after a flush.
+      await server.flushScripts()
+      const keys = Array.from({ length: 50 }, (_, i) => uniqueKey(`noscript-${i}`))
+      const res = await Promise.all(keys.map((k) => p.acquireLease(k, 'C', LONG)))
+      expect(res.every((r) => r.acquired)).toBe(true)
+    })
+  })
+
+  describe.skipIf(EXTERNAL_REDIS)('when the server misbehaves', () => {
+    it('a frozen server: every call rejects with ERR_LEASE_TIMEOUT within commandTimeoutMs, and works again after SIGCONT', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, commandTimeoutMs: 300 })
+      const key = uniqueKey('frozen')
+      await p.acquireLease(key, 'A', LONG)
+      server.freeze()
+      try {
+        const results = await Promise.all(everyCall(p, key).map(([name, call]) => settleWithin(call(), 1_000).then((r) => ({ name, ...r }))))
+        for (const r of results) {
+          expect(r.status, r.name).toBe('rejected')
+          if (r.status === 'rejected') expect(errorCode(r.reason), r.name).toBe('ERR_LEASE_TIMEOUT')
+          expect(r.elapsed, r.name).toBeLessThan(1_000)
+        }
+        // Still bounded on later calls while frozen.
+        const again = await settleWithin(p.getLeaseOwner(key), 1_000)
+        expect(again.status).toBe('rejected')
+      } finally {
+        server.thaw()
+      }
+      const other = uniqueKey('after-thaw')
+      expect(await eventually(() => p.acquireLease(other, 'A', LONG), 3_000)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.getLeaseOwner(other)).toBe('A')
+      expect(await server.cli('GET', `mastra:topic:lease:${other}`)).toBe('A')
+    })
+
+    it('a provider whose first call meets a frozen server still settles in bounded time', async () => {
+      const server = await ownServer()
+      server.freeze()
+      try {
+        // The kernel still accepts the TCP connection; the handshake never completes.
+        const p = provider({ url: server.url, connectTimeoutMs: 300, commandTimeoutMs: 300 })
+        const r = await settleWithin(p.acquireLease(uniqueKey('frozen-first'), 'A', LONG), 1_500)
+        expect(r.status).toBe('rejected')
+        if (r.status === 'rejected') expect(['ERR_LEASE_TIMEOUT', 'ERR_LEASE_CONNECTION']).toContain(errorCode(r.reason))
+      } finally {
+        server.thaw()
+      }
+    })
+
+    it('a killed server: calls reject with a coded error and never resolve false', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, connectTimeoutMs: 500, commandTimeoutMs: 500 })
+      const key = uniqueKey('killed')
+      await p.acquireLease(key, 'A', LONG)
+      await server.kill()
+      for (let round = 0; round < 2; round++) {
+        for (const [name, call] of everyCall(p, key)) {
+          const r = await settleWithin(call(), 2_000)
+          expect(r.status, `${name} resolved ${JSON.stringify(r.status === 'fulfilled' ? r.value : null)}`).toBe('rejected')
+          if (r.status === 'rejected') expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT'], name).toContain(errorCode(r.reason))
+        }
+      }
+    })
+
+    it('after a restart on the same port the provider recovers by itself', async () => {
+      const server = await ownServer()
+      const p = provider({ url: server.url, connectTimeoutMs: 500, commandTimeoutMs: 500 })
+      await p.acquireLease(uniqueKey('before-restart'), 'A', LONG)
+      await server.kill()
+      const down = await settleWithin(p.getLeaseOwner(uniqueKey('down')), 2_000)
+      expect(down.status).toBe('rejected')
+      await server.restart()
+      // A restarted server has no scripts cached: recovery includes reloading them.
+      // The dead connection is noticed by the first call, which goes again on a new one.
+      const key = uniqueKey('after-restart')
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('B')
+      await p.releaseLease(key, 'B')
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+    })
+
+    it('a connection the server closed while idle costs no failed call, a transfer included', async () => {
+      // Servers with `timeout`, proxies and NATs close idle connections. Mastra counts a
+      // rejected acquireLease as acquired, so a spurious connection error is not harmless.
+      const server = await ownServer()
+      const p = provider({ url: server.url })
+      const key = uniqueKey('idle-closed')
+      const lease = `mastra:topic:lease:${key}`
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      const closeIdle = async () => {
+        expect(await server.cli('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')).toBeGreaterThan(0)
+        await sleep(50)
+      }
+      await closeIdle()
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      await closeIdle()
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      await closeIdle()
+      expect(await p.getLeaseOwner(key)).toBe('A')
+      await closeIdle()
+      expect(await p.releaseLease(uniqueKey('not-held'), 'A')).toBeUndefined()
+      await closeIdle()
+      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      expect(await server.cli('GET', lease)).toBe('B')
+    })
+
+    it('with maxmemory and noeviction, a write that needs memory (acquire, transfer) rejects with ERR_LEASE_REDIS, never false; the rest tell the truth; all works once memory is back', async () => {
+      const server = await ownServer({ args: ['--maxmemory-policy', 'noeviction'] })
+      const p = provider({ url: server.url })
+      const held = uniqueKey('oom-held')
+      const handed = uniqueKey('oom-handed')
+      const fresh = uniqueKey('oom-fresh')
+      await p.acquireLease(held, 'A', LONG)
+      await p.acquireLease(handed, 'A', LONG)
+      await server.cli('CONFIG', 'SET', 'maxmemory', '1')
+      try {
+        // A new key and an overwrite need memory: Redis refuses them (OOM), and the caller hears it.
+        const oom = [
+          await expectRejection(() => p.acquireLease(fresh, 'A', LONG), Error, 'ERR_LEASE_REDIS'),
+          await expectRejection(() => p.transferLease(handed, 'A', 'B', LONG), Error, 'ERR_LEASE_REDIS'),
+        ]
+        for (const err of oom) expect(err.message).toContain('OOM')
+        expect(await server.cli('EXISTS', `mastra:topic:lease:${fresh}`)).toBe(0)
+        expect(await server.cli('GET', `mastra:topic:lease:${handed}`)).toBe('A')
+        // PEXPIRE, GET and DEL need no memory: Redis runs them, and every answer is true to the state.
+        expect(await p.renewLease(held, 'A', LONG)).toBe(true)
+        expect(await p.acquireLease(held, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+        expect(await p.acquireLease(held, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+        expect(await p.renewLease(held, 'B', LONG)).toBe(false)
+        expect(await p.transferLease(held, 'B', 'C', LONG)).toBe(false)
+        expect(await p.getLeaseOwner(held)).toBe('A')
+        await p.releaseLease(held, 'A')
+        expect(await server.cli('EXISTS', `mastra:topic:lease:${held}`)).toBe(0)
+      } finally {
+        await server.cli('CONFIG', 'SET', 'maxmemory', '0')
+      }
+      expect(await p.acquireLease(fresh, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.transferLease(handed, 'A', 'B', LONG)).toBe(true)
+    })
   })
 })

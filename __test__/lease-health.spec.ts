@@ -13,7 +13,7 @@ import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases
 import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster } from './helpers/redis-topologies.js'
+import { startCluster } from './helpers/redis-cluster.js'
 import { recordingLogger } from './helpers/streams.js'
 
 leaseSuite()

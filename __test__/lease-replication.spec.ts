@@ -11,7 +11,8 @@ import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { errorCode, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
 

@@ -2,14 +2,21 @@
 // per established connection the provider reads `INFO memory`; any policy but `noeviction`
 // with `maxmemory` set gets one warning per provider and policy, through `logger` or, without
 // one, `process.emitWarning`. The check never delays or fails a lease call.
+//
+// Who gets in and what is revealed: credentials in the url (the default user, an ACL user,
+// URL-encoded), wrong or missing ones refused with ERR_LEASE_AUTH, the least-privileged ACL
+// user of docs/security.md, and no password in any error or log line. The other url forms
+// (a /db path, unix sockets) are here too.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
+
+import { inspect } from 'node:util'
 
 import { afterEach, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import { RedisStreamsPubSub } from '../dist/esm/index.js'
-import { CollectingLogger, errorCode, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
-import { EXTERNAL_REDIS, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+import { holdLease, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { CollectingLogger, errorCode, everyCall, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
+import { connectClient, EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RedisServerOptions, type RedisTestClient } from './helpers/redis-server.js'
 
 const LONG = 60_000
 const CODE = 'MASTRA_LEASE_EVICTION_POLICY'
@@ -17,9 +24,11 @@ const MAXMEMORY = 64 * 1024 * 1024
 
 const providers: LeaseApi[] = []
 const servers: RedisServer[] = []
+const extraClients: RedisTestClient[] = []
 
 afterEach(async () => {
   await Promise.allSettled(providers.splice(0).map((p) => p.close()))
+  for (const c of extraClients.splice(0)) c.destroy()
   await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
 })
 
@@ -268,5 +277,298 @@ describe('the logger option', () => {
       const p = provider({ logger })
       expect(p).toBeInstanceOf(RedisLeaseProvider)
     }
+  })
+})
+
+describe('RedisLeaseProvider', () => {
+  describe('url forms, read in the constructor', () => {
+    it('accepts every documented url form without connecting in the constructor', async () => {
+      for (const url of [
+        'redis://127.0.0.1:1',
+        'redis://user:pass@127.0.0.1:1/3',
+        'redis://:pass@127.0.0.1:1',
+        'rediss://127.0.0.1:1',
+        'redis+unix:///nonexistent/redis.sock',
+        'unix:///nonexistent/redis.sock',
+      ]) {
+        const p = provider({ url, connectTimeoutMs: 200, commandTimeoutMs: 200 })
+        expect(p, url).toBeInstanceOf(RedisLeaseProvider)
+      }
+    })
+  })
+
+  describe.skipIf(EXTERNAL_REDIS)('url forms', () => {
+    const PASSWORD = 'S3cret-pa55word-Zq9'
+
+    async function authServer() {
+      const server = await ownServer({ args: ['--requirepass', PASSWORD], password: PASSWORD })
+      // An ACL user with a password that needs URL encoding, and one that may not touch lease keys.
+      await server.cli('ACL', 'SETUSER', 'alice', 'on', '>p@ss w:rd/%', '~*', '+@all')
+      await server.cli('ACL', 'SETUSER', 'limited', 'on', `>${PASSWORD}`, '~other:*', '+@all')
+      return server
+    }
+    const hostPort = (s: RedisServer) => `127.0.0.1:${s.port}`
+
+    /** A logger keeping everything it is told, to check it for secrets. */
+    const recorder = () => {
+      const lines: unknown[] = []
+      return { lines, warn: (...args: unknown[]) => lines.push(args), debug: (...args: unknown[]) => lines.push(args) }
+    }
+
+    /** No secret in the error: not in its message, stack, cause chain or any property. */
+    function expectNoSecret(err: unknown, logged: unknown[], secrets: string[]) {
+      const seen = [String((err as Error | undefined)?.message), String((err as Error | undefined)?.stack), inspect(err, { depth: 10, showHidden: true })]
+      for (let cause = (err as Error | undefined)?.cause; cause !== undefined; cause = (cause as Error).cause) seen.push(inspect(cause, { depth: 10, showHidden: true }))
+      seen.push(JSON.stringify(logged))
+      for (const secret of secrets) for (const text of seen) expect(text).not.toContain(secret)
+    }
+
+    it('a url with :password@ authenticates the default user', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://:${PASSWORD}@${hostPort(server)}` })
+      const key = uniqueKey('auth-default')
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+    })
+
+    it('a url with user:password@ authenticates an ACL user, with URL-encoded characters', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://alice:${encodeURIComponent('p@ss w:rd/%')}@${hostPort(server)}` })
+      const key = uniqueKey('auth-acl')
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+    })
+
+    it('a wrong password rejects with ERR_LEASE_AUTH and the error does not reveal the password', async () => {
+      const server = await authServer()
+      const wrong = 'Wr0ng-pa55word-Xy7'
+      for (const url of [`redis://:${wrong}@${hostPort(server)}`, `redis://alice:${wrong}@${hostPort(server)}`]) {
+        const logger = recorder()
+        const p = provider({ url, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000, logger })
+        const r = await settleWithin(p.acquireLease(uniqueKey('wrong-pass'), 'A', LONG), 3_000)
+        expect(r.status, url).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), url).toBe('ERR_LEASE_AUTH')
+          expectNoSecret(r.reason, logger.lines, [wrong, PASSWORD])
+        }
+      }
+    })
+
+    it('no password against a server that requires one rejects with ERR_LEASE_AUTH', async () => {
+      const server = await authServer()
+      const p = provider({ url: `redis://${hostPort(server)}`, connectTimeoutMs: 1_000, commandTimeoutMs: 1_000 })
+      const r = await settleWithin(p.getLeaseOwner(uniqueKey('noauth')), 3_000)
+      expect(r.status).toBe('rejected')
+      if (r.status === 'rejected') expect(errorCode(r.reason)).toBe('ERR_LEASE_AUTH')
+    })
+
+    it('an ACL user without access to the lease keys gets ERR_LEASE_AUTH (NOPERM) on every call', async () => {
+      const server = await authServer()
+      const logger = recorder()
+      const p = provider({ url: `redis://limited:${PASSWORD}@${hostPort(server)}`, logger })
+      for (const [name, call] of everyCall(p, uniqueKey('noperm'))) {
+        const r = await settleWithin(call(), 3_000)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), name).toBe('ERR_LEASE_AUTH')
+          expectNoSecret(r.reason, logger.lines, [PASSWORD])
+        }
+      }
+    })
+
+    // The recommended ACL (docs/security.md): the lease keys, their metadata keys (every script
+    // reads a holder's metadata) and their fencing keys, the seven commands the scripts need,
+    // and for waiting (hold with wait) PTTL (getLease reads the holder's TTL) and the lease
+    // keys' shard channels with the three commands that publish and listen there.
+    const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del', 'incr']
+    const WAIT_COMMANDS = ['pttl', 'spublish', 'ssubscribe', 'sunsubscribe']
+    const leaseUser = (name: string, password: string, commands = [...LEASE_COMMANDS, ...WAIT_COMMANDS], prefix = 'mastra:topic') => [
+      'ACL',
+      'SETUSER',
+      name,
+      'reset',
+      'on',
+      `>${password}`,
+      `~${prefix}:lease:*`,
+      `~${prefix}:lease-metadata:*`,
+      `~${prefix}:fence:*`,
+      'resetchannels',
+      `&${prefix}:lease:*`,
+      '-@all',
+      ...commands.map((c) => `+${c}`),
+    ]
+
+    /**
+     * The five methods through their whole life cycle, with a fenced grant and a holder with
+     * metadata (released only with it); rejects at the first failure.
+     */
+    async function lifeCycle(p: RedisLeaseProvider, key: string) {
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireLease(key, 'B', LONG)).toEqual({ acquired: false, owner: 'A' })
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.acquireFencedLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A', token: expect.any(Number) })
+      expect(await p.getLeaseOwner(key)).toBe('A')
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      expect(await p.renewLease(key, 'B', LONG)).toBe(false)
+      expect(await p.transferLease(key, 'A', 'B', LONG, undefined, 'run-b')).toBe(true)
+      await p.releaseLease(key, 'A') // not the holder: a no-op
+      await p.releaseLease(key, 'B') // B with no metadata is not the holder either
+      expect(await p.getLeaseOwner(key)).toBe('B')
+      await p.releaseLease(key, 'B', 'run-b')
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+    }
+
+    it('an ACL user confined to the lease, metadata and fencing keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL, INCR can use all five methods; without any one of them it cannot; with PTTL, SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE it can wait', async () => {
+      const server = await ownServer()
+      const secret = 'L3ase-only-pa55-Wv8'
+      await server.cli(...leaseUser('lease', secret))
+      await server.cli('SCRIPT', 'FLUSH') // so SCRIPT LOAD is needed, as after a restart
+      await server.cli('ACL', 'LOG', 'RESET')
+      const logger = recorder()
+      const url = `redis://lease:${secret}@${hostPort(server)}`
+      const p = provider({ url, logger })
+      await lifeCycle(p, uniqueKey('acl-least'))
+      // With PTTL it reads a lease record too (getLeaseRecord runs the script getLease does).
+      const recorded = uniqueKey('acl-record')
+      await p.acquireLease(recorded, 'A', LONG, 'run-a')
+      expect(await p.getLeaseRecord(recorded)).toStrictEqual({ owner: 'A', metadata: 'run-a' })
+      await p.releaseLease(recorded, 'A', 'run-a')
+      // Nothing was denied, but the optional INFO of the eviction-policy check and the
+      // optional CLIENT SETNAME of the connection name.
+      const denied = ((await server.cli('ACL', 'LOG')) as unknown[][]).map((entry) => entry[entry.indexOf('object') + 1])
+      expect(denied.filter((object) => object !== 'info' && object !== 'client|setname')).toEqual([])
+      expectNoSecret(undefined, logger.lines, [secret])
+
+      // The same user waits for a lease and is woken by its release, long before its TTL.
+      const key = uniqueKey('acl-wait')
+      const holder = provider({ url })
+      await holder.acquireLease(key, 'A', LONG)
+      const waiting = holdLease(p, key, 'B', { ttlMs: LONG, wait: true })
+      await sleep(200)
+      await holder.releaseLease(key, 'A')
+      const lease = await settleWithin(waiting, 2_000)
+      expect(lease.status).toBe('fulfilled')
+      if (lease.status === 'fulfilled') await lease.value.release()
+
+      // Without the four waiting commands (the line before waiting existed) the five methods
+      // still work: the release's publish fails quietly inside the script.
+      await server.cli(...leaseUser('unwaiting', secret, LEASE_COMMANDS))
+      await lifeCycle(provider({ url: `redis://unwaiting:${secret}@${hostPort(server)}` }), uniqueKey('acl-unwaiting'))
+
+      // The metadata keys are needed: every script names one, so without them every
+      // scripted call is refused (NOPERM), even for a holder with no metadata.
+      const noMetadataKeys = leaseUser('no-metadata-keys', secret).filter((arg) => !arg.includes(':lease-metadata:'))
+      await server.cli(...noMetadataKeys)
+      const keyless = provider({ url: `redis://no-metadata-keys:${secret}@${hostPort(server)}` })
+      const refused = await settleWithin(lifeCycle(keyless, uniqueKey('acl-no-metadata')), 5_000)
+      expect(refused.status).toBe('rejected')
+      if (refused.status === 'rejected') expect(errorCode(refused.reason)).toBe('ERR_LEASE_AUTH')
+
+      // Each of the seven is needed: a user without it fails somewhere in the life cycle.
+      for (const missing of LEASE_COMMANDS) {
+        await server.cli(...leaseUser('lacking', secret, LEASE_COMMANDS.filter((c) => c !== missing)))
+        await server.cli('SCRIPT', 'FLUSH')
+        const lacking = provider({ url: `redis://lacking:${secret}@${hostPort(server)}` })
+        const r = await settleWithin(lifeCycle(lacking, uniqueKey('acl-lacking')), 5_000)
+        expect(r.status, `without ${missing}`).toBe('rejected')
+        if (r.status === 'rejected') {
+          // Refused at the top (EVALSHA, SCRIPT LOAD, and SET: a plain acquire is one SET) it
+          // is NOPERM; refused inside a script (where the life cycle first meets GET, PEXPIRE,
+          // DEL, INCR), a script error.
+          const expected = ['evalsha', 'script|load', 'set'].includes(missing) ? 'ERR_LEASE_AUTH' : 'ERR_LEASE_REDIS'
+          expect(errorCode(r.reason), `without ${missing}`).toBe(expected)
+        }
+      }
+    })
+
+    // getLeaseRecord has a script of its own, plain GETs: no PTTL needed, as getLease needs.
+    it('an ACL user of the seven commands alone reads a lease record (getLeaseRecord)', async () => {
+      const server = await ownServer()
+      const secret = 'Rec0rd-only-pa55-Tq4'
+      await server.cli(...leaseUser('recorder', secret, LEASE_COMMANDS))
+      const p = provider({ url: `redis://recorder:${secret}@${hostPort(server)}` })
+      const key = uniqueKey('acl-record-only')
+      expect(await p.acquireLease(key, 'A', LONG, 'run-a')).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.getLeaseRecord(key)).toStrictEqual({ owner: 'A', metadata: 'run-a' })
+    })
+
+    it('the confined user reaching outside its prefix gets ERR_LEASE_AUTH (NOPERM) on every call, and the keys stay untouched', async () => {
+      const server = await ownServer()
+      const secret = 'Tenant-a-pa55-Rr2'
+      await server.cli(...leaseUser('tenant-a', secret, LEASE_COMMANDS, 'tenant-a'))
+      const own = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-a' })
+      const key = uniqueKey('tenant')
+      expect(await own.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      await server.cli('SET', `tenant-b:lease:${key}`, 'B', 'PX', LONG)
+      const logger = recorder()
+      const p = provider({ url: `redis://tenant-a:${secret}@${hostPort(server)}`, keyPrefix: 'tenant-b', logger })
+      const connections = async () => Number((await server.info('stats')).total_connections_received)
+      const opened = await connections()
+      for (const [name, call] of everyCall(p, key)) {
+        const r = await settleWithin(call(), 3_000)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), name).toBe('ERR_LEASE_AUTH')
+          expect(String((r.reason as Error).message), name).toMatch(/NoPerm/i)
+          expectNoSecret(r.reason, logger.lines, [secret])
+        }
+      }
+      expect(await server.cli('GET', `tenant-b:lease:${key}`)).toBe('B')
+      expect(await server.cli('GET', `tenant-a:lease:${key}`)).toBe('A')
+      // The connection answered: it is kept, not reopened for every refused call.
+      expect((await connections()) - opened).toBe(1)
+    })
+
+    it('a connection error (nothing listening, a host that does not resolve) or a url that does not parse does not reveal the password either', async () => {
+      const port = await freePort()
+      // Nothing listening, and a host that does not resolve.
+      for (const host of [`127.0.0.1:${port}`, 'no-such-host.invalid:6379']) {
+        const logger = recorder()
+        const p = provider({ url: `redis://bob:${PASSWORD}@${host}`, connectTimeoutMs: 300, commandTimeoutMs: 300, logger })
+        const r = await settleWithin(p.getLeaseOwner(uniqueKey('leak')), 2_500)
+        expect(r.status, host).toBe('rejected')
+        if (r.status === 'rejected') {
+          expect(errorCode(r.reason), host).toBe('ERR_LEASE_CONNECTION')
+          expectNoSecret(r.reason, logger.lines, [PASSWORD])
+        }
+      }
+      // A url that does not parse is refused in the constructor, without echoing it.
+      for (const url of [`redis://bob:${PASSWORD}@127.0.0.1:notaport`, `redis://bob:${PASSWORD}@[::1`, `http://bob:${PASSWORD}@h`]) {
+        let thrown: unknown
+        try {
+          new RedisLeaseProvider({ url })
+        } catch (err) {
+          thrown = err
+        }
+        expect(errorCode(thrown), url).toBe('ERR_LEASE_INVALID_OPTION')
+        expectNoSecret(thrown, [], [PASSWORD])
+      }
+    })
+
+    it('a /db path selects that database', async () => {
+      const server = await ownServer()
+      const p = provider({ url: `${server.url}/5` })
+      const key = uniqueKey('db5')
+      await p.acquireLease(key, 'A', LONG)
+      const db5 = await connectClient({ host: '127.0.0.1', port: server.port, db: 5 })
+      extraClients.push(db5)
+      expect(await db5.get(`mastra:topic:lease:${key}`)).toBe('A')
+      expect(await server.cli('EXISTS', `mastra:topic:lease:${key}`)).toBe(0)
+      // A provider on db 0 does not see it.
+      const p0 = provider({ url: server.url })
+      expect(await p0.getLeaseOwner(key)).toBeUndefined()
+    })
+
+    it('unix socket urls (redis+unix:// and unix://) work', async () => {
+      const server = await ownServer({ unixSocket: true })
+      const socketPath = server.socketPath!
+      for (const url of [`redis+unix://${socketPath}`, `unix://${socketPath}`]) {
+        const p = provider({ url })
+        const key = uniqueKey('unix')
+        expect(await p.acquireLease(key, 'A', LONG), url).toStrictEqual({ acquired: true, owner: 'A' })
+        expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
+        expect(await p.getLeaseOwner(key)).toBe('A')
+      }
+    })
   })
 })

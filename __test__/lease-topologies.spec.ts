@@ -15,7 +15,8 @@ import { RedisLeaseProvider } from '../index.js'
 import { describeLeaseContract } from './helpers/lease-contract.js'
 import { expectRejection } from './helpers/lease.js'
 import { EXTERNAL_REDIS } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
   let cluster: RedisCluster

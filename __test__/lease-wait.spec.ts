@@ -14,7 +14,8 @@ import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub,
 import { expectRejection, pending, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type RedisCluster, type RedisSentinel } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
 

@@ -34,7 +34,8 @@ import { createMockModel } from './fixtures/mock-model.mjs'
 import { recordingLeases, type LeaseCall, type RecordingLeases } from './fixtures/recording-leases.mjs'
 import { MASTRA_MIN_NODE, NODE, nodeAtLeast } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, startSentinel } from './helpers/redis-topologies.js'
+import { startCluster } from './helpers/redis-cluster.js'
+import { startSentinel } from './helpers/redis-sentinel.js'
 
 process.env.MASTRA_TELEMETRY_DISABLED = '1'
 

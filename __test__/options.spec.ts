@@ -493,3 +493,22 @@ describe("cluster, in node-redis' shape as Mastra's backend takes it", () => {
     }
   })
 })
+
+describe("RedisLeaseProvider's own options", () => {
+  type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
+
+    it('rejects invalid constructor options synchronously with ERR_LEASE_INVALID_OPTION', () => {
+      const make = (o: unknown) => () => new RedisLeaseProvider(o as RedisOptions)
+      expectThrow(make({ commandTimeoutMs: 0 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: -5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: 1.5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: Number.NaN }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ commandTimeoutMs: 'x' }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ connectTimeoutMs: 0 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ connectTimeoutMs: '100' }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ keyPrefix: 5 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 5 }), TypeError, 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 'http://x' }), [TypeError, RangeError], 'ERR_LEASE_INVALID_OPTION')
+      expectThrow(make({ url: 'not a url' }), [TypeError, RangeError], 'ERR_LEASE_INVALID_OPTION')
+    })
+})

@@ -45,7 +45,8 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import type { LeaseCall } from './fixtures/recording-leases.mjs'
 import { NODE } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
-import { startCluster, startSentinel } from './helpers/redis-topologies.js'
+import { startCluster } from './helpers/redis-cluster.js'
+import { startSentinel } from './helpers/redis-sentinel.js'
 import { sleep, uniquePrefix } from './helpers/streams.js'
 
 process.env.MASTRA_TELEMETRY_DISABLED = '1'

@@ -11,7 +11,8 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
 import { EXTERNAL_REDIS } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type RedisCluster } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel } from './helpers/redis-sentinel.js'
 import { ev, Inbox, numberOf, sleep, uniquePrefix } from './helpers/streams.js'
 import { deliveryAfterSiblingClose, pendingCount, streamsSuite } from './helpers/streams-suite.js'
 

@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { MemoryLeaseProvider, RedisStreamsPubSub, withLeases, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
 import { errorCode, settleWithin } from './helpers/lease.js'
 import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { ev, Inbox, recordingLogger, uniquePrefix, type Publishable } from './helpers/streams.js'
 import { entries, pendingCount } from './helpers/streams-suite.js'
 

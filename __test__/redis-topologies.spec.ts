@@ -1,15 +1,17 @@
-// The Redis Cluster and Redis Sentinel harness (helpers/redis-topologies.ts) on its own:
-// both topologies start healthy on free ports, a SIGKILLed master is replaced, a slot moves
-// with its keys, and stop() leaves no process and no temp dir behind. The timings go to the
-// run's figures.
+// The Redis Cluster and Redis Sentinel harness (helpers/redis-cluster.ts and
+// helpers/redis-sentinel.ts) on its own: both topologies start healthy on free ports, a
+// SIGKILLed master is replaced, a slot moves with its keys, and stop() leaves no process and
+// no temp dir behind. The timings go to the run's figures.
 import { existsSync } from 'node:fs'
 import path from 'node:path'
 import { performance } from 'node:perf_hooks'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
-import { EXTERNAL_REDIS, RespClient, type RespValue } from './helpers/redis-server.js'
-import { startCluster, startSentinel, type RedisCluster, type RedisSentinel, type TopologyNode } from './helpers/redis-topologies.js'
+import { connectClient, EXTERNAL_REDIS, type RespValue } from './helpers/redis-server.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
+import type { TopologyNode } from './helpers/redis-process.js'
 
 const ms = (n: number) => `${Math.round(n)} ms`
 
@@ -64,11 +66,11 @@ describe.skipIf(EXTERNAL_REDIS)('a password-protected Redis Cluster of 3 masters
   })
 
   it('refuses a client that does not authenticate', async () => {
-    const anonymous = new RespClient({ host: '127.0.0.1', port: cluster.nodes[0]!.port })
+    const anonymous = await connectClient({ host: '127.0.0.1', port: cluster.nodes[0]!.port })
     try {
-      await expect(anonymous.command('PING')).rejects.toThrow(/NOAUTH/)
+      await expect(anonymous.ping()).rejects.toThrow(/NOAUTH/)
     } finally {
-      anonymous.close()
+      anonymous.destroy()
     }
   })
 

@@ -14,7 +14,7 @@ import { CollectingLogger, expectRejection, pending, sleep } from './helpers/lea
 import { ev, Inbox, recordingLogger } from './helpers/streams.js'
 import { closing, leaseSuite, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
-import { startCluster, type RedisCluster } from './helpers/redis-topologies.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 
 leaseSuite()
 

@@ -63,6 +63,17 @@ export const untyped = (p: LeaseApi): Untyped => p as unknown as Untyped
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms))
 
+/** Every method once, against `key`, as thunks (so each is a fresh call). */
+export function everyCall(p: LeaseApi, key: string, ttlMs = 60_000): Array<[string, () => Promise<unknown>]> {
+  return [
+    ['acquireLease', () => p.acquireLease(key, 'A', ttlMs)],
+    ['getLeaseOwner', () => p.getLeaseOwner(key)],
+    ['releaseLease', () => p.releaseLease(key, 'A')],
+    ['renewLease', () => p.renewLease(key, 'A', ttlMs)],
+    ['transferLease', () => p.transferLease(key, 'A', 'B', ttlMs)],
+  ]
+}
+
 const run = randomUUID().slice(0, 8)
 let counter = 0
 /** A key no other test (or earlier run against a shared REDIS_URL) uses. */

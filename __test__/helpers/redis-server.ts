@@ -1,25 +1,28 @@
-// Real redis-server processes for the tests, plus a tiny RESP client to look at them.
+// Real redis-server processes for the tests, and node-redis connections to look at them.
 //
 // Every server gets its own free port (never 6379), its own temp dir, no persistence,
 // and is bound to 127.0.0.1. When REDIS_URL is set, `startRedis()` hands back that
 // external server instead, and the tests that must freeze/kill/restart a server skip
 // themselves (`it.skipIf(EXTERNAL_REDIS)`).
+//
+// `RedisProcess` is the one redis-server process (spawn, wait for PING, freeze, kill,
+// restart); `startRedis()` runs one, and the Cluster and Sentinel helpers
+// (redis-cluster.ts, redis-sentinel.ts over redis-process.ts) run several.
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
+import { performance } from 'node:perf_hooks'
+
+import { createClient } from 'redis'
 
 export const EXTERNAL_REDIS_URL: string | undefined = process.env.REDIS_URL || undefined
 /** True when the tests run against an external server they must not freeze, kill or restart. */
 export const EXTERNAL_REDIS = EXTERNAL_REDIS_URL !== undefined
 
+/** A reply as node-redis hands over a RESP2 reply of `sendCommand`, untransformed. */
 export type RespValue = string | number | null | RespValue[]
-
-/** An error reply from Redis (`-ERR ...`), as opposed to a transport failure. */
-export class RespError extends Error {
-  override name = 'RespError'
-}
 
 export interface RedisServerOptions {
   /** Extra redis-server arguments, e.g. ['--requirepass', 'pw']. */
@@ -57,72 +60,26 @@ export interface RedisServer {
   stop(): Promise<void>
 }
 
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
 // ---------------------------------------------------------------------------
-// RESP client
+// node-redis connections
 // ---------------------------------------------------------------------------
 
-function encodeCommand(args: Array<string | number>): Buffer {
-  const parts: Buffer[] = [Buffer.from(`*${args.length}\r\n`)]
-  for (const arg of args) {
-    const body = Buffer.from(String(arg), 'utf8')
-    parts.push(Buffer.from(`$${body.length}\r\n`), body, Buffer.from('\r\n'))
-  }
-  return Buffer.concat(parts)
-}
-
-type Parsed = { value: RespValue | RespError; end: number }
-
-/** Parse one RESP2 reply starting at `start`; undefined when the buffer is incomplete. */
-function parseReply(buf: Buffer, start: number): Parsed | undefined {
-  const lineEnd = buf.indexOf('\r\n', start)
-  if (lineEnd < 0) return undefined
-  const type = String.fromCharCode(buf[start]!)
-  const line = buf.toString('utf8', start + 1, lineEnd)
-  const next = lineEnd + 2
-  switch (type) {
-    case '+':
-      return { value: line, end: next }
-    case '-':
-      return { value: new RespError(line), end: next }
-    case ':':
-      return { value: Number(line), end: next }
-    case '$': {
-      const len = Number(line)
-      if (len < 0) return { value: null, end: next }
-      if (buf.length < next + len + 2) return undefined
-      return { value: buf.toString('utf8', next, next + len), end: next + len + 2 }
-    }
-    case '*': {
-      const count = Number(line)
-      if (count < 0) return { value: null, end: next }
-      const items: RespValue[] = []
-      let pos = next
-      for (let i = 0; i < count; i++) {
-        const item = parseReply(buf, pos)
-        if (!item) return undefined
-        if (item.value instanceof RespError) throw item.value
-        items.push(item.value)
-        pos = item.end
-      }
-      return { value: items, end: pos }
-    }
-    default:
-      throw new Error(`unexpected RESP type byte ${JSON.stringify(type)}`)
-  }
-}
-
-export interface RespTarget {
+export interface RedisTarget {
   host?: string
   port?: number
   path?: string
+  /** rediss:// */
+  tls?: boolean
   username?: string
   password?: string
   db?: number
 }
 
-export function parseRedisUrl(url: string): RespTarget {
+export function parseRedisUrl(url: string): RedisTarget {
   const u = new URL(url)
-  const target: RespTarget = {}
+  const target: RedisTarget = {}
   if (u.protocol === 'unix:' || u.protocol === 'redis+unix:') {
     target.path = decodeURIComponent(u.pathname)
     const db = u.searchParams.get('db')
@@ -130,6 +87,7 @@ export function parseRedisUrl(url: string): RespTarget {
   } else {
     target.host = u.hostname || '127.0.0.1'
     target.port = u.port ? Number(u.port) : 6379
+    if (u.protocol === 'rediss:') target.tls = true
     const db = u.pathname.replace(/^\//, '')
     if (db) target.db = Number(db)
   }
@@ -138,117 +96,132 @@ export function parseRedisUrl(url: string): RespTarget {
   return target
 }
 
-/** A minimal RESP2 client: one socket, pipelined commands answered in order. */
-export class RespClient {
-  private socket: net.Socket | undefined
-  private buffer: Buffer = Buffer.alloc(0)
-  private pending: Array<{ resolve: (v: RespValue) => void; reject: (e: Error) => void }> = []
-  private connecting: Promise<void> | undefined
+function newClient(target: RedisTarget, connectTimeout: number) {
+  const common = { connectTimeout, reconnectStrategy: false as const }
+  const socket = target.path
+    ? { ...common, path: target.path, tls: false as const }
+    : target.tls
+      ? { ...common, host: target.host ?? '127.0.0.1', port: target.port ?? 6379, tls: true as const, servername: target.host }
+      : { ...common, host: target.host ?? '127.0.0.1', port: target.port ?? 6379 }
+  const client = createClient({
+    socket,
+    username: target.username,
+    password: target.password,
+    database: target.db,
+    // The server sees only what a test sends (plus AUTH and SELECT): no CLIENT SETINFO in
+    // its commandstats, its ACL log or a MONITOR, and nothing a renamed command could refuse.
+    // RESP is left unset on purpose: RESP: 2 would open with HELLO.
+    disableClientInfo: true,
+    // Disconnected means failed at once, not queued until a reconnect that never comes.
+    disableOfflineQueue: true,
+  })
+  // A lost connection is reported through the pending calls; an unheard 'error' event
+  // would crash the test process.
+  client.on('error', () => {})
+  return client
+}
+
+/** A node-redis client of the tests: RESP2, no reconnect, no offline queue, no client info. */
+export type RedisTestClient = ReturnType<typeof newClient>
+
+function destroyQuietly(client: RedisTestClient) {
+  try {
+    client.destroy()
+  } catch {
+    /* already closed */
+  }
+}
+
+/**
+ * `work` on `client`, given up after `ms` (a SIGSTOPped server accepts the TCP connection
+ * and then answers nothing): the client is destroyed then, so that no late reply lands.
+ */
+async function bounded<T>(client: RedisTestClient, ms: number, what: string, work: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      destroyQuietly(client)
+      reject(new Error(`redis did not answer ${what} within ${ms} ms`))
+    }, ms)
+  })
+  try {
+    return await Promise.race([work, timeout])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/**
+ * A connected node-redis client to `target` (AUTH and SELECT done), or a rejection within
+ * `timeoutMs`. Destroy it when done (`client.destroy()`).
+ */
+export async function connectClient(target: RedisTarget, timeoutMs = 5000): Promise<RedisTestClient> {
+  const client = newClient(target, timeoutMs)
+  try {
+    await bounded(client, timeoutMs, 'the connection', client.connect())
+  } catch (err) {
+    destroyQuietly(client)
+    throw err
+  }
+  return client
+}
+
+/**
+ * One connection to a server, opened on first use and again after it was lost (a killed
+ * or restarted server, CLIENT KILL): each command answered within `timeoutMs` or failed,
+ * and the connection dropped with it.
+ */
+export class ServerConnection {
+  private client: Promise<RedisTestClient> | undefined
 
   constructor(
-    private readonly target: RespTarget,
+    private readonly target: RedisTarget,
     private readonly timeoutMs = 5000,
   ) {}
 
-  private connect(): Promise<void> {
-    if (this.socket && !this.socket.destroyed) return Promise.resolve()
-    if (this.connecting) return this.connecting
-    this.connecting = new Promise<void>((resolve, reject) => {
-      const socket = this.target.path
-        ? net.createConnection({ path: this.target.path })
-        : net.createConnection({ host: this.target.host ?? '127.0.0.1', port: this.target.port ?? 6379 })
-      const fail = (err: Error) => {
-        this.failAll(err)
-        if (this.socket === socket) this.socket = undefined
-        socket.destroy()
-        reject(err)
-      }
-      socket.once('error', fail)
-      socket.once('connect', () => {
-        socket.off('error', fail)
-        socket.on('error', (err) => this.failAll(err))
-        socket.on('close', () => {
-          if (this.socket === socket) this.socket = undefined
-          this.failAll(new Error('connection closed'))
-        })
-        socket.on('data', (chunk) => this.onData(chunk))
-        this.socket = socket
-        this.buffer = Buffer.alloc(0)
-        resolve()
+  private connected(): Promise<RedisTestClient> {
+    const current = this.client
+    if (current) {
+      return current.then((client) => {
+        if (client.isReady) return client
+        if (this.client === current) this.client = undefined
+        return this.connected()
       })
-    }).finally(() => {
-      this.connecting = undefined
-    })
-    return this.connecting.then(async () => {
-      const { username, password, db } = this.target
-      if (password !== undefined) await this.send(username ? ['AUTH', username, password] : ['AUTH', password])
-      if (db !== undefined && db !== 0) await this.send(['SELECT', db])
-    })
-  }
-
-  private onData(chunk: Buffer) {
-    this.buffer = this.buffer.length ? Buffer.concat([this.buffer, chunk]) : chunk
-    let pos = 0
-    for (;;) {
-      let parsed: Parsed | undefined
-      try {
-        parsed = parseReply(this.buffer, pos)
-      } catch (err) {
-        // An error nested in an array reply: hand it to the waiting caller.
-        parsed = undefined
-        const waiter = this.pending.shift()
-        waiter?.reject(err as Error)
-        this.socket?.destroy()
-        return
-      }
-      if (!parsed) break
-      pos = parsed.end
-      const waiter = this.pending.shift()
-      if (!waiter) continue
-      if (parsed.value instanceof RespError) waiter.reject(parsed.value)
-      else waiter.resolve(parsed.value)
     }
-    this.buffer = this.buffer.subarray(pos)
-  }
-
-  private failAll(err: Error) {
-    const waiting = this.pending
-    this.pending = []
-    for (const w of waiting) w.reject(err)
-  }
-
-  private send(args: Array<string | number>): Promise<RespValue> {
-    const socket = this.socket
-    if (!socket) return Promise.reject(new Error('not connected'))
-    return new Promise<RespValue>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        // The server stopped answering (e.g. SIGSTOP): drop this connection.
-        reject(new Error(`redis did not answer ${String(args[0])} within ${this.timeoutMs} ms`))
-        socket.destroy()
-      }, this.timeoutMs)
-      this.pending.push({
-        resolve: (v) => {
-          clearTimeout(timer)
-          resolve(v)
-        },
-        reject: (e) => {
-          clearTimeout(timer)
-          reject(e)
-        },
-      })
-      socket.write(encodeCommand(args))
+    const opening = connectClient(this.target, this.timeoutMs)
+    this.client = opening
+    opening.catch(() => {
+      if (this.client === opening) this.client = undefined
     })
+    return opening
   }
 
   async command(...args: Array<string | number>): Promise<RespValue> {
-    await this.connect()
-    return this.send(args)
+    const client = await this.connected()
+    return bounded(client, this.timeoutMs, String(args[0]), client.sendCommand<RespValue>(args.map(String)))
   }
 
   close() {
-    this.socket?.destroy()
-    this.socket = undefined
+    const current = this.client
+    this.client = undefined
+    current?.then(destroyQuietly, () => {})
   }
+}
+
+/**
+ * The commands the server runs for `ms` (MONITOR), one line each, as Redis prints them:
+ * `<time> [<db> <client>] "XREAD" "COUNT" ...`.
+ */
+export async function monitor(server: RedisServer, ms: number): Promise<string[]> {
+  const client = await connectClient(parseRedisUrl(server.url))
+  const lines: string[] = []
+  try {
+    await client.monitor((line) => lines.push(String(line)))
+    await sleep(ms)
+  } finally {
+    destroyQuietly(client)
+  }
+  return lines
 }
 
 // ---------------------------------------------------------------------------
@@ -281,9 +254,7 @@ export function freePort(): Promise<number> {
   })
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
-
-function waitExit(child: ChildProcess, ms: number): Promise<boolean> {
+export function waitExit(child: ChildProcess, ms: number): Promise<boolean> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(true)
   return new Promise((resolve) => {
     const timer = setTimeout(() => resolve(false), ms)
@@ -294,7 +265,17 @@ function waitExit(child: ChildProcess, ms: number): Promise<boolean> {
   })
 }
 
-function parseInfo(text: string): Record<string, string> {
+/** The last `lines` lines of a log file. */
+export function tail(file: string, lines = 15): string {
+  try {
+    return readFileSync(file, 'utf8').trimEnd().split('\n').slice(-lines).join('\n')
+  } catch {
+    return '(no log)'
+  }
+}
+
+/** `INFO` (or `CLUSTER INFO`) text as key -> value. */
+export function parseInfo(text: string): Record<string, string> {
   const out: Record<string, string> = {}
   for (const line of text.split('\r\n')) {
     if (!line || line.startsWith('#')) continue
@@ -304,10 +285,10 @@ function parseInfo(text: string): Record<string, string> {
   return out
 }
 
-function commonApi(client: RespClient) {
-  const info = async (section: string) => parseInfo(String(await client.command('INFO', section)))
+function commonApi(connection: ServerConnection) {
+  const info = async (section: string) => parseInfo(String(await connection.command('INFO', section)))
   return {
-    cli: (...args: Array<string | number>) => client.command(...args),
+    cli: (...args: Array<string | number>) => connection.command(...args),
     info,
     async commandCalls() {
       const stats = await info('commandstats')
@@ -320,14 +301,171 @@ function commonApi(client: RespClient) {
       return out
     },
     async flushScripts() {
-      await client.command('SCRIPT', 'FLUSH')
+      await connection.command('SCRIPT', 'FLUSH')
     },
+  }
+}
+
+export interface ProcessSpec {
+  /** e.g. 'redis-server', 'node-2', 'sentinel-0'. */
+  name: string
+  /** Its own dir, the process's cwd; kept across restart(). */
+  dir: string
+  /** The client port first, then any other port the process listens on (a cluster bus). */
+  ports: number[]
+  /** The whole redis-server argv (a config file may only come first). */
+  argv: string[]
+  /** A unix socket the process also listens on. */
+  socketPath?: string
+  /** What the helper's own client authenticates with. */
+  password?: string
+  username?: string
+}
+
+/** One redis-server (or sentinel) process on 127.0.0.1, and the helper's connection to it. */
+export class RedisProcess implements RedisServer {
+  readonly url: string
+  readonly host = '127.0.0.1'
+  readonly port: number
+  readonly socketPath: string | undefined
+  readonly external = false
+  readonly name: string
+  readonly dir: string
+  readonly ports: number[]
+  readonly cli: (...args: Array<string | number>) => Promise<RespValue>
+  readonly info: (section: string) => Promise<Record<string, string>>
+  readonly commandCalls: () => Promise<Record<string, number>>
+  readonly flushScripts: () => Promise<void>
+  private proc: ChildProcess | undefined
+  private isFrozen = false
+  private readonly connection: ServerConnection
+
+  constructor(private readonly spec: ProcessSpec) {
+    this.name = spec.name
+    this.dir = spec.dir
+    this.ports = spec.ports
+    this.port = spec.ports[0]!
+    this.socketPath = spec.socketPath
+    this.url = `redis://${this.host}:${this.port}`
+    this.connection = new ServerConnection(this.target())
+    const api = commonApi(this.connection)
+    this.cli = api.cli
+    this.info = api.info
+    this.commandCalls = api.commandCalls
+    this.flushScripts = api.flushScripts
+  }
+
+  private target(): RedisTarget {
+    return { host: this.host, port: this.port, password: this.spec.password, username: this.spec.username }
+  }
+
+  /** Neither killed nor stopped (it may be frozen). */
+  get running() {
+    return this.proc !== undefined
+  }
+  /** SIGSTOPped and not thawed yet. */
+  get frozen() {
+    return this.isFrozen
+  }
+  /** Running and not frozen: it can answer. */
+  get reachable() {
+    return this.proc !== undefined && !this.isFrozen
+  }
+  get pid() {
+    return this.proc?.pid
+  }
+  /** Where a process started with `--logfile redis.log` (or `logfile` in its config) logs. */
+  get logFile() {
+    return path.join(this.dir, 'redis.log')
+  }
+
+  /** Spawn and wait for PING; false when the process exits first (e.g. its port is taken). */
+  async start(timeoutMs = 10_000): Promise<boolean> {
+    const child = spawn('redis-server', this.spec.argv, { cwd: this.dir, stdio: ['ignore', 'ignore', 'pipe'] })
+    live.add(child)
+    child.once('exit', () => live.delete(child))
+    child.stderr?.resume()
+    const deadline = performance.now() + timeoutMs
+    while (performance.now() < deadline) {
+      if (child.exitCode !== null || child.signalCode !== null) return false
+      let probe: RedisTestClient | undefined
+      try {
+        probe = await connectClient(this.target(), 500)
+        if ((await bounded(probe, 500, 'PING', probe.ping())) === 'PONG') {
+          this.proc = child
+          this.isFrozen = false
+          return true
+        }
+      } catch {
+        await sleep(20)
+      } finally {
+        if (probe) destroyQuietly(probe)
+      }
+    }
+    child.kill('SIGKILL')
+    await waitExit(child, 2000)
+    return false
+  }
+
+  /** The first element of ROLE: 'master', 'slave' or 'sentinel'. */
+  async role() {
+    const reply = await this.cli('ROLE')
+    return Array.isArray(reply) ? String(reply[0]) : String(reply)
+  }
+  freeze() {
+    if (!this.proc) throw new Error(`${this.name} is not running`)
+    this.proc.kill('SIGSTOP')
+    this.isFrozen = true
+  }
+  thaw() {
+    if (this.proc && this.isFrozen) this.proc.kill('SIGCONT')
+    this.isFrozen = false
+  }
+  async kill() {
+    this.connection.close()
+    const p = this.proc
+    this.proc = undefined
+    if (!p) return
+    p.kill('SIGCONT')
+    this.isFrozen = false
+    p.kill('SIGKILL')
+    await waitExit(p, 5000)
+  }
+  /** Start again on the same port(s) with the same dir, so a cluster node keeps its nodes.conf and id. */
+  async restart() {
+    await this.kill()
+    // The port may linger briefly; the provider under test keeps retrying meanwhile.
+    const deadline = performance.now() + 10_000
+    while (performance.now() < deadline) {
+      if (await this.start()) return
+      await sleep(50)
+    }
+    const log = existsSync(this.logFile) ? `:\n${tail(this.logFile)}` : ''
+    throw new Error(`could not restart ${this.name} on port ${this.port}${log}`)
+  }
+  /** SIGKILL (no persistence to save, and a master's SIGTERM may wait for replicas); the dir stays. */
+  async stop() {
+    await this.kill()
+  }
+  /** SIGTERM (thawed first), SIGKILL after `graceMs`; the dir stays. */
+  async terminate(graceMs: number) {
+    this.connection.close()
+    const p = this.proc
+    this.proc = undefined
+    if (!p) return
+    if (this.isFrozen) p.kill('SIGCONT')
+    this.isFrozen = false
+    p.kill('SIGTERM')
+    if (!(await waitExit(p, graceMs))) {
+      p.kill('SIGKILL')
+      await waitExit(p, graceMs)
+    }
   }
 }
 
 function externalServer(url: string): RedisServer {
   const target = parseRedisUrl(url)
-  const client = new RespClient(target)
+  const connection = new ServerConnection(target)
   const refuse = (what: string) => () => {
     throw new Error(`cannot ${what} an external REDIS_URL server; guard this test with it.skipIf(EXTERNAL_REDIS)`)
   }
@@ -337,48 +475,26 @@ function externalServer(url: string): RedisServer {
     port: target.port ?? 0,
     socketPath: target.path,
     external: true,
-    ...commonApi(client),
+    ...commonApi(connection),
     freeze: refuse('freeze'),
     thaw: refuse('thaw'),
     kill: async () => refuse('kill')(),
     restart: async () => refuse('restart')(),
     async stop() {
-      client.close()
+      connection.close()
     },
   }
 }
 
-async function spawnOnPort(
-  port: number,
-  dir: string,
-  opts: RedisServerOptions,
-  socketPath: string | undefined,
-): Promise<ChildProcess | undefined> {
-  const args = ['--port', String(port), '--save', '', '--appendonly', 'no', '--bind', '127.0.0.1', '--dir', dir]
-  if (socketPath) args.push('--unixsocket', socketPath, '--unixsocketperm', '700')
-  args.push(...(opts.args ?? []))
-  const child = spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] })
-  live.add(child)
-  child.once('exit', () => live.delete(child))
-  child.stderr?.resume()
-  const probe = new RespClient({ host: '127.0.0.1', port, password: opts.password, username: opts.username }, 500)
-  try {
-    const deadline = Date.now() + 10_000
-    while (Date.now() < deadline) {
-      if (child.exitCode !== null || child.signalCode !== null) return undefined // e.g. port taken
-      try {
-        if ((await probe.command('PING')) === 'PONG') return child
-      } catch {
-        probe.close()
-        await sleep(20)
-      }
-    }
-  } finally {
-    probe.close()
+/** A server of its own: stop() ends it gently and removes its temp dir. */
+class LocalServer extends RedisProcess {
+  private stopped = false
+  override async stop() {
+    if (this.stopped) return
+    this.stopped = true
+    await this.terminate(3000)
+    rmSync(this.dir, { recursive: true, force: true })
   }
-  child.kill('SIGKILL')
-  await waitExit(child, 2000)
-  return undefined
 }
 
 /** Start a fresh redis-server (or return the REDIS_URL one). Call `stop()` in afterAll/afterEach. */
@@ -387,104 +503,14 @@ export async function startRedis(opts: RedisServerOptions = {}): Promise<RedisSe
 
   const dir = mkdtempSync(path.join(os.tmpdir(), 'mlr-'))
   const socketPath = opts.unixSocket ? path.join(dir, 'redis.sock') : undefined
-  let port = 0
-  let child: ChildProcess | undefined
-  for (let attempt = 0; attempt < 5 && !child; attempt++) {
-    port = await freePort()
-    child = await spawnOnPort(port, dir, opts, socketPath)
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const port = await freePort()
+    const argv = ['--port', String(port), '--save', '', '--appendonly', 'no', '--bind', '127.0.0.1', '--dir', dir]
+    if (socketPath) argv.push('--unixsocket', socketPath, '--unixsocketperm', '700')
+    argv.push(...(opts.args ?? []))
+    const server = new LocalServer({ name: 'redis-server', dir, ports: [port], argv, socketPath, password: opts.password, username: opts.username })
+    if (await server.start()) return server
   }
-  if (!child) {
-    rmSync(dir, { recursive: true, force: true })
-    throw new Error('could not start redis-server')
-  }
-
-  const client = new RespClient({ host: '127.0.0.1', port, password: opts.password, username: opts.username })
-  let proc: ChildProcess | undefined = child
-  let frozen = false
-  let stopped = false
-
-  const killNow = async () => {
-    const p = proc
-    proc = undefined
-    if (!p) return
-    p.kill('SIGCONT')
-    frozen = false
-    p.kill('SIGKILL')
-    await waitExit(p, 5000)
-  }
-
-  const server: RedisServer = {
-    url: `redis://127.0.0.1:${port}`,
-    host: '127.0.0.1',
-    port,
-    socketPath,
-    external: false,
-    ...commonApi(client),
-    freeze() {
-      if (!proc) throw new Error('server is not running')
-      proc.kill('SIGSTOP')
-      frozen = true
-    },
-    thaw() {
-      if (proc && frozen) proc.kill('SIGCONT')
-      frozen = false
-    },
-    async kill() {
-      client.close()
-      await killNow()
-    },
-    async restart() {
-      client.close()
-      await killNow()
-      // The port may linger briefly; the provider under test keeps retrying meanwhile.
-      const deadline = Date.now() + 10_000
-      while (!proc && Date.now() < deadline) {
-        proc = await spawnOnPort(port, dir, opts, socketPath)
-        if (!proc) await sleep(50)
-      }
-      if (!proc) throw new Error(`could not restart redis-server on port ${port}`)
-    },
-    async stop() {
-      if (stopped) return
-      stopped = true
-      client.close()
-      const p = proc
-      proc = undefined
-      if (p) {
-        if (frozen) p.kill('SIGCONT')
-        frozen = false
-        p.kill('SIGTERM')
-        if (!(await waitExit(p, 3000))) {
-          p.kill('SIGKILL')
-          await waitExit(p, 3000)
-        }
-      }
-      rmSync(dir, { recursive: true, force: true })
-    },
-  }
-  return server
-}
-
-/**
- * The commands the server runs for `ms` (MONITOR), one line each, as Redis prints them:
- * `<time> [<db> <client>] "XREAD" "COUNT" ...`.
- */
-export async function monitor(server: RedisServer, ms: number): Promise<string[]> {
-  const target = parseRedisUrl(server.url)
-  const socket = target.path
-    ? net.createConnection({ path: target.path })
-    : net.createConnection({ host: target.host ?? '127.0.0.1', port: target.port ?? 6379 })
-  let text = ''
-  socket.on('data', (chunk) => (text += chunk.toString('utf8')))
-  await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject))
-  if (target.password !== undefined) {
-    socket.write(encodeCommand(target.username ? ['AUTH', target.username, target.password] : ['AUTH', target.password]))
-  }
-  socket.write(encodeCommand(['MONITOR']))
-  await sleep(ms)
-  socket.destroy()
-  return text
-    .split('\r\n')
-    .filter((line) => line.startsWith('+') && line !== '+OK')
-    .map((line) => line.slice(1))
+  rmSync(dir, { recursive: true, force: true })
+  throw new Error('could not start redis-server')
 }
