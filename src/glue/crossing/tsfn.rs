@@ -1,6 +1,13 @@
 //! N-API thread-safe functions, the one way from the Tokio runtime's threads back onto
 //! Node's thread: made on Node's thread, called from any thread, released when dropped, and
 //! guarded against use after Node finalized them (at process exit).
+//!
+//! Written by hand rather than with napi-rs' `ThreadsafeFunction`, for what it does not
+//! offer: the crossing's wake-up runs Rust on Node's thread, not a JavaScript function; its
+//! hold on the event loop is taken and given back as promises come and go (napi-rs keeps
+//! `refer`/`unref` only as deprecated methods needing `&mut`); and what a callback throws is
+//! cleared, where napi-rs hands it to `napi_fatal_exception`, which ends the process (a
+//! logger that throws must not).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
