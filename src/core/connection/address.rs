@@ -1,10 +1,11 @@
 //! Where a deployment is and how to sign in there: a URL's connection info with the
 //! credentials and database the options give beside it, the seeds of a cluster or of the
-//! sentinels, the TLS material's fit with the URLs, and URLs kept out of messages.
+//! sentinels, a cluster node by address, the TLS material's fit with the URLs, and URLs kept
+//! out of messages.
 
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
 
-use super::{redact, ConnectionOptions};
+use super::{ConnectionOptions, Deployment, TlsOptions};
 use crate::core::error::{Error, InputErrorKind, Result};
 
 /// The protocol a target's connections speak.
@@ -80,9 +81,28 @@ pub(super) fn check_tls(options: &ConnectionOptions, info: &ConnectionInfo) -> R
     options.tls.check()
 }
 
+/// Whether the URLs ask for TLS (`rediss://`).
+pub(super) fn asks_tls(options: &ConnectionOptions) -> bool {
+    let rediss = |url: &String| url.starts_with("rediss://");
+    match &options.deployment {
+        Deployment::Single => rediss(&options.url),
+        Deployment::Cluster { nodes } | Deployment::Sentinel { nodes, .. } => {
+            nodes.iter().any(rediss)
+        }
+    }
+}
+
+/// A client of `info`, with the options' TLS material when there is some.
+pub(super) fn client(info: ConnectionInfo, options: &ConnectionOptions) -> Result<Client> {
+    if options.tls.is_empty() {
+        return Client::open(info).map_err(|err| Error::from_redis(err, options.connect_timeout));
+    }
+    Client::build_with_tls(info, options.tls.certificates()).map_err(refused_tls)
+}
+
 /// The material was checked, so a refusal is redis-rs' own; its message is not repeated in
 /// case it quotes the material.
-pub(super) fn refused_tls(_: redis::RedisError) -> Error {
+fn refused_tls(_: redis::RedisError) -> Error {
     Error::option(
         InputErrorKind::Range,
         "tls: the Redis client refused the certificates or key",
@@ -131,4 +151,73 @@ pub(super) fn seeds(
 pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
     urls.iter()
         .fold(message.to_owned(), |message, url| redact(&message, url))
+}
+
+/// Removes the URL (and so any password in it) from a message.
+fn redact(message: &str, url: &str) -> String {
+    if url.is_empty() {
+        message.to_owned()
+    } else {
+        message.replace(url, "<url>")
+    }
+}
+
+/// How to open a plain connection to one node of a cluster, found by address: the seed's
+/// scheme, credentials and TLS material, another host and port.
+pub(super) struct NodeClients {
+    template: ConnectionInfo,
+    tls: TlsOptions,
+}
+
+impl NodeClients {
+    /// Nodes reached as `seed` is, with the options' TLS material.
+    pub(super) fn new(seed: &ConnectionInfo, options: &ConnectionOptions) -> Self {
+        Self {
+            template: seed.clone(),
+            tls: options.tls.clone(),
+        }
+    }
+
+    /// A client of the node at `host` and `port`.
+    pub(super) fn client(&self, host: &str, port: u16) -> RedisResult<Client> {
+        let addr = match self.template.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let info = self.template.clone().set_addr(addr);
+        if self.tls.is_empty() {
+            Client::open(info)
+        } else {
+            Client::build_with_tls(info, self.tls.certificates())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_connection_is_made_with_the_socket_options() {
+        let url = "redis://127.0.0.1:1";
+        let info = with_credentials(url, &ConnectionOptions::default(), "url").unwrap();
+        assert!(info.tcp_settings().nodelay(), "TCP_NODELAY by default");
+        assert!(
+            info.tcp_settings().keepalive().is_some(),
+            "keepalive by default"
+        );
+        let off = ConnectionOptions {
+            no_delay: false,
+            keep_alive: None,
+            ..ConnectionOptions::default()
+        };
+        let info = with_credentials(url, &off, "url").unwrap();
+        assert!(!info.tcp_settings().nodelay());
+        assert!(info.tcp_settings().keepalive().is_none());
+    }
 }

@@ -23,12 +23,14 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, ProtocolVersion,
-    PushInfo, RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, Pipeline, ProtocolVersion, PushInfo, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::address::{check_tls, redact_all, refused_tls, seeds, with_credentials, Protocol};
+use super::address::{
+    check_tls, client, redact_all, seeds, with_credentials, NodeClients, Protocol,
+};
 use super::sentinel::Sentinels;
 use super::slots::{master_of, Node};
 use super::{tls, ConnectionOptions, Deployment};
@@ -45,13 +47,6 @@ pub(super) enum Target {
     },
     /// The master the sentinels name.
     Sentinel(Sentinels),
-}
-
-/// How to open a plain connection to one node of a cluster, found by address: the seed's
-/// scheme, credentials and TLS material, another host and port.
-pub(super) struct NodeClients {
-    template: ConnectionInfo,
-    tls: super::TlsOptions,
 }
 
 impl Target {
@@ -201,26 +196,6 @@ impl Target {
                 .connect(&config.clone().set_push_sender(pushes))
                 .await
                 .map(Link::Master),
-        }
-    }
-}
-
-impl NodeClients {
-    fn client(&self, host: &str, port: u16) -> RedisResult<Client> {
-        let addr = match self.template.addr() {
-            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: None,
-            },
-            _ => ConnectionAddr::Tcp(host.to_owned(), port),
-        };
-        let info = self.template.clone().set_addr(addr);
-        if self.tls.is_empty() {
-            Client::open(info)
-        } else {
-            Client::build_with_tls(info, self.tls.certificates())
         }
     }
 }
@@ -436,10 +411,7 @@ fn single(options: &ConnectionOptions, protocol: Protocol) -> Result<Client> {
         info = info.set_redis_settings(settings);
     }
     check_tls(options, &info)?;
-    if options.tls.is_empty() {
-        return Client::open(info).map_err(|err| Error::from_redis(err, options.connect_timeout));
-    }
-    Client::build_with_tls(info, options.tls.certificates()).map_err(refused_tls)
+    client(info, options)
 }
 
 /// A cluster client: the seed nodes (one scheme, one set of credentials), the timeouts.
@@ -485,33 +457,6 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
     })?;
     Ok(Target::Cluster {
         client: Box::new(client),
-        nodes: NodeClients {
-            template: first.clone(),
-            tls: options.tls.clone(),
-        },
+        nodes: NodeClients::new(first, options),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_connection_is_made_with_the_socket_options() {
-        let url = "redis://127.0.0.1:1";
-        let info = with_credentials(url, &ConnectionOptions::default(), "url").unwrap();
-        assert!(info.tcp_settings().nodelay(), "TCP_NODELAY by default");
-        assert!(
-            info.tcp_settings().keepalive().is_some(),
-            "keepalive by default"
-        );
-        let off = ConnectionOptions {
-            no_delay: false,
-            keep_alive: None,
-            ..ConnectionOptions::default()
-        };
-        let info = with_credentials(url, &off, "url").unwrap();
-        assert!(!info.tcp_settings().nodelay());
-        assert!(info.tcp_settings().keepalive().is_none());
-    }
 }

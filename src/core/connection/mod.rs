@@ -6,7 +6,10 @@
 //! - `mod.rs`: [`Connection`], the shared slot, timeouts, classifying errors.
 //! - `link.rs`: the deployment reached ([`Target`]) and a connection to it ([`Link`]), the
 //!   one place that knows what kind of deployment it is.
-//! - `address.rs`: URLs, credentials and seeds, checked against the TLS options.
+//! - `keyspace.rs`: what the kind means to callers: how keys are spread ([`Keyspace`]),
+//!   which may share a request ([`Shard`], [`Connection::by_shard`]), every master to visit.
+//! - `address.rs`: URLs, credentials, seeds and node addresses, checked against the TLS
+//!   options; URLs kept out of messages.
 //! - `exclusive.rs`: links lent to one caller at a time, for work that blocks its connection
 //!   (`WAIT`).
 //! - `slots.rs`: which master serves a cluster slot, for links to one node.
@@ -15,6 +18,7 @@
 
 mod address;
 mod exclusive;
+mod keyspace;
 mod link;
 mod listener;
 mod sentinel;
@@ -36,6 +40,7 @@ use crate::core::log::{Logger, Notice};
 
 use address::Protocol;
 use exclusive::Exclusive;
+pub use keyspace::{Keyspace, Shard};
 pub use link::Link;
 use link::Target;
 use listener::Listener;
@@ -219,13 +224,7 @@ impl Connection {
     /// what a call after [`Connection::close`] says was closed.
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
         let target = Target::new(options, Protocol::AsTheUrlSays)?;
-        let rediss = |url: &String| url.starts_with("rediss://");
-        let tls = match &options.deployment {
-            Deployment::Single => rediss(&options.url),
-            Deployment::Cluster { nodes } | Deployment::Sentinel { nodes, .. } => {
-                nodes.iter().any(rediss)
-            }
-        };
+        let tls = address::asks_tls(options);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout))
@@ -283,12 +282,6 @@ impl Connection {
             parse::<String>(reply).map_err(|err| self.classify_reply(err))?;
         }
         Ok(started.elapsed())
-    }
-
-    /// Whether a key's hash slot decides the node a command goes to (a Redis Cluster): a
-    /// pipeline must then hold the keys of one slot only.
-    pub fn is_cluster(&self) -> bool {
-        self.target.is_cluster()
     }
 
     /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
@@ -598,13 +591,4 @@ impl Connection {
 /// Parses a reply, turning an error reply into the error.
 pub fn parse<T: FromRedisValue>(reply: Value) -> RedisResult<T> {
     redis::from_redis_value::<RedisResult<T>>(reply)?
-}
-
-/// Removes the URL (and so any password in it) from a message.
-fn redact(message: &str, url: &str) -> String {
-    if url.is_empty() {
-        message.to_owned()
-    } else {
-        message.replace(url, "<url>")
-    }
 }

@@ -15,7 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisResult};
 use tokio::task::AbortHandle;
 
-use super::address::{redact_all, refused_tls, seeds, Protocol};
+use super::address::{self, redact_all, seeds, Protocol};
 use super::ConnectionOptions;
 use crate::core::error::{Error, InputErrorKind, Result};
 use crate::core::lock;
@@ -111,13 +111,7 @@ impl Sentinels {
         })?;
         let watched = infos
             .into_iter()
-            .map(|info| match options.tls.is_empty() {
-                true => Client::open(info)
-                    .map_err(|err| Error::from_redis(err, options.connect_timeout)),
-                false => {
-                    Client::build_with_tls(info, options.tls.certificates()).map_err(refused_tls)
-                }
-            })
+            .map(|info| address::client(info, options))
             .collect::<Result<Vec<_>>>()?;
         Ok(Sentinels {
             client: tokio::sync::Mutex::new(client),

@@ -40,7 +40,12 @@ pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<Slot
         .arg("SLOTS")
         .query_async::<Value>(&mut cluster)
         .await?;
-    let ranges: Vec<Vec<Value>> = parse(reply)?;
+    read_slot_map(parse(reply)?)
+}
+
+/// The slot map a `CLUSTER SLOTS` reply tells: per range, its first and last slot and its
+/// master (`[host, port, id, …]`), then its replicas.
+pub(super) fn read_slot_map(ranges: Vec<Vec<Value>>) -> RedisResult<SlotMap> {
     let mut map = SlotMap::new();
     for range in ranges {
         let mut fields = range.into_iter();
@@ -59,4 +64,36 @@ pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<Slot
         }
     }
     Ok(map)
+}
+
+/// Each master of `map` once, as the first slot it serves, in slot order.
+pub(super) fn first_slots(map: &SlotMap) -> Vec<u16> {
+    let mut firsts: Vec<(&Node, u16)> = Vec::new();
+    for (start, _, node) in map {
+        match firsts.iter_mut().find(|(master, _)| *master == node) {
+            Some((_, first)) => *first = (*first).min(*start),
+            None => firsts.push((node, *start)),
+        }
+    }
+    let mut firsts: Vec<u16> = firsts.into_iter().map(|(_, first)| first).collect();
+    firsts.sort_unstable();
+    firsts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_master_is_visited_once_from_its_first_slot() {
+        let node = |port: u16| ("127.0.0.1".to_owned(), port);
+        let map: SlotMap = vec![
+            (10923, 16383, node(3)),
+            (0, 5460, node(1)),
+            (5461, 10000, node(2)),
+            (10001, 10922, node(1)),
+        ];
+        assert_eq!(first_slots(&map), vec![0, 5461, 10923]);
+        assert_eq!(first_slots(&SlotMap::new()), Vec::<u16>::new());
+    }
 }

@@ -8,13 +8,11 @@
 //! one moment, as the script's are; the token key names its holder, so a token is never shown
 //! for another owner, and a lease that changes between them may show a later moment's TTL.
 
-use std::collections::BTreeMap;
-
 use redis::{Pipeline, Value};
 
 use super::redis::{decode, RedisStore};
 use super::{keys, Answer, Call, Lease};
-use crate::core::connection::parse;
+use crate::core::connection::{parse, Keyspace};
 use crate::core::error::{Error, InputErrorKind, Result};
 
 /// One page of a listing: the live leases found, each with its key as Redis holds it (after
@@ -27,13 +25,13 @@ pub struct Page {
 }
 
 /// Where a listing stands: the masters left to scan, each as a slot it serves (`None` on one
-/// server) and its SCAN cursor; the first is the one being scanned. As text (the cursor the
-/// caller hands back): `<cursor>` on one server, `<slot>.<cursor>,…` on a cluster.
+/// node) and its SCAN cursor; the first is the one being scanned. As text (the cursor the
+/// caller hands back): `<cursor>` on one node, `<slot>.<cursor>,…` over hash slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Position(Vec<(Option<u16>, u64)>);
 
 impl Position {
-    fn parse(text: &str, cluster: bool) -> Result<Self> {
+    fn parse(text: &str, keyspace: Keyspace) -> Result<Self> {
         let bad = || {
             Error::option(
                 InputErrorKind::Range,
@@ -42,17 +40,17 @@ impl Position {
         };
         let nodes = text
             .split(',')
-            .map(|node| match (cluster, node.split_once('.')) {
-                (true, Some((slot, cursor))) => {
+            .map(|node| match (keyspace, node.split_once('.')) {
+                (Keyspace::Slotted, Some((slot, cursor))) => {
                     let slot = slot.parse::<u16>().ok().filter(|s| *s < keys::SLOTS);
                     Some((Some(slot?), cursor.parse().ok()?))
                 }
-                (false, None) => Some((None, node.parse().ok()?)),
+                (Keyspace::Single, None) => Some((None, node.parse().ok()?)),
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()
             .ok_or_else(bad)?;
-        if nodes.is_empty() || (!cluster && nodes.len() != 1) {
+        if nodes.is_empty() || (keyspace == Keyspace::Single && nodes.len() != 1) {
             return Err(bad());
         }
         Ok(Self(nodes))
@@ -72,11 +70,12 @@ impl RedisStore {
     /// start), about `count` keys scanned. A lease that expires or is released meanwhile is
     /// left out; one created meanwhile may or may not be in (SCAN's guarantees).
     pub async fn list(&self, cursor: Option<&str>, count: u32) -> Result<Page> {
-        let cluster = self.connection().is_cluster();
         let mut position = match cursor {
-            Some(text) => Position::parse(text, cluster)?,
-            None if cluster => self.masters().await?,
-            None => Position(vec![(None, 0)]),
+            Some(text) => Position::parse(text, self.connection().keyspace())?,
+            None => {
+                let masters = self.connection().masters().await?;
+                Position(masters.into_iter().map(|master| (master, 0)).collect())
+            }
         };
         let Some(&(slot, from)) = position.0.first() else {
             // A cluster that serves no slot holds no lease.
@@ -109,19 +108,14 @@ impl RedisStore {
     }
 
     /// The live lease on each of `keys`, by plain reads: per key, `GET` and `PTTL` of the
-    /// lease key and `GET` of its token key (one slot), in one pipeline for the page (on a
-    /// cluster, where a pipeline holds one slot's keys, one per slot, all at once).
+    /// lease key and `GET` of its token key (one slot), in one pipeline per shard (on a
+    /// cluster, per slot), all at once.
     async fn read(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Lease>>> {
-        let cluster = self.connection().is_cluster();
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         let layout = self.layout();
         let all: Vec<keys::LeaseKeys> = keys.iter().map(|key| layout.keys_of(key)).collect();
-        for (i, lease) in all.iter().enumerate() {
-            let slot = if cluster { keys::slot(&lease.lease) } else { 0 };
-            groups.entry(slot).or_default().push(i);
-        }
+        let groups = self.connection().by_shard(0..all.len(), |&i| &all[i].lease);
         let pipes: Vec<(Vec<usize>, Pipeline)> = groups
-            .into_values()
+            .into_iter()
             .map(|group| {
                 let mut pipe = redis::pipe();
                 for &i in &group {
@@ -178,49 +172,6 @@ impl RedisStore {
             .run(|mut link| async move { link.on_node_of(&route, &cmd).await })
             .await?;
         parse::<(u64, Vec<Vec<u8>>)>(reply).map_err(|err| connection.classify_reply(err))
-    }
-
-    /// The cluster's masters, each as the first slot it serves (`CLUSTER SLOTS`).
-    async fn masters(&self) -> Result<Position> {
-        let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-        let connection = self.connection();
-        let reply = connection
-            .run(|mut link| async move { link.on_node_of(b"", &cmd).await })
-            .await?;
-        let ranges =
-            parse::<Vec<Vec<Value>>>(reply).map_err(|err| connection.classify_reply(err))?;
-        let mut firsts: Vec<(String, u16)> = Vec::new();
-        for range in ranges {
-            let (Some(start), Some(master)) = (range.first(), range.get(2)) else {
-                continue;
-            };
-            // The master: [host, port, id, …].
-            let (Ok(start), Ok(master)) = (
-                parse::<u16>(start.clone()),
-                parse::<Vec<Value>>(master.clone()),
-            ) else {
-                continue;
-            };
-            let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
-                continue;
-            };
-            let (Ok(host), Ok(port)) = (parse::<String>(host.clone()), parse::<u16>(port.clone()))
-            else {
-                continue;
-            };
-            let address = format!("{host}:{port}");
-            match firsts.iter_mut().find(|(a, _)| *a == address) {
-                Some((_, first)) => *first = (*first).min(start),
-                None => firsts.push((address, start)),
-            }
-        }
-        firsts.sort_by_key(|(_, first)| *first);
-        Ok(Position(
-            firsts
-                .into_iter()
-                .map(|(_, first)| (Some(first), 0))
-                .collect(),
-        ))
     }
 }
 
@@ -289,23 +240,29 @@ mod tests {
     #[test]
     fn a_cursor_reads_back_as_it_was_written() {
         let single = Position(vec![(None, 1234)]);
-        assert_eq!(Position::parse(&single.text(), false).unwrap(), single);
+        assert_eq!(
+            Position::parse(&single.text(), Keyspace::Single).unwrap(),
+            single
+        );
         let cluster = Position(vec![(Some(0), 17), (Some(5461), 0), (Some(10923), 0)]);
         assert_eq!(cluster.text(), "0.17,5461.0,10923.0");
-        assert_eq!(Position::parse(&cluster.text(), true).unwrap(), cluster);
+        assert_eq!(
+            Position::parse(&cluster.text(), Keyspace::Slotted).unwrap(),
+            cluster
+        );
     }
 
     #[test]
     fn a_cursor_of_the_wrong_shape_is_an_invalid_option() {
-        for (text, cluster) in [
-            ("", false),
-            ("x", false),
-            ("1,2", false),
-            ("1", true),
-            ("16384.0", true),
-            ("0.-1", true),
+        for (text, keyspace) in [
+            ("", Keyspace::Single),
+            ("x", Keyspace::Single),
+            ("1,2", Keyspace::Single),
+            ("1", Keyspace::Slotted),
+            ("16384.0", Keyspace::Slotted),
+            ("0.-1", Keyspace::Slotted),
         ] {
-            let err = Position::parse(text, cluster).unwrap_err();
+            let err = Position::parse(text, keyspace).unwrap_err();
             assert_eq!(err.code(), "ERR_LEASE_INVALID_OPTION", "{text:?}");
         }
     }

@@ -18,6 +18,9 @@
 
 use std::sync::LazyLock;
 
+use crate::core::connection::Keyspace;
+use crate::core::error::{Error, InputErrorKind, Result};
+
 /// The hash slots of a Redis Cluster.
 pub const SLOTS: u16 = 16_384;
 
@@ -87,20 +90,28 @@ pub struct Layout {
     lease_prefix: Vec<u8>,
     metadata_prefix: Vec<u8>,
     fence_prefix: Vec<u8>,
-    /// On a cluster the metadata key carries the lease key's slot tag.
-    cluster: bool,
+    /// Over hash slots the metadata key carries the lease key's slot tag.
+    keyspace: Keyspace,
 }
 
 impl Layout {
-    /// The layout under `key_prefix`, on a cluster or not. On a cluster the prefix must not
-    /// open a brace it does not close (see [`Layout::cluster_safe`]).
-    pub fn new(key_prefix: &str, cluster: bool) -> Self {
-        Self {
+    /// The layout under `key_prefix` in `keyspace`. Over hash slots the prefix must not open
+    /// a brace it does not close (see [`Layout::cluster_safe`]).
+    pub fn new(key_prefix: &str, keyspace: Keyspace) -> Result<Self> {
+        if keyspace == Keyspace::Slotted && !Self::cluster_safe(key_prefix) {
+            return Err(Error::option(
+                InputErrorKind::Range,
+                "keyPrefix opens a brace it does not close ({ without }, or an empty {}): on a \
+                 cluster a key's own braces would then decide its slot, and a lease's keys could \
+                 land in different slots",
+            ));
+        }
+        Ok(Self {
             lease_prefix: [key_prefix.as_bytes(), b":lease:"].concat(),
             metadata_prefix: [key_prefix.as_bytes(), b":lease-metadata:"].concat(),
             fence_prefix: [key_prefix.as_bytes(), b":fence:{"].concat(),
-            cluster,
-        }
+            keyspace,
+        })
     }
 
     /// Whether the companion keys share the lease key's slot for every key: true unless the
@@ -136,9 +147,9 @@ impl Layout {
         let tag = TAGS[usize::from(slot(&lease))].as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
         let token = [&counter[..], b":", key].concat();
-        let metadata = match self.cluster {
-            true => [&self.metadata_prefix[..], b"{", tag, b"}:", key].concat(),
-            false => [&self.metadata_prefix[..], key].concat(),
+        let metadata = match self.keyspace {
+            Keyspace::Slotted => [&self.metadata_prefix[..], b"{", tag, b"}:", key].concat(),
+            Keyspace::Single => [&self.metadata_prefix[..], key].concat(),
         };
         LeaseKeys {
             lease,
@@ -190,7 +201,7 @@ mod tests {
         ];
         for prefix in ["mastra:topic", "{app}:topic", "app{x}y"] {
             assert!(Layout::cluster_safe(prefix));
-            let layout = Layout::new(prefix, true);
+            let layout = Layout::new(prefix, Keyspace::Slotted).unwrap();
             for key in keys {
                 let k = layout.keys(key);
                 let lease = slot(&k.lease);
@@ -200,10 +211,14 @@ mod tests {
             }
         }
         // Elsewhere the metadata key is Mastra's, so either backend reads the other's.
-        let single = Layout::new("mastra:topic", false).keys("thread-1");
+        let single = Layout::new("mastra:topic", Keyspace::Single)
+            .unwrap()
+            .keys("thread-1");
         assert_eq!(single.metadata, b"mastra:topic:lease-metadata:thread-1");
         assert_eq!(single.lease, b"mastra:topic:lease:thread-1");
         assert!(!Layout::cluster_safe("app{"));
         assert!(!Layout::cluster_safe("app{}x"));
+        assert!(Layout::new("app{", Keyspace::Slotted).is_err());
+        assert!(Layout::new("app{", Keyspace::Single).is_ok());
     }
 }

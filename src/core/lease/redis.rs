@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
-use super::keys::{self, Layout};
+use super::keys::Layout;
 use super::{Answer, Answered, Call, Grant, Holder, Lease, Limits};
 use crate::core::connection::{parse, Connection, ConnectionOptions, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
@@ -117,16 +117,8 @@ impl RedisStore {
                 ),
             ));
         }
-        if connection.is_cluster() && !Layout::cluster_safe(&key_prefix) {
-            return Err(Error::option(
-                InputErrorKind::Range,
-                "keyPrefix opens a brace it does not close ({ without }, or an empty {}): on a \
-                 cluster a key's own braces would then decide its slot, and a lease's keys could \
-                 land in different slots",
-            ));
-        }
         Ok(Self {
-            layout: Layout::new(&key_prefix, connection.is_cluster()),
+            layout: Layout::new(&key_prefix, connection.keyspace())?,
             connection,
             limits,
             replication: None,

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::core::connection::Link;
+use crate::core::connection::{Link, Shard};
 use tokio::task::JoinHandle;
 
 use super::delivery::{self, Origin};
@@ -28,23 +28,20 @@ use crate::core::error::Error;
 use crate::core::lock;
 use crate::core::log::{Level, Throttle};
 
-/// Every fan-out subscription of one pubsub, by reader: on one server, one reader serves
-/// them all; on a cluster, one per hash slot their topics live in, since one read may name
-/// the streams of one slot only.
+/// Every fan-out subscription of one pubsub, by reader: one per shard their topics live in,
+/// since one read may name the streams of one shard only (on one server, one reader serves
+/// them all; on a cluster, one per hash slot).
 #[derive(Default)]
 pub(crate) struct Fanouts {
-    readers: Mutex<HashMap<u16, Arc<Fanout>>>,
+    readers: Mutex<HashMap<Shard, Arc<Fanout>>>,
 }
 
 impl Fanouts {
     /// The reader for the stream `key`, made when there is none.
     fn of(&self, shared: &Shared, key: &str) -> Arc<Fanout> {
-        let part = match shared.writer.is_cluster() {
-            true => crate::core::lease::keys::slot(key.as_bytes()),
-            false => 0,
-        };
+        let shard = shared.writer.shard(key.as_bytes());
         let mut readers = lock(&self.readers);
-        Arc::clone(readers.entry(part).or_insert_with(|| {
+        Arc::clone(readers.entry(shard).or_insert_with(|| {
             Arc::new(Fanout {
                 node_key: key.to_owned(),
                 ..Fanout::default()

@@ -80,29 +80,15 @@ pub(super) async fn append_batch(
     if !sent.is_empty() {
         // Held across the writes so `flush` and `close` can wait for them to settle.
         let _in_flight = shared.publishes.read().await;
-        if shared.writer.is_cluster() {
-            // A pipeline may name one hash slot's keys only: one write per slot, all at
-            // once (a topic's events stay in order: its stream is one key).
-            let mut by_slot: Vec<(u16, Vec<Append>)> = Vec::new();
-            for event in &sent {
-                let slot = crate::core::lease::keys::slot(event.1.as_bytes());
-                match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, group)) => group.push(event.clone()),
-                    None => by_slot.push((slot, vec![event.clone()])),
-                }
-            }
-            let writes = by_slot
-                .iter()
-                .map(|(_, group)| append_group(shared, group, started, deadline));
-            let written = futures::future::join_all(writes).await;
-            for ((_, group), results) in by_slot.iter().zip(written) {
-                for ((i, _, _), result) in group.iter().zip(results) {
-                    answers[*i] = Some(result);
-                }
-            }
-        } else {
-            let results = append_group(shared, &sent, started, deadline).await;
-            for ((i, _, _), result) in sent.iter().zip(results) {
+        // One write per shard (on a cluster, where a pipeline may name one hash slot's keys
+        // only, per slot), all at once; a topic's events stay in order: its stream is one key.
+        let groups = shared.writer.by_shard(&sent, |event| event.1.as_bytes());
+        let writes = groups
+            .iter()
+            .map(|group| append_group(shared, group, started, deadline));
+        let written = futures::future::join_all(writes).await;
+        for (group, results) in groups.iter().zip(written) {
+            for ((i, _, _), result) in group.iter().zip(results) {
                 answers[*i] = Some(result);
             }
         }
@@ -126,11 +112,11 @@ pub(super) async fn append_batch(
         .collect()
 }
 
-/// Appends one pipeline's worth of events (on a cluster, one slot's), sending them again,
-/// each once, when the connection broke under the write.
+/// Appends one pipeline's worth of events (one shard's), sending them again, each once, when
+/// the connection broke under the write.
 async fn append_group(
     shared: &Arc<Shared>,
-    sent: &[Append],
+    sent: &[&Append],
     started: Instant,
     deadline: Instant,
 ) -> Vec<Result<String>> {
@@ -207,7 +193,7 @@ fn append(
 /// (too many entries since, or this send failed too).
 async fn append_again(
     shared: &Shared,
-    sent: &[Append],
+    sent: &[&Append],
     started: Instant,
     deadline: Instant,
 ) -> Vec<Option<Result<String>>> {

@@ -388,8 +388,8 @@ impl Delivery {
             }
         };
         // XACK twice is harmless: a connection that breaks under it costs nothing. One
-        // pipeline for all; on a cluster, where a pipeline may name one slot's keys only,
-        // one XACK per consumer, all at once.
+        // pipeline per shard (on a cluster, where a pipeline may name one slot's keys only,
+        // per slot), all at once.
         let send = |pipe: redis::Pipeline| {
             let shared = &shared;
             async move {
@@ -403,30 +403,29 @@ impl Delivery {
                     .await
             }
         };
+        let groups = shared
+            .writer
+            .by_shard(&xacks, |(consumer, _)| consumer.key.as_bytes());
         let batch = async {
-            if xacks.is_empty() {
-                return Vec::new();
-            }
-            if shared.writer.is_cluster() {
-                let sends = xacks.iter().map(|(consumer, members)| {
-                    let mut pipe = redis::pipe();
+            let sends = groups.iter().map(|group| {
+                let mut pipe = redis::pipe();
+                for (consumer, members) in group {
                     xack(consumer, members, &mut pipe);
-                    send(pipe)
-                });
-                let replies = futures::future::join_all(sends).await;
-                return replies
-                    .into_iter()
-                    .map(|reply| reply.map(|mut values| values.pop().unwrap_or_default()))
-                    .collect::<Vec<Result<Value>>>();
+                }
+                send(pipe)
+            });
+            let sent = futures::future::join_all(sends).await;
+            let mut replies: Vec<Result<Value>> = Vec::with_capacity(xacks.len());
+            for (group, reply) in groups.iter().zip(sent) {
+                match reply {
+                    Ok(values) => {
+                        let mut values = values.into_iter();
+                        replies.extend(group.iter().map(|_| Ok(values.next().unwrap_or_default())));
+                    }
+                    Err(err) => replies.extend(group.iter().map(|_| Err(err.clone()))),
+                }
             }
-            let mut pipe = redis::pipe();
-            for (consumer, members) in &xacks {
-                xack(consumer, members, &mut pipe);
-            }
-            match send(pipe).await {
-                Ok(values) => values.into_iter().map(Ok).collect(),
-                Err(err) => xacks.iter().map(|_| Err(err.clone())).collect(),
-            }
+            replies
         };
         let singles = futures::future::join_all(lone.iter().map(|&i| async move {
             let delivery = &deliveries[i];
@@ -439,7 +438,7 @@ impl Delivery {
         for (i, answer) in singles {
             answers[i] = answer;
         }
-        for ((_, members), reply) in xacks.iter().zip(replies) {
+        for ((_, members), reply) in groups.iter().flatten().zip(replies) {
             let result = match reply {
                 Ok(reply) => match parse::<Value>(reply) {
                     Ok(_) => Ok(Settled::Acked),

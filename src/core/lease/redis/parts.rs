@@ -3,15 +3,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{keys, Call, RedisStore, Sent};
+use super::{Call, RedisStore, Sent};
 
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
-    /// first; at most [`pipeline_size`] keys' first calls in one; one slot per pipeline on a
-    /// cluster; and, under `minReplicas`, the keys a call may grant apart from the others.
+    /// first; at most [`pipeline_size`] keys' first calls in one; one shard's keys per
+    /// pipeline (on a cluster, one slot's); and, under `minReplicas`, the keys a call may
+    /// grant apart from the others.
     pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
         let size = pipeline_size(good.len());
-        let cluster = self.connection.is_cluster();
         let confirming = self.replication.is_some();
         let confirmed: HashSet<&str> = match confirming {
             true => good
@@ -22,33 +22,41 @@ impl RedisStore {
                 .collect(),
             false => HashSet::new(),
         };
+        let shards = self.connection.by_shard(good.iter().copied(), |&i| {
+            self.layout.lease(calls[i].call.key())
+        });
         let mut pipelines: Vec<Part> = Vec::new();
         let mut of_key: HashMap<&str, usize> = HashMap::new();
-        for &i in good {
-            let key = calls[i].call.key();
-            if let Some(&at) = of_key.get(key) {
+        for shard in shards {
+            // The pipelines before these hold another shard's keys.
+            let first = pipelines.len();
+            for i in shard {
+                let key = calls[i].call.key();
+                if let Some(&at) = of_key.get(key) {
+                    pipelines[at].sent.push(i);
+                    pipelines[at].keys_repeat = true;
+                    continue;
+                }
+                let confirm = confirmed.contains(key);
+                let open = pipelines[first..]
+                    .iter()
+                    .rposition(|p| p.confirm == confirm && p.keys < size);
+                let at = match open {
+                    Some(at) => first + at,
+                    None => {
+                        pipelines.push(Part {
+                            sent: Vec::new(),
+                            keys: 0,
+                            keys_repeat: false,
+                            confirm,
+                        });
+                        pipelines.len() - 1
+                    }
+                };
                 pipelines[at].sent.push(i);
-                pipelines[at].keys_repeat = true;
-                continue;
+                pipelines[at].keys += 1;
+                of_key.insert(key, at);
             }
-            let slot = cluster.then(|| keys::slot(&self.layout.lease(key)));
-            let confirm = confirmed.contains(key);
-            let open = pipelines
-                .iter()
-                .rposition(|p| p.slot == slot && p.confirm == confirm && p.keys < size);
-            let at = open.unwrap_or_else(|| {
-                pipelines.push(Part {
-                    sent: Vec::new(),
-                    keys: 0,
-                    keys_repeat: false,
-                    slot,
-                    confirm,
-                });
-                pipelines.len() - 1
-            });
-            pipelines[at].sent.push(i);
-            pipelines[at].keys += 1;
-            of_key.insert(key, at);
         }
         pipelines
     }
@@ -76,8 +84,6 @@ pub(super) struct Part {
     pub(super) keys: usize,
     /// Some key has more than one call here.
     pub(super) keys_repeat: bool,
-    /// The hash slot of every key here, on a cluster.
-    pub(super) slot: Option<u16>,
     /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
     /// a lent link, the grants confirmed there.
     pub(super) confirm: bool,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::{RedisOptions, RedisStore};
-use crate::core::connection::ConnectionOptions;
+use crate::core::connection::{ConnectionOptions, Keyspace};
 use crate::core::lease::keys::Layout;
 use crate::core::lease::{Grant, Holder, Lease};
 use crate::core::test_redis::Server;
@@ -79,7 +79,7 @@ fn lease(key: &str) -> Call {
 /// A lease key's companion keys under the tests' prefix, as text for redis-cli: its
 /// metadata, its token, the slot's counter.
 fn companions(key: &str) -> [String; 3] {
-    let keys = Layout::new("t", false).keys(key);
+    let keys = Layout::new("t", Keyspace::Single).unwrap().keys(key);
     [keys.metadata, keys.token, keys.counter].map(|bytes| String::from_utf8(bytes).unwrap())
 }
 
