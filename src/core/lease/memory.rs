@@ -26,8 +26,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Table {
-    /// foldhash rather than std's SipHash: a third of the cost per lookup, and still seeded
-    /// per process, so keys cannot be chosen to collide.
+    /// foldhash rather than std's SipHash: every call hashes its key, and foldhash, still
+    /// seeded per process, keeps keys from being chosen to collide, which is all SipHash's
+    /// strength buys here (what it saves: docs/benchmarks.md).
     leases: HashMap<Arc<str>, Lease, foldhash::fast::RandomState>,
     /// Every deadline ever set, earliest first. An entry is stale when its lease was renewed,
     /// transferred or released since; stale entries are skipped when they come up.

@@ -7,9 +7,10 @@
 //! again transparently when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //!
 //! An acquire that asks for no token and carries no metadata (Mastra's `acquireLease` today)
-//! is one plain `SET key owner NX PX ttl GET`, what costs Redis least; only when it finds the
-//! caller's owner already holding the lease (a refresh, whose metadata the script compares),
-//! or on a server that refuses the form (before 7.0), is the acquire script sent after it.
+//! is one plain `SET key owner NX PX ttl GET`, one command and no script for Redis to run;
+//! only when it finds the caller's owner already holding the lease (a refresh, whose metadata
+//! the script compares), or on a server that refuses the form (before 7.0), is the acquire
+//! script sent after it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
