@@ -1,8 +1,8 @@
 //! `memoryLeaseTable()`: the in-memory store behind the shell's `MemoryLeaseProvider`.
 //!
 //! Its functions answer on the spot, with no thread hop, and synchronously: the shell makes
-//! the promise and the `acquireLease` object in JavaScript, where both are cheaper than
-//! through N-API. They are plain functions bound to their table (napi-rs closures, not class
+//! the promise and the `acquireLease` object in JavaScript, which skips the N-API calls
+//! making them here would take. They are plain functions bound to their table (napi-rs closures, not class
 //! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping
 //! (`docs/benchmarks.md` has what each piece cost).
 
