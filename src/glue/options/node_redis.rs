@@ -328,7 +328,7 @@ pub(super) struct ClientFields {
 /// to use instead.
 fn redis_options_instead(field: &str) -> String {
     match field {
-        "RESP" => "RESP 2 is used",
+        "RESP" => "RESP 2 is used".to_owned(),
         "pingInterval"
         | "disableOfflineQueue"
         | "readonly"
@@ -339,8 +339,7 @@ fn redis_options_instead(field: &str) -> String {
         | "modules"
         | "commandOptions"
         | "clientInfoTag"
-        | "disableClientInfo" => "it does not apply to this client",
-        _ => return format!("redisOptions takes {}", listing(REDIS_OPTIONS)),
+        | "disableClientInfo" => "it does not apply to this client".to_owned(),
+        _ => format!("redisOptions takes {}", listing(REDIS_OPTIONS)),
     }
-    .to_owned()
 }
