@@ -61,7 +61,7 @@ export declare class RedisLeaseProvider {
    * has U+FFFD in `key` and its bytes in `rawKey`. Rejects with `ERR_LEASE_INVALID_OPTION`
    * for an unknown option or a cursor it did not answer.
    */
-  listLeases(options?: { cursor?: string; count?: number }): Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>
+  listLeases(options?: ListLeasesOptions): Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>
   /**
    * Claims `key` for `owner` (holding with `metadata`, when given) for `ttlMs`, or
    * refreshes the TTL when that holder already holds it. Resolves `{ acquired: true, owner
@@ -281,15 +281,29 @@ export interface LeaseStats {
   lost: number
 }
 
+/** Options of `listLeases(options?)`. */
+export interface ListLeasesOptions {
+  /** Where to go on from: the `cursor` of the page before. Default: the first page. */
+  cursor?: string
+  /** About how many keys a page scans (1 to 100 000). Default 1000. */
+  count?: number
+}
+
 /** Options of `new MemoryLeaseProvider(options?)`. */
 export interface MemoryLeaseProviderOptions {
-  /** Longest key accepted, in UTF-8 bytes. Default 4096. */
+  /**
+   * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
+   * also the longest topic or group name). Default 4096.
+   */
   maxKeyBytes?: number
-  /** Longest owner accepted, in UTF-8 bytes. Default 1024. */
+  /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
   maxOwnerBytes?: number
   /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
   maxMetadataBytes?: number
-  /** Longest TTL accepted, in milliseconds. Default 86 400 000 (one day). */
+  /**
+   * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
+   * day).
+   */
   maxTtlMs?: number
 }
 
@@ -314,6 +328,14 @@ export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | 
   stats(): LeaseStats
 }
 
+/** `cluster.defaults`: what every node of the cluster takes. */
+export interface NodeRedisClusterDefaults {
+  /** The nodes' ACL user, as `ClusterOptions.username`. */
+  username?: string
+  /** The nodes' password, as `ClusterOptions.password`. */
+  password?: string
+}
+
 /**
  * `cluster` in node-redis' shape (`createCluster`'s options), as Mastra's own backend takes
  * it: the same as `ClusterOptions`. A root node's `socket` or credentials, any other field of
@@ -321,11 +343,17 @@ export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | 
  */
 export interface NodeRedisClusterOptions {
   /** The seed nodes, `[{ url }]`, as `ClusterOptions.nodes`. */
-  rootNodes: Array<{ url: string }>
+  rootNodes: Array<NodeRedisRootNode>
   /** Every node's ACL user and password, as `ClusterOptions.username` and `password`. */
-  defaults?: { username?: string; password?: string }
+  defaults?: NodeRedisClusterDefaults
   /** `false` only: every call goes to the masters. */
   useReplicas?: false
+}
+
+/** A seed node of `cluster.rootNodes`: its URL, as `ClusterOptions.nodes` takes it. */
+export interface NodeRedisRootNode {
+  /** `redis://host:port` or `rediss://`; the credentials go in `cluster.defaults`. */
+  url: string
 }
 
 /**
@@ -354,159 +382,209 @@ export interface RedisClientOptions {
    * next call opens a broken connection again; every call settles within
    * `commandTimeoutMs`). Any other field is refused by name.
    */
-  socket?: { tls?: boolean; connectTimeout?: number; noDelay?: boolean; keepAlive?: boolean | number; keepAliveInitialDelay?: number }
+  socket?: RedisSocketOptions
 }
 
 /** Options of `new RedisLeaseProvider(options?)`. */
 export interface RedisLeaseProviderOptions {
   /**
    * `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
-   * `redis+unix:///path/to.sock` (also `unix:///path`). Default `redis://127.0.0.1:6379`.
+   * `redis+unix:///path/to.sock` (also `unix:///path`). Default
+   * `redis://127.0.0.1:6379`.
    */
   url?: string
   /**
-   * node-redis client options, as Mastra's backend takes them: `url`, `username`,
-   * `password`, `database`, `name`, and in `socket` `tls`, `connectTimeout`, `noDelay`,
-   * `keepAlive`, `keepAliveInitialDelay`. Any other field throws.
+   * node-redis client options, as Mastra's backend takes them: `url`,
+   * `username`, `password`, `database`, `name`, and in `socket` `tls`,
+   * `connectTimeout`, `noDelay`, `keepAlive`, `keepAliveInitialDelay`. Any
+   * other field throws.
    */
   redisOptions?: RedisClientOptions
   /**
-   * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-   * URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
-   * defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
-   * masters by hash slot. Not with `url`.
+   * A Redis Cluster instead of one server: `{ nodes, username?, password?
+   * }`, seed node URLs (`redis://host:port`, `rediss://` with `tls`), or
+   * node-redis' `{ rootNodes, defaults }`. Leases, their fencing tokens and
+   * each topic's stream are spread over the masters by hash slot. Not with
+   * `url`.
    */
   cluster?: ClusterOptions | NodeRedisClusterOptions
   /**
-   * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
-   * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
-   * URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
-   * by, and the master's credentials. A failover is followed without a restart. Not with
-   * `url`.
+   * The master behind Redis Sentinel instead of one server: `{ nodes,
+   * masterName, username?, password?, database? }`: the sentinels' URLs
+   * (their own credentials in the URLs; `rediss://` for TLS to them and to
+   * the master), the name they monitor the master by, and the master's
+   * credentials. A failover is followed without a restart. Not with `url`.
    */
   sentinel?: SentinelOptions
   /**
-   * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-   * transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
-   * connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
-   * reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
+   * Failover-safe grants: a lease write that grants or moves a lease
+   * (acquire, renew, transfer) is answered only once this many replicas
+   * confirmed it (`WAIT`, on a connection of its own, so nothing else waits
+   * for it); fewer within `replicaTimeoutMs` reject it with
+   * `ERR_LEASE_REPLICATION`. Default 0 (off).
    */
   minReplicas?: number
   /**
-   * How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
-   * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
+   * How long to wait for `minReplicas` confirmations, in milliseconds;
+   * shorter than `commandTimeoutMs`. Default 1000, or half
+   * `commandTimeoutMs` when that is shorter.
    */
   replicaTimeoutMs?: number
   /**
-   * CA, client certificate and key for a `rediss://` URL. Default: none (the platform's
-   * roots).
+   * CA, client certificate and key for a `rediss://` URL, for every
+   * connection. Default: none (the platform's roots).
    */
   tls?: TlsOptions
   /**
-   * The name every connection gets (`CLIENT SETNAME`), to find them in `CLIENT LIST`.
-   * Default `mastra-lease`.
+   * The name every connection gets (`CLIENT SETNAME`), to find them in
+   * `CLIENT LIST`. Default `mastra-lease`.
    */
   connectionName?: string
-  /**
-   * Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's own
-   * Redis backend, so both can share a fleet's leases.
-   */
-  keyPrefix?: string
-  /**
-   * Bound on one attempt to open the connection, in milliseconds (node-redis'
-   * `redisOptions.socket.connectTimeout`). Default 2000.
-   */
-  connectTimeoutMs?: number
-  /**
-   * Bound on every call, connecting included, in milliseconds: a call settles within it
-   * whatever Redis does. Default 2000 (well under Mastra's 5 s renewal interval).
-   */
-  commandTimeoutMs?: number
-  /** Longest key accepted, in UTF-8 bytes. Default 4096. */
-  maxKeyBytes?: number
-  /** Longest owner accepted, in UTF-8 bytes. Default 1024. */
-  maxOwnerBytes?: number
-  /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
-  maxMetadataBytes?: number
-  /** Longest TTL accepted, in milliseconds. Default 86 400 000 (one day). */
-  maxTtlMs?: number
-  /**
-   * Gets the warning when the server's eviction policy could evict leases (any policy
-   * but `noeviction` with `maxmemory` set), once per policy, and debug notes when it has
-   * `debug`. Default: none, and the warning goes to `process.emitWarning` with code
-   * `MASTRA_LEASE_EVICTION_POLICY`.
-   */
-  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
-}
-
-/**
- * Options of `new RedisStreamsPubSub(options?)`. The connection options and lease limits
- * are those of `RedisLeaseProviderOptions`.
- */
-export interface RedisStreamsOptions {
-  /** As for `RedisLeaseProviderOptions`. Default `redis://127.0.0.1:6379`. */
-  url?: string
-  /**
-   * As for `RedisLeaseProviderOptions`: node-redis client options, as Mastra's backend
-   * takes them.
-   */
-  redisOptions?: RedisClientOptions
-  /**
-   * A Redis Cluster instead of one server: `{ nodes, username?, password? }`, seed node
-   * URLs (`redis://host:port`, `rediss://` with `tls`), or node-redis' `{ rootNodes,
-   * defaults }`. Leases, their fencing tokens and each topic's stream are spread over the
-   * masters by hash slot. Not with `url`.
-   */
-  cluster?: ClusterOptions | NodeRedisClusterOptions
-  /**
-   * The master behind Redis Sentinel instead of one server: `{ nodes, masterName,
-   * username?, password?, database? }`: the sentinels' URLs (their own credentials in the
-   * URLs; `rediss://` for TLS to them and to the master), the name they monitor the master
-   * by, and the master's credentials. A failover is followed without a restart. Not with
-   * `url`.
-   */
-  sentinel?: SentinelOptions
-  /**
-   * Failover-safe grants: a lease write that grants or moves a lease (acquire, renew,
-   * transfer) is answered only once this many replicas confirmed it (`WAIT`, on a
-   * connection of its own, so nothing else waits for it); fewer within `replicaTimeoutMs`
-   * reject it with `ERR_LEASE_REPLICATION`. Default 0 (off).
-   */
-  minReplicas?: number
-  /**
-   * How long to wait for `minReplicas` confirmations, in milliseconds; shorter than
-   * `commandTimeoutMs`. Default 1000, or half `commandTimeoutMs` when that is shorter.
-   */
-  replicaTimeoutMs?: number
-  /**
-   * CA, client certificate and key for a `rediss://` URL, for every connection. Default:
-   * none (the platform's roots).
-   */
-  tls?: TlsOptions
-  /** The name every connection gets (`CLIENT SETNAME`). Default `mastra-lease`. */
-  connectionName?: string
-  /**
-   * A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`. Default
-   * `mastra:topic`, Mastra's own layout.
-   */
-  keyPrefix?: string
   /**
    * Bound on one attempt to open a connection, in milliseconds (node-redis'
    * `redisOptions.socket.connectTimeout`). Default 2000.
    */
   connectTimeoutMs?: number
   /**
-   * Bound on every non-blocking command (publish, ack, lease calls), connecting
-   * included, in milliseconds. Default 2000.
+   * Bound on every command but the streams' blocking reads (every lease
+   * call, publish, ack), connecting included, in milliseconds: each settles
+   * within it whatever Redis does. Default 2000 (well under Mastra's 5 s
+   * renewal interval).
    */
   commandTimeoutMs?: number
+  /**
+   * Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's
+   * own Redis backend, so both can share a fleet's leases.
+   */
+  keyPrefix?: string
+  /**
+   * Gets the warning when the server's eviction policy could evict leases (any
+   * policy but `noeviction` with `maxmemory` set), once per policy, and debug notes
+   * when it has `debug`. Default: none, and the warning goes to
+   * `process.emitWarning` with code `MASTRA_LEASE_EVICTION_POLICY`.
+   */
+  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+  /**
+   * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
+   * also the longest topic or group name). Default 4096.
+   */
+  maxKeyBytes?: number
+  /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
+  maxOwnerBytes?: number
+  /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
+  maxMetadataBytes?: number
+  /**
+   * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
+   * day).
+   */
+  maxTtlMs?: number
+}
+
+/**
+ * `redisOptions.socket`: the fields of node-redis' socket options that mean something
+ * here. Any other field is refused by name.
+ */
+export interface RedisSocketOptions {
+  /**
+   * `true` for TLS with a `redis://` URL (as `rediss://`); the certificates go in the
+   * `tls` option.
+   */
+  tls?: boolean
+  /** As `connectTimeoutMs` (both given must agree). */
+  connectTimeout?: number
+  /** `TCP_NODELAY`. Default true. */
+  noDelay?: boolean
+  /**
+   * TCP keepalive probes: `true`, `false`, or node-redis 4's delay in milliseconds.
+   * Default on after 5000 ms.
+   */
+  keepAlive?: boolean | number
+  /** node-redis 5's delay beside `keepAlive: true`, in milliseconds. */
+  keepAliveInitialDelay?: number
+}
+
+/**
+ * Options of `new RedisStreamsPubSub(options?)`. The connection options and lease
+ * limits are those of `RedisLeaseProviderOptions`.
+ */
+export interface RedisStreamsOptions {
+  /**
+   * `redis://[user:pass@]host[:port][/db]`, `rediss://` for TLS, or
+   * `redis+unix:///path/to.sock` (also `unix:///path`). Default
+   * `redis://127.0.0.1:6379`.
+   */
+  url?: string
+  /**
+   * node-redis client options, as Mastra's backend takes them: `url`,
+   * `username`, `password`, `database`, `name`, and in `socket` `tls`,
+   * `connectTimeout`, `noDelay`, `keepAlive`, `keepAliveInitialDelay`. Any
+   * other field throws.
+   */
+  redisOptions?: RedisClientOptions
+  /**
+   * A Redis Cluster instead of one server: `{ nodes, username?, password?
+   * }`, seed node URLs (`redis://host:port`, `rediss://` with `tls`), or
+   * node-redis' `{ rootNodes, defaults }`. Leases, their fencing tokens and
+   * each topic's stream are spread over the masters by hash slot. Not with
+   * `url`.
+   */
+  cluster?: ClusterOptions | NodeRedisClusterOptions
+  /**
+   * The master behind Redis Sentinel instead of one server: `{ nodes,
+   * masterName, username?, password?, database? }`: the sentinels' URLs
+   * (their own credentials in the URLs; `rediss://` for TLS to them and to
+   * the master), the name they monitor the master by, and the master's
+   * credentials. A failover is followed without a restart. Not with `url`.
+   */
+  sentinel?: SentinelOptions
+  /**
+   * Failover-safe grants: a lease write that grants or moves a lease
+   * (acquire, renew, transfer) is answered only once this many replicas
+   * confirmed it (`WAIT`, on a connection of its own, so nothing else waits
+   * for it); fewer within `replicaTimeoutMs` reject it with
+   * `ERR_LEASE_REPLICATION`. Default 0 (off).
+   */
+  minReplicas?: number
+  /**
+   * How long to wait for `minReplicas` confirmations, in milliseconds;
+   * shorter than `commandTimeoutMs`. Default 1000, or half
+   * `commandTimeoutMs` when that is shorter.
+   */
+  replicaTimeoutMs?: number
+  /**
+   * CA, client certificate and key for a `rediss://` URL, for every
+   * connection. Default: none (the platform's roots).
+   */
+  tls?: TlsOptions
+  /**
+   * The name every connection gets (`CLIENT SETNAME`), to find them in
+   * `CLIENT LIST`. Default `mastra-lease`.
+   */
+  connectionName?: string
+  /**
+   * Bound on one attempt to open a connection, in milliseconds (node-redis'
+   * `redisOptions.socket.connectTimeout`). Default 2000.
+   */
+  connectTimeoutMs?: number
+  /**
+   * Bound on every command but the streams' blocking reads (every lease
+   * call, publish, ack), connecting included, in milliseconds: each settles
+   * within it whatever Redis does. Default 2000 (well under Mastra's 5 s
+   * renewal interval).
+   */
+  commandTimeoutMs?: number
+  /**
+   * A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`.
+   * Default `mastra:topic`, Mastra's own layout.
+   */
+  keyPrefix?: string
   /** How long one blocking read waits for new entries, in milliseconds. Default 1000. */
   blockMs?: number
   /** Most entries one read returns. Default 10. */
   batchCount?: number
   /**
-   * Streams are trimmed to about this many entries, never cutting one a consumer group
-   * has not settled; 0 disables trimming. Default 10000.
+   * Streams are trimmed to about this many entries, never cutting one a consumer
+   * group has not settled; 0 disables trimming. Default 10000.
    */
   maxStreamLength?: number
   /**
@@ -516,29 +594,29 @@ export interface RedisStreamsOptions {
   hardMaxStreamLength?: number
   /**
    * A stream idle this long expires; 0 (the default) never. Every append (publish,
-   * redelivery) and every stream a subscribe makes (again after `clearTopic` too) sets it
-   * again.
+   * redelivery) and every stream a subscribe makes (again after `clearTopic` too)
+   * sets it again.
    */
   streamIdleTtlMs?: number
   /**
-   * A nacked or reclaimed event is delivered again until its `deliveryAttempt` reaches
-   * this, then dropped with a warning; `Infinity` redelivers forever, and so does 0 (as
-   * Mastra's backend takes it), with a warning once per instance (code
+   * A nacked or reclaimed event is delivered again until its `deliveryAttempt`
+   * reaches this, then dropped with a warning; `Infinity` redelivers forever, and so
+   * does 0 (as Mastra's backend takes it), with a warning once per instance (code
    * `MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS`). Default 5.
    */
   maxDeliveryAttempts?: number
   /**
    * Most events a consumer holds unsettled (this process's consumer of a group on a
-   * topic, or one fan-out subscription); at the limit it reads no more, and the rest of a
-   * backlog stays for the group's other consumers. 0 or `Infinity` set no limit. Default
-   * 1000.
+   * topic, or one fan-out subscription); at the limit it reads no more, and the rest
+   * of a backlog stays for the group's other consumers. 0 or `Infinity` set no
+   * limit. Default 1000.
    */
   maxInFlight?: number
   /**
    * An event held unsettled this long (its callback neither acked nor nacked it) is
-   * nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. The callback's
-   * `extend()` makes it count again from then. 0 (the default) holds it until it is
-   * settled or the process ends.
+   * nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. The
+   * callback's `extend()` makes it count again from then. 0 (the default) holds it
+   * until it is settled or the process ends.
    */
   inFlightTimeoutMs?: number
   /**
@@ -552,21 +630,27 @@ export interface RedisStreamsOptions {
    * however long their handlers run.
    */
   reclaimIdleMs?: number
-  /** Longest lease key (and topic or group name) accepted, in UTF-8 bytes. Default 4096. */
+  /**
+   * Gets dropped-event warnings, connection trouble (at most once per 30 s), events
+   * held unusually long, the eviction-policy warning, the `maxDeliveryAttempts: 0`
+   * warning, and debug notes when it has `debug`. Without it, the eviction-policy
+   * and `maxDeliveryAttempts: 0` warnings go to `process.emitWarning`.
+   */
+  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+  /**
+   * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
+   * also the longest topic or group name). Default 4096.
+   */
   maxKeyBytes?: number
   /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
   maxOwnerBytes?: number
   /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
   maxMetadataBytes?: number
-  /** Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one day). */
-  maxTtlMs?: number
   /**
-   * Gets dropped-event warnings, connection trouble (at most once per 30 s), events held
-   * unusually long, the eviction-policy warning, the `maxDeliveryAttempts: 0` warning, and
-   * debug notes when it has `debug`. Without it, the eviction-policy and
-   * `maxDeliveryAttempts: 0` warnings go to `process.emitWarning`.
+   * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
+   * day).
    */
-  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+  maxTtlMs?: number
 }
 
 /** `sentinel`: the master that Redis Sentinel monitors under `masterName`. */

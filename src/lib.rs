@@ -25,8 +25,9 @@ mod core;
 mod glue;
 
 pub use glue::options::{
-    ClusterOptions, MemoryLeaseProviderOptions, NodeRedisClusterOptions, RedisClientOptions,
-    RedisLeaseProviderOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
+    ClusterOptions, ListLeasesOptions, MemoryLeaseProviderOptions, NodeRedisClusterDefaults,
+    NodeRedisClusterOptions, NodeRedisRootNode, RedisClientOptions, RedisLeaseProviderOptions,
+    RedisSocketOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 pub use glue::reply::{FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState};
 // The in-memory table's constructor is a plain function; the rlib exports it so it stays

@@ -209,7 +209,7 @@ impl RedisLeaseProvider {
     /// for an unknown option or a cursor it did not answer.
     #[napi(
         catch_unwind,
-        ts_args_type = "options?: { cursor?: string; count?: number }",
+        ts_args_type = "options?: ListLeasesOptions",
         ts_return_type = "Promise<{ leases: Array<LeaseState & { key: string; rawKey?: Buffer }>; cursor?: string }>"
     )]
     pub fn list_leases<'env>(

@@ -266,7 +266,7 @@ impl Fanout {
 /// The fan-out reader: reads every topic with subscriptions and hands each subscription the
 /// entries past its position. Runs while there are fan-out subscriptions.
 async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
-    let tuning = shared.tuning.clone();
+    let options = &shared.options;
     let throttle = Throttle::default();
     let mut connection: Option<Link> = None;
     let mut backoff = Backoff::default();
@@ -288,7 +288,7 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
                 .iter()
                 .filter_map(|m| m.room.clone())
                 .map(|places| Box::pin(async move { drop(places.acquire_owned().await) }));
-            let _ = tokio::time::timeout(tuning.block, futures::future::select_all(room)).await;
+            let _ = tokio::time::timeout(options.block, futures::future::select_all(room)).await;
             continue;
         }
         let count = reads
@@ -296,7 +296,7 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
             .flat_map(|read| read.members.iter().map(|m| m.free()))
             .min()
             .unwrap_or(usize::MAX)
-            .min(tuning.batch_count)
+            .min(options.batch_count)
             .max(1);
 
         let mut conn = match connection.take() {
@@ -319,7 +319,7 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
             .arg("COUNT")
             .arg(count)
             .arg("BLOCK")
-            .arg(super::duration_ms(tuning.block))
+            .arg(super::duration_ms(options.block))
             .arg("STREAMS");
         for read in &reads {
             cmd.arg(&read.key);
@@ -328,7 +328,9 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
             cmd.arg(read.from.to_string());
         }
         let outcome = tokio::time::timeout(
-            tuning.block.saturating_add(tuning.command_timeout),
+            options
+                .block
+                .saturating_add(options.connection.command_timeout),
             reader::read_all(&mut conn, &pipe, 1),
         )
         .await;
@@ -355,7 +357,7 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
                 }
                 report(
                     "fan-out read failed; retrying",
-                    &Error::from_redis(err, tuning.command_timeout),
+                    &Error::from_redis(err, options.connection.command_timeout),
                 );
                 tokio::time::sleep(backoff.next()).await;
             }
@@ -365,7 +367,11 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
                 fanout.reader_id.store(0, Ordering::Release);
                 report(
                     "fan-out read timed out; reconnecting",
-                    &Error::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
+                    &Error::Timeout(
+                        options
+                            .block
+                            .saturating_add(options.connection.command_timeout),
+                    ),
                 );
                 tokio::time::sleep(backoff.next()).await;
             }

@@ -74,7 +74,7 @@ impl Consumer {
             name,
             held: Mutex::new(HashMap::new()),
             room: shared
-                .tuning
+                .options
                 .max_in_flight
                 .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             members: Mutex::new(Members::default()),
@@ -216,7 +216,7 @@ impl Consumer {
 /// a stream created only by a subscribe still expires). An existing group (BUSYGROUP)
 /// keeps its position, which is what a second subscriber of the group wants.
 pub(super) async fn create_group(shared: &Shared, key: &str, group: &str, at: &str) -> Result<()> {
-    let ttl = shared.tuning.ttl_ms;
+    let ttl = shared.options.idle_ttl_ms();
     let mut pipe = redis::pipe();
     if ttl > 0 {
         pipe.cmd("MULTI");

@@ -26,9 +26,9 @@ const MIN_TICK: Duration = Duration::from_millis(10);
 /// or dropped).
 pub(super) async fn run(shared: Weak<Shared>) {
     let Some((keep_every, tick)) = shared.upgrade().map(|s| {
-        let keep_every = Duration::from_millis((s.tuning.reclaim_idle_ms / 3).max(1));
+        let keep_every = Duration::from_millis((s.options.reclaim_idle_ms() / 3).max(1));
         let tick = s
-            .tuning
+            .options
             .in_flight_timeout
             .map_or(keep_every, |timeout| keep_every.min(timeout / 4))
             .max(MIN_TICK);
@@ -59,8 +59,8 @@ pub(super) async fn run(shared: Weak<Shared>) {
 /// has been held longer than `LONG_HOLD_FACTOR` times `reclaimIdleMs`.
 async fn look_at_holds(shared: &Arc<Shared>, long_holds: &Throttle) {
     let now = Instant::now();
-    let long = Duration::from_millis(shared.tuning.reclaim_idle_ms) * LONG_HOLD_FACTOR;
-    let timeout = shared.tuning.in_flight_timeout;
+    let long = Duration::from_millis(shared.options.reclaim_idle_ms()) * LONG_HOLD_FACTOR;
+    let timeout = shared.options.in_flight_timeout;
     let mut expired = Vec::new();
     let mut held_long = 0u64;
     let mut oldest: Option<(Duration, Arc<delivery::State>)> = None;

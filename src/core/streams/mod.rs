@@ -132,6 +132,18 @@ impl Default for StreamsOptions {
     }
 }
 
+impl StreamsOptions {
+    /// `idle_ttl` as the scripts take it: whole milliseconds, 0 for none.
+    pub(crate) fn idle_ttl_ms(&self) -> u64 {
+        self.idle_ttl.map_or(0, duration_ms)
+    }
+
+    /// `reclaim_idle` in whole milliseconds, as XAUTOCLAIM takes it.
+    pub(crate) fn reclaim_idle_ms(&self) -> u64 {
+        duration_ms(self.reclaim_idle)
+    }
+}
+
 /// Mastra's `maxStreamLength` default.
 pub const DEFAULT_MAX_LEN: u64 = 10_000;
 /// `hard_max_len` is this many times `max_len` unless set.
@@ -189,7 +201,7 @@ pub struct StreamsPubSub {
 impl fmt::Debug for StreamsPubSub {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamsPubSub")
-            .field("key_prefix", &self.shared.prefix)
+            .field("key_prefix", &self.shared.options.key_prefix)
             .field("closed", &self.shared.closed.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -207,25 +219,10 @@ impl StreamsPubSub {
             &options.connection,
             Subject::StreamsPubSub,
         )?);
-        let tuning = Tuning {
-            command_timeout: options.connection.command_timeout,
-            block: options.block,
-            batch_count: options.batch_count,
-            max_len: options.max_len,
-            hard_max_len: options.hard_max_len,
-            ttl_ms: options.idle_ttl.map_or(0, duration_ms),
-            max_attempts: options.max_delivery_attempts,
-            max_in_flight: options.max_in_flight,
-            in_flight_timeout: options.in_flight_timeout,
-            reclaim_interval: options.reclaim_interval,
-            reclaim_idle_ms: duration_ms(options.reclaim_idle),
-        };
         Ok(Self {
             shared: Arc::new(Shared {
                 writer,
-                prefix: options.key_prefix,
-                tuning,
-                logger: options.logger,
+                options,
                 closed: AtomicBool::new(false),
                 publishes: tokio::sync::RwLock::new(()),
                 readers: tokio::sync::RwLock::new(()),
@@ -247,7 +244,7 @@ impl StreamsPubSub {
 
     /// `maxDeliveryAttempts`: `None` when unlimited.
     pub fn max_delivery_attempts(&self) -> Option<u64> {
-        self.shared.tuning.max_attempts
+        self.shared.options.max_delivery_attempts
     }
 
     /// Warns, as for an event from a stream, that an event this process delivered to
@@ -292,7 +289,8 @@ impl StreamsPubSub {
     pub async fn flush(&self) {
         let bound = self
             .shared
-            .tuning
+            .options
+            .connection
             .command_timeout
             .saturating_add(Duration::from_millis(100));
         let _ = tokio::time::timeout(bound, self.shared.publishes.write()).await;
@@ -365,9 +363,9 @@ impl StreamsPubSub {
             // Readers an unsubscribe (or a dropped subscription) was stopping meanwhile, and
             // what their subscriptions hand back, end too before the connection closes.
             let bound = shared
-                .tuning
+                .options
                 .block
-                .saturating_add(shared.tuning.command_timeout.saturating_mul(2));
+                .saturating_add(shared.options.connection.command_timeout.saturating_mul(2));
             let _ = tokio::time::timeout(bound, shared.readers.write()).await;
             self.flush().await;
             shared.writer.close();
@@ -419,31 +417,13 @@ fn check(options: &StreamsOptions) -> Result<()> {
     Ok(())
 }
 
-/// Settings fixed at construction that the tasks read.
-#[derive(Debug, Clone)]
-pub(crate) struct Tuning {
-    pub command_timeout: Duration,
-    pub block: Duration,
-    pub batch_count: usize,
-    pub max_len: u64,
-    pub hard_max_len: u64,
-    /// 0 = no idle TTL.
-    pub ttl_ms: u64,
-    pub max_attempts: Option<u64>,
-    pub max_in_flight: Option<usize>,
-    pub in_flight_timeout: Option<Duration>,
-    pub reclaim_interval: Option<Duration>,
-    pub reclaim_idle_ms: u64,
-}
-
 /// State shared by the pubsub, its reader tasks and its deliveries.
 pub(crate) struct Shared {
     /// Every non-blocking command goes through it; readers open connections of their own
     /// from it.
     pub writer: Arc<Connection>,
-    pub prefix: String,
-    pub tuning: Tuning,
-    logger: Option<Arc<dyn Logger>>,
+    /// As constructed: the tasks read their settings here.
+    pub options: StreamsOptions,
     pub closed: AtomicBool,
     /// Publishes hold it shared while in flight; flush takes it exclusively.
     publishes: tokio::sync::RwLock<()>,
@@ -468,12 +448,12 @@ pub(crate) struct Shared {
 impl Shared {
     /// The stream a topic lives in: `<keyPrefix>:<topic>`.
     pub fn stream_key(&self, topic: &str) -> String {
-        format!("{}:{}", self.prefix, topic)
+        format!("{}:{}", self.options.key_prefix, topic)
     }
 
     /// The topic a stream key belongs to.
     pub fn topic_of<'k>(&self, key: &'k str) -> &'k str {
-        key.get(self.prefix.len() + 1..).unwrap_or(key)
+        key.get(self.options.key_prefix.len() + 1..).unwrap_or(key)
     }
 
     pub fn consumers(&self) -> MutexGuard<'_, HashMap<(String, String), Arc<group::Consumer>>> {
@@ -486,7 +466,7 @@ impl Shared {
 
     /// Reports to the logger, if any.
     pub fn notice(&self, level: Level, message: &str, fields: &[(&str, Json)]) {
-        if let Some(logger) = &self.logger {
+        if let Some(logger) = &self.options.logger {
             logger.log(Notice::new(
                 level,
                 format!("mastra-lease streams: {message}"),

@@ -170,7 +170,7 @@ fn append(
     payload: &str,
     replies: &mut usize,
 ) -> usize {
-    let ttl = shared.tuning.ttl_ms;
+    let ttl = shared.options.idle_ttl_ms();
     if ttl > 0 {
         pipe.cmd("MULTI");
     }
@@ -217,7 +217,7 @@ async fn append_again(
             .arg(EVENT_FIELD)
             .arg(elapsed)
             .arg(AGAIN_SCAN)
-            .arg(shared.tuning.ttl_ms);
+            .arg(shared.options.idle_ttl_ms());
         for k in events {
             invocation.arg(&sent[*k].2);
         }

@@ -58,7 +58,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, consumer: Arc<Consumer>, gene
 }
 
 async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
-    let tuning = shared.tuning.clone();
+    let options = &shared.options;
     let throttle = Throttle::default();
     let mut connection: Option<Link> = None;
     let mut backoff = Backoff::default();
@@ -113,9 +113,9 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
             .map_or(usize::MAX, |places| places.available_permits())
             .min(room)
             .max(1);
-        let count = free.min(tuning.batch_count);
+        let count = free.min(options.batch_count);
 
-        if let Some(interval) = tuning.reclaim_interval {
+        if let Some(interval) = options.reclaim_interval {
             if Instant::now() >= reclaim_at {
                 match reclaim::reclaim(shared, consumer, &reclaim_cursor, count).await {
                     Ok((cursor, entries)) => {
@@ -157,7 +157,9 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
         let (pipe, reads, epoch) =
             read_commands(shared, consumer, free, backlog, history.as_deref());
         let outcome = tokio::time::timeout(
-            tuning.block.saturating_add(tuning.command_timeout),
+            options
+                .block
+                .saturating_add(options.connection.command_timeout),
             read_all(&mut conn, &pipe, reads),
         )
         .await;
@@ -198,7 +200,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                 }
                 report(
                     "read failed; retrying",
-                    &Error::from_redis(err, tuning.command_timeout),
+                    &Error::from_redis(err, options.connection.command_timeout),
                 );
                 tokio::time::sleep(backoff.next()).await;
             }
@@ -207,7 +209,11 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                 // is the only way to know; the old one may never answer.
                 report(
                     "read timed out; reconnecting",
-                    &Error::Timeout(tuning.block.saturating_add(tuning.command_timeout)),
+                    &Error::Timeout(
+                        options
+                            .block
+                            .saturating_add(options.connection.command_timeout),
+                    ),
                 );
                 consumer.set_reader_id(generation, None);
                 history = Some("0".to_owned());
@@ -277,9 +283,9 @@ pub(super) async fn stop(
     mut task: JoinHandle<()>,
 ) {
     let bound = shared
-        .tuning
+        .options
         .block
-        .saturating_add(shared.tuning.command_timeout);
+        .saturating_add(shared.options.connection.command_timeout);
     let interrupting = async {
         if let Err(err) = interrupt(shared, node_key, id, usize::MAX, || false).await {
             shared.notice(
@@ -325,13 +331,13 @@ fn read_commands(
     backlog: bool,
     history: Option<&str>,
 ) -> (redis::Pipeline, usize, u64) {
-    let batch = shared.tuning.batch_count;
+    let batch = shared.options.batch_count;
     let reads = if backlog && history.is_none() {
         (free / batch).clamp(1, MAX_READ_AHEAD)
     } else {
         1
     };
-    let block = super::duration_ms(shared.tuning.block);
+    let block = super::duration_ms(shared.options.block);
     let epoch = consumer.cursor().epoch;
     let mut pipe = redis::pipe();
     for _ in 0..reads {
@@ -398,7 +404,11 @@ async fn deliver(
         ) else {
             continue;
         };
-        if shared.tuning.max_attempts.is_some_and(|max| attempt > max) {
+        if shared
+            .options
+            .max_delivery_attempts
+            .is_some_and(|max| attempt > max)
+        {
             settles.push(async move { settle::settle_unread(&delivery, Settle::Drop).await });
             continue;
         }

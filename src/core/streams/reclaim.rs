@@ -24,7 +24,7 @@ pub(super) async fn reclaim(
         .key(&consumer.key)
         .arg(&consumer.group)
         .arg(&consumer.name)
-        .arg(shared.tuning.reclaim_idle_ms)
+        .arg(shared.options.reclaim_idle_ms())
         .arg(cursor)
         .arg(count);
     let reply: Value = shared

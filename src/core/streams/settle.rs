@@ -215,8 +215,8 @@ async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Set
 
 async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
     if shared
-        .tuning
-        .max_attempts
+        .options
+        .max_delivery_attempts
         .is_some_and(|max| state.attempt >= max)
     {
         return drop_at_cap(shared, state, reason).await;
@@ -274,7 +274,7 @@ pub(super) fn warn_dropped(shared: &Shared, event: Dropped<'_>) {
         ("eventId", event.id),
         ("eventType", event.kind),
         ("attempt", event.attempt.into()),
-        ("max", shared.tuning.max_attempts.into()),
+        ("max", shared.options.max_delivery_attempts.into()),
         ("reason", event.reason.into()),
     ];
     if event.local_only {
@@ -307,7 +307,7 @@ async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Res
         .arg(&consumer.name)
         .arg(&state.entry_id)
         .arg(payload)
-        .arg(shared.tuning.ttl_ms)
+        .arg(shared.options.idle_ttl_ms())
         .arg(EVENT_FIELD);
     // Safe to run twice: a second run finds the entry settled (no longer ours) and changes
     // nothing, so a connection that breaks under it costs nothing.

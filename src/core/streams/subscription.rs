@@ -138,7 +138,7 @@ impl Live {
         let releases = buffered
             .iter()
             .map(|delivery| settle::settle_unread(delivery, Settle::Release));
-        let bound = self.shared.tuning.command_timeout;
+        let bound = self.shared.options.connection.command_timeout;
         let _ = tokio::time::timeout(bound, futures::future::join_all(releases)).await;
     }
 }
@@ -151,7 +151,7 @@ pub(super) async fn open(
     options: SubscribeOptions,
 ) -> Result<Subscription> {
     let key = shared.stream_key(topic);
-    let (tx, rx) = mpsc::channel((shared.tuning.batch_count * 4).max(MIN_BUFFER));
+    let (tx, rx) = mpsc::channel((shared.options.batch_count * 4).max(MIN_BUFFER));
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     shared.start_keeper();
     let (served_by, member) = match options.group {
@@ -197,7 +197,7 @@ pub(super) async fn open(
                 tx,
                 position: Mutex::new(position),
                 room: shared
-                    .tuning
+                    .options
                     .max_in_flight
                     .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)))),
             });

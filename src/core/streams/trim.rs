@@ -73,7 +73,7 @@ impl Shared {
     /// Counts `count` appends to `key`; every `maxStreamLength / 100` appends (at most 100),
     /// trims the stream, one trim per stream at a time.
     pub fn appended(self: &Arc<Self>, key: &str, count: u64) {
-        if self.tuning.max_len == 0 {
+        if self.options.max_len == 0 {
             return;
         }
         let step = self.trim_step();
@@ -95,7 +95,7 @@ impl Shared {
 
     /// Appends between two trims of a stream.
     fn trim_step(&self) -> u64 {
-        (self.tuning.max_len / 100).clamp(1, 100)
+        (self.options.max_len / 100).clamp(1, 100)
     }
 
     /// How far over its limit a stream may stay: a tenth of it, or a step when that is more.
@@ -103,7 +103,7 @@ impl Shared {
     /// between two rounds leaves it coarser: reading the entries to place it exactly costs
     /// Redis a read of each one past the limit, worth it only past this much.
     fn trim_slack(&self) -> u64 {
-        (self.tuning.max_len / 10).max(self.trim_step())
+        (self.options.max_len / 10).max(self.trim_step())
     }
 
     /// Forgets a stream's count (its stream was deleted).
@@ -125,21 +125,21 @@ enum Find {
 /// Trims one stream until it is within about its limit (or the rest is unsettled): no more
 /// than a tenth over it.
 async fn trim(shared: Arc<Shared>, key: String) {
-    let tuning = &shared.tuning;
+    let options = &shared.options;
     let mut find = Find::FromSeen;
     loop {
         let cut = match find {
             Find::FromSeen => lock(&shared.trim.streams)
                 .get_mut(&key)
-                .and_then(|stream| stream.cut(tuning.max_len)),
+                .and_then(|stream| stream.cut(options.max_len)),
             Find::Exactly => None,
         };
         let mut invocation = scripts::TRIM.script().prepare_invoke();
         invocation
             .key(&key)
-            .arg(tuning.max_len)
+            .arg(options.max_len)
             .arg(cut.as_deref().unwrap_or_default())
-            .arg(tuning.hard_max_len)
+            .arg(options.hard_max_len)
             .arg(TRIM_BUDGET);
         let result = shared
             .writer
@@ -159,7 +159,7 @@ async fn trim(shared: Arc<Shared>, key: String) {
                         &[
                             ("topic", shared.topic_of(&key).into()),
                             ("lost", lost.into()),
-                            ("hardMaxStreamLength", tuning.hard_max_len.into()),
+                            ("hardMaxStreamLength", options.hard_max_len.into()),
                         ],
                     );
                 }
@@ -170,9 +170,9 @@ async fn trim(shared: Arc<Shared>, key: String) {
                 stream.saw(added, last);
                 if trimmed >= TRIM_BUDGET {
                     Some(find)
-                } else if left <= tuning.max_len + shared.trim_slack() || find == Find::Exactly {
+                } else if left <= options.max_len + shared.trim_slack() || find == Find::Exactly {
                     None
-                } else if stream.cut(tuning.max_len) != cut {
+                } else if stream.cut(options.max_len) != cut {
                     // This round saw further than the cut it used: once more, with that.
                     Some(Find::FromSeen)
                 } else {

@@ -159,15 +159,7 @@ impl Options {
     /// node-redis' shape, as Mastra's backend takes it: `{ rootNodes: [{ url }], defaults?:
     /// { username?, password? }, useReplicas?: false }`.
     fn cluster(&self) -> Read<Option<Nodes>> {
-        const FIELDS: &[&str] = &[
-            "nodes",
-            "username",
-            "password",
-            "rootNodes",
-            "defaults",
-            "useReplicas",
-        ];
-        let Some(fields) = self.object_fields("cluster", FIELDS)? else {
+        let Some(fields) = self.object_fields("cluster", CLUSTER)? else {
             return Ok(None);
         };
         let has = |name: &str| fields.iter().any(|(field, _, _)| field == name);
@@ -211,8 +203,7 @@ impl Options {
     /// (their own credentials in their URLs), the master's name, and the master's
     /// credentials and database.
     fn sentinel(&self) -> Read<Option<Nodes>> {
-        const FIELDS: &[&str] = &["nodes", "masterName", "username", "password", "database"];
-        let Some(fields) = self.object_fields("sentinel", FIELDS)? else {
+        let Some(fields) = self.object_fields("sentinel", SENTINEL)? else {
             return Ok(None);
         };
         let master_name = self
@@ -400,7 +391,7 @@ impl Options {
         })?;
         for name in names {
             let why = match name.as_str() {
-                "ca" | "cert" | "key" => continue,
+                known if TLS.contains(&known) => continue,
                 "servername" => {
                     "; the server certificate is verified against the URL's host, so reach the \
                      server by the name on its certificate (a DNS or hosts entry)"
@@ -413,8 +404,9 @@ impl Options {
             return Err(Error::option(
                 InputErrorKind::Type,
                 format!(
-                    "tls.{} is not supported (tls takes ca, cert and key){why}",
-                    name.escape_debug()
+                    "tls.{} is not supported (tls takes {}){why}",
+                    name.escape_debug(),
+                    listing(TLS)
                 ),
             )
             .into());
@@ -445,6 +437,29 @@ impl Options {
             cert: pem("cert")?,
             key: pem("key")?,
         }))
+    }
+}
+
+/// `cluster`'s fields: `ClusterOptions`' and node-redis' (`NodeRedisClusterOptions`).
+pub(super) const CLUSTER: &[&str] = &[
+    "nodes",
+    "username",
+    "password",
+    "rootNodes",
+    "defaults",
+    "useReplicas",
+];
+/// `sentinel`'s fields (`SentinelOptions`).
+pub(super) const SENTINEL: &[&str] = &["nodes", "masterName", "username", "password", "database"];
+/// `tls`'s fields (`TlsOptions`).
+pub(super) const TLS: &[&str] = &["ca", "cert", "key"];
+
+/// `a, b and c`, for messages that list what an option takes.
+pub(super) fn listing(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 

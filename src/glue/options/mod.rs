@@ -2,11 +2,14 @@
 //! `TypeError`/`RangeError`, an option this class does not know is an error naming it (a
 //! typo must not quietly connect somewhere else), and an option whose getter throws
 //! surfaces with what it threw as `cause`. The `#[napi(object)]` structs in `types.rs` only
-//! give `index.d.ts` its documented interfaces.
+//! give `index.d.ts` its documented interfaces; `tests.rs` checks that each names the
+//! options its reader reads, no more and no fewer.
 
 mod connection;
 mod node_redis;
 mod reader;
+#[cfg(test)]
+mod tests;
 mod types;
 
 use std::time::Duration;
@@ -19,8 +22,9 @@ use crate::core::{Error, Limits, RedisOptions};
 use reader::Options;
 
 pub use types::{
-    ClusterOptions, MemoryLeaseProviderOptions, NodeRedisClusterOptions, RedisClientOptions,
-    RedisLeaseProviderOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
+    ClusterOptions, ListLeasesOptions, MemoryLeaseProviderOptions, NodeRedisClusterDefaults,
+    NodeRedisClusterOptions, NodeRedisRootNode, RedisClientOptions, RedisLeaseProviderOptions,
+    RedisSocketOptions, RedisStreamsOptions, SentinelOptions, TlsOptions,
 };
 
 /// Why options were refused: the coded error, and what a getter threw, if that was it.
@@ -44,26 +48,41 @@ impl OptionError {
 
 type Read<T> = Result<T, OptionError>;
 
+/// Reads an options object with `body`, then refuses any option `body` did not read.
+fn read<T>(
+    env: Env,
+    value: Option<Value>,
+    class: &'static str,
+    body: fn(&Options) -> Read<T>,
+) -> Read<T> {
+    let options = Options::new(env, value, class)?;
+    let read = body(&options)?;
+    options.finish()?;
+    Ok(read)
+}
+
 /// `new MemoryLeaseProvider(options)`: its limits.
 pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
-    let options = Options::new(env, value, "MemoryLeaseProvider")?;
-    let limits = options.limits()?;
-    options.finish()?;
-    Ok(limits)
+    read(env, value, "MemoryLeaseProvider", Options::limits)
 }
 
 /// `listLeases(options)`: the cursor to go on from, and about how many keys a page scans.
 pub fn list_leases(env: Env, value: Option<Value>) -> Read<(Option<String>, u32)> {
-    let options = Options::new(env, value, "listLeases")?;
+    read(env, value, "listLeases", list_leases_options)
+}
+
+fn list_leases_options(options: &Options) -> Read<(Option<String>, u32)> {
     let cursor = options.string("cursor")?;
     let count = options.whole("count", 1, 100_000)?.unwrap_or(1_000);
-    options.finish()?;
     Ok((cursor, count as u32))
 }
 
 /// `new RedisLeaseProvider(options)`: the store's options, and the logger object.
 pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option<Value>)> {
-    let options = Options::new(env, value, "RedisLeaseProvider")?;
+    read(env, value, "RedisLeaseProvider", redis_lease_options)
+}
+
+fn redis_lease_options(options: &Options) -> Read<(RedisOptions, Option<Value>)> {
     let connection = options.connection()?;
     let replication = options.replication(connection.command_timeout)?;
     let read = RedisOptions {
@@ -73,7 +92,6 @@ pub fn redis_lease(env: Env, value: Option<Value>) -> Read<(RedisOptions, Option
         replication,
     };
     let logger = options.logger()?;
-    options.finish()?;
     Ok((read, logger))
 }
 
@@ -101,7 +119,10 @@ pub const ZERO_ATTEMPTS_CODE: &str = "MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS";
 
 /// `new RedisStreamsPubSub(options)`.
 pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
-    let options = Options::new(env, value, "RedisStreamsPubSub")?;
+    read(env, value, "RedisStreamsPubSub", redis_streams_options)
+}
+
+fn redis_streams_options(options: &Options) -> Read<Streams> {
     let d = StreamsOptions::default();
     let ms = |value: Option<u64>| value.map(Duration::from_millis);
     let max_len = options
@@ -144,7 +165,6 @@ pub fn redis_streams(env: Env, value: Option<Value>) -> Read<Streams> {
     };
     let limits = options.limits()?;
     let logger = options.logger()?;
-    options.finish()?;
     Ok(Streams {
         transport,
         limits,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use napi::sys::ValueType;
 
-use super::connection::{Credentials, Fields, Nodes};
+use super::connection::{listing, Credentials, Fields, Nodes};
 use super::reader::{closest, Options};
 use super::{OptionError, Read, MAX_TIMEOUT_MS};
 use crate::core::connection::DEFAULT_KEEP_ALIVE;
@@ -36,7 +36,7 @@ impl Options {
         }
         let defaults = match fields.iter().find(|(name, _, _)| name == "defaults") {
             Some((_, value, kind)) => {
-                self.fields_of(*value, *kind, "cluster.defaults", &["username", "password"])?
+                self.fields_of(*value, *kind, "cluster.defaults", CLUSTER_DEFAULTS)?
             }
             None => Vec::new(),
         };
@@ -89,15 +89,11 @@ impl Options {
                     ),
                 ));
             }
-            let node = self.fields_of(
-                item,
-                kind,
-                &label,
-                &["url", "socket", "username", "password"],
-            )?;
+            let node =
+                self.fields_of(item, kind, &label, &[ROOT_NODE, ROOT_NODE_REFUSED].concat())?;
             for (field, _, _) in &node {
                 let why = match field.as_str() {
-                    "url" => continue,
+                    taken if ROOT_NODE.contains(&taken) => continue,
                     "socket" => "give the node's url",
                     _ => "every node takes the same credentials: give them in cluster.defaults",
                 };
@@ -166,13 +162,6 @@ impl Options {
         kind: napi::sys::napi_valuetype,
         out: &mut ClientFields,
     ) -> Read<()> {
-        const FIELDS: &[&str] = &[
-            "tls",
-            "connectTimeout",
-            "noDelay",
-            "keepAlive",
-            "keepAliveInitialDelay",
-        ];
         let invalid = |kind: InputErrorKind, message: String| -> OptionError {
             Error::option(kind, message).into()
         };
@@ -264,13 +253,13 @@ impl Options {
                     ))
                 }
                 other => {
-                    let hint = closest(other, FIELDS)
+                    let hint = closest(other, SOCKET)
                         .map_or_else(String::new, |k| format!("; did you mean {k}?"));
                     return Err(invalid(
                         InputErrorKind::Type,
                         format!(
                             "{label} is not supported: redisOptions.socket takes {}{hint}",
-                            FIELDS.join(", ")
+                            SOCKET.join(", ")
                         ),
                     ));
                 }
@@ -300,6 +289,24 @@ impl Options {
     }
 }
 
+/// `redisOptions`' fields (`RedisClientOptions`).
+pub(super) const REDIS_OPTIONS: &[&str] =
+    &["url", "username", "password", "database", "name", "socket"];
+/// `redisOptions.socket`'s fields (`RedisSocketOptions`).
+pub(super) const SOCKET: &[&str] = &[
+    "tls",
+    "connectTimeout",
+    "noDelay",
+    "keepAlive",
+    "keepAliveInitialDelay",
+];
+/// `cluster.defaults`' fields (`NodeRedisClusterDefaults`).
+pub(super) const CLUSTER_DEFAULTS: &[&str] = &["username", "password"];
+/// A root node's fields that are taken (`NodeRedisRootNode`), and those refused with a
+/// reason of their own.
+pub(super) const ROOT_NODE: &[&str] = &["url"];
+const ROOT_NODE_REFUSED: &[&str] = &["socket", "username", "password"];
+
 /// The fields of `redisOptions` that mean something here.
 #[derive(Default)]
 pub(super) struct ClientFields {
@@ -319,9 +326,9 @@ pub(super) struct ClientFields {
 
 /// What node-redis client options (`redisOptions`) hold that has no meaning here, and what
 /// to use instead.
-fn redis_options_instead(field: &str) -> &'static str {
+fn redis_options_instead(field: &str) -> String {
     match field {
-        "RESP" => "RESP 2 is used",
+        "RESP" => "RESP 2 is used".to_owned(),
         "pingInterval"
         | "disableOfflineQueue"
         | "readonly"
@@ -332,7 +339,7 @@ fn redis_options_instead(field: &str) -> &'static str {
         | "modules"
         | "commandOptions"
         | "clientInfoTag"
-        | "disableClientInfo" => "it does not apply to this client",
-        _ => "redisOptions takes url, username, password, database, name and socket",
+        | "disableClientInfo" => "it does not apply to this client".to_owned(),
+        _ => format!("redisOptions takes {}", listing(REDIS_OPTIONS)),
     }
 }

@@ -50,6 +50,12 @@ impl Options {
         })
     }
 
+    /// The options read so far, in the order they were.
+    #[cfg(test)]
+    pub(super) fn names_read(&self) -> Vec<&'static str> {
+        self.read.borrow().clone()
+    }
+
     /// Refuses every option of the object that was not read, naming it.
     pub(super) fn finish(self) -> Read<()> {
         let Some(object) = self.object else {
