@@ -23,6 +23,8 @@ for (const [file, names] of [
   // The waiters of a provider live in one module, so the ESM pubsubs and `holdLease` find
   // those of the CommonJS provider classes (and one queue per provider, not one per build).
   ['wait', 'releaseWaiters, Waiters, waitersOf'],
+  // One tracer: a call through an ESM pubsub over a CommonJS provider is traced once.
+  ['diagnostics', 'ackChannel, deliverChannel, leaseChannel, nackChannel, publishChannel, traced'],
 ]) {
   writeFileSync(`dist/esm/${file}.js`, `export { ${names} } from '../cjs/${file}.js'\n`)
 }
