@@ -1,5 +1,5 @@
-import { memoryLeaseTable } from '../../index.js'
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
+import { memoryLeaseTable } from './native.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from './native.js'
 import { traced } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 import { releaseWaiters, Waiters } from './wait.js'

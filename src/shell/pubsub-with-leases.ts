@@ -1,7 +1,7 @@
 import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats } from '../../index.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats } from './native.js'
 import { traced } from './diagnostics.js'
 import { coded } from './errors.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'

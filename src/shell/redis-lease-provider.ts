@@ -1,5 +1,5 @@
-import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState } from '../../index.js'
+import { RedisLeaseProvider as NativeRedisLeaseProvider } from './native.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState } from './native.js'
 import { traced } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 
