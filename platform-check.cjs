@@ -1,6 +1,6 @@
 'use strict'
-// Loaded before the napi loader (index.js): when this platform has no binary, say so plainly,
-// with what exists and how to build one, instead of the loader's error about npm.
+// Loaded before the napi loader (dist/cjs/native.js): when this platform has no binary, say so
+// plainly, with what exists and how to build one, instead of the loader's error about npm.
 const { existsSync } = require('node:fs')
 const path = require('node:path')
 
@@ -16,7 +16,8 @@ function platform() {
 }
 
 const name = platform()
-let found = existsSync(path.join(__dirname, `mastra-lease.${name}.node`))
+// Where the loader looks first: beside itself (a binary built from source).
+let found = existsSync(path.join(__dirname, 'dist', 'cjs', `mastra-lease.${name}.node`))
 if (!found) {
   try {
     require.resolve(`mastra-lease-${name}`)

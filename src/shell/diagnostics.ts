@@ -38,16 +38,76 @@ export interface LeaseCallContext {
 /** The channel every lease call of this package's providers is traced on. */
 export const leaseChannel = tracingChannel<unknown, LeaseCallContext>('mastra-lease:lease')
 
-/**
- * Marks a provider class whose lease methods trace themselves, so a pubsub that delegates
- * to it does not trace the same call twice. A registered symbol: the ESM and CommonJS builds
- * agree on it.
- */
-export const tracesItself: unique symbol = Symbol.for('mastra-lease.tracesItself')
+/** A lease call as a provider answers it, called with its receiver as `this`. */
+type Call<T, A extends unknown[], R> = (this: T, ...args: A) => Promise<R>
 
-/** Whether `provider` traces its own lease calls. */
-export function isTracedProvider(provider: object): boolean {
-  return (provider as { [tracesItself]?: boolean })[tracesItself] === true
+/**
+ * Whether a lease call is being traced at this moment. The provider a pubsub delegates to is
+ * called in that moment, so a call through a pubsub over a provider of this package is traced
+ * once, by the pubsub, and a provider of someone else's is traced all the same.
+ */
+let tracing = false
+
+/** Runs `call` traced as `context`, unless it is part of a call being traced already. */
+function trace<T, A extends unknown[], R>(context: LeaseCallContext, call: Call<T, A, R>, self: T, ...args: A): Promise<R> {
+  if (tracing) return call.apply(self, args)
+  tracing = true
+  try {
+    return leaseChannel.tracePromise(call, context, self, ...args)
+  } finally {
+    tracing = false
+  }
+}
+
+/**
+ * The one place lease calls are traced: each of the providers' and pubsubs' lease methods
+ * hands its untraced call (and its `this`) to the function of its operation here, which calls
+ * it straight while nobody listens on `mastra-lease:lease`, and traces it, its arguments named
+ * as `LeaseCallContext` names them, otherwise.
+ */
+export const traced = {
+  acquireLease<T, R>(call: Call<T, [string, string, number, string?], R>, self: T, key: string, owner: string, ttlMs: number, metadata?: string): Promise<R> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key, owner, ttlMs, metadata)
+    return trace({ operation: 'acquireLease', key, owner, ttlMs, metadata }, call, self, key, owner, ttlMs, metadata)
+  },
+  acquireFencedLease<T, R>(call: Call<T, [string, string, number, string?], R>, self: T, key: string, owner: string, ttlMs: number, metadata?: string): Promise<R> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key, owner, ttlMs, metadata)
+    return trace({ operation: 'acquireFencedLease', key, owner, ttlMs, metadata }, call, self, key, owner, ttlMs, metadata)
+  },
+  renewLease<T>(call: Call<T, [string, string, number, string?], boolean>, self: T, key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key, owner, ttlMs, metadata)
+    return trace({ operation: 'renewLease', key, owner, ttlMs, metadata }, call, self, key, owner, ttlMs, metadata)
+  },
+  releaseLease<T>(call: Call<T, [string, string, string?], void>, self: T, key: string, owner: string, metadata?: string): Promise<void> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key, owner, metadata)
+    return trace({ operation: 'releaseLease', key, owner, metadata }, call, self, key, owner, metadata)
+  },
+  transferLease<T>(
+    call: Call<T, [string, string, string, number, string?, string?], boolean>,
+    self: T,
+    key: string,
+    fromOwner: string,
+    toOwner: string,
+    ttlMs: number,
+    fromMetadata?: string,
+    toMetadata?: string,
+  ): Promise<boolean> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const
+    return trace(context, call, self, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+  },
+  getLeaseOwner<T>(call: Call<T, [string], string | undefined>, self: T, key: string): Promise<string | undefined> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key)
+    return trace({ operation: 'getLeaseOwner', key }, call, self, key)
+  },
+  getLeaseRecord<T, R>(call: Call<T, [string], R>, self: T, key: string): Promise<R> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key)
+    return trace({ operation: 'getLeaseRecord', key }, call, self, key)
+  },
+  getLease<T, R>(call: Call<T, [string], R>, self: T, key: string): Promise<R> {
+    if (!leaseChannel.hasSubscribers) return call.call(self, key)
+    return trace({ operation: 'getLease', key }, call, self, key)
+  },
 }
 
 /** What subscribers of `mastra-lease:streams:publish` (a tracing channel) get per publish. */

@@ -1,7 +1,7 @@
-// mastra-lease: the package's public entry. The providers come from the Rust binding (the
-// top-level index.js that `napi build` generates, the same path from these sources and from
-// dist/esm or dist/cjs): RedisLeaseProvider extends its class, MemoryLeaseProvider wraps its
-// in-memory table, both tracing their calls; `withLeases` puts either behind a Mastra PubSub.
+// mastra-lease: the package's public entry. The providers come from the Rust binding
+// (native.js, which `napi build` generates here): RedisLeaseProvider extends its class,
+// MemoryLeaseProvider wraps its in-memory table, both tracing their calls; `withLeases` puts
+// either behind a Mastra PubSub.
 // First: a plain error, not the loader's, when this platform has no binary.
 import '../../platform-check.cjs'
 export { MemoryLeaseProvider } from './memory-lease-provider.js'
@@ -22,7 +22,7 @@ export type {
   RedisLeaseProviderOptions,
   RedisStreamsOptions,
   TlsOptions,
-} from '../../index.js'
+} from './native.js'
 export { LeasedPubSub, withLeases } from './leased-pubsub.js'
 export { RedisStreamsPubSub } from './redis-streams-pubsub.js'
 export type { ExtendableEventCallback, RedisStreamsPubSubOptions, StreamsLogger, TrimTopicOptions } from './redis-streams-pubsub.js'

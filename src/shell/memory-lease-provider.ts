@@ -1,6 +1,6 @@
-import { memoryLeaseTable } from '../../index.js'
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from '../../index.js'
-import { leaseChannel, tracesItself } from './diagnostics.js'
+import { memoryLeaseTable } from './native.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats, MemoryLeaseProviderOptions } from './native.js'
+import { traced } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 import { releaseWaiters, Waiters } from './wait.js'
 
@@ -8,73 +8,79 @@ type Table = ReturnType<typeof memoryLeaseTable>
 
 // The table answers synchronously or throws the coded error to reject with; these turn that
 // into the promise the provider returns. Each has its own try/catch: a shared helper taking a
-// closure measured 8% slower per call. They are plain functions, so a traced call hands them
-// to the channel with their arguments, without a closure either.
+// closure is slower per call. They take the table as `this`, so the tracer calls them as it
+// calls any provider's methods, without a closure either.
 
-function acquire(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
+/**
+ * The grant of an acquire as the table answers it, granted (`true`, or a fenced acquire's
+ * token) or refused (the holder's owner): the one place the shell makes one. A fenced grant
+ * always has `token`, a plain one never.
+ */
+function grant(answer: boolean | number | string | undefined, owner: string, fenced: boolean): FencedLeaseGrant {
+  const acquired = answer === true || typeof answer === 'number'
+  const holder = acquired ? owner : (answer as string | undefined)
+  if (!fenced) return { acquired, owner: holder }
+  return { acquired, owner: holder, token: acquired ? (answer as number) : undefined }
+}
+
+function acquire(this: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
   try {
-    // A grant is answered with true, a refusal with the holder's owner.
-    const answer = table.acquireLease(key, owner, ttlMs, metadata)
-    return Promise.resolve(answer === true ? { acquired: true, owner } : { acquired: false, owner: answer })
+    return Promise.resolve(grant(this.acquireLease(key, owner, ttlMs, metadata), owner, false))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function acquireFenced(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
+function acquireFenced(this: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
   try {
-    // A grant is answered with its token, a refusal with the holder's owner.
-    const answer = table.acquireFencedLease(key, owner, ttlMs, metadata)
-    return Promise.resolve(
-      typeof answer === 'number' ? { acquired: true, owner, token: answer } : { acquired: false, owner: answer, token: undefined },
-    )
+    return Promise.resolve(grant(this.acquireFencedLease(key, owner, ttlMs, metadata), owner, true))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function ownerOf(table: Table, key: string): Promise<string | undefined> {
+function ownerOf(this: Table, key: string): Promise<string | undefined> {
   try {
-    return Promise.resolve(table.getLeaseOwner(key))
+    return Promise.resolve(this.getLeaseOwner(key))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function leaseOf(table: Table, key: string): Promise<LeaseState | undefined> {
+function leaseOf(this: Table, key: string): Promise<LeaseState | undefined> {
   try {
-    return Promise.resolve(table.getLease(key))
+    return Promise.resolve(this.getLease(key))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function recordOf(table: Table, key: string): Promise<LeaseRecord | undefined> {
+function recordOf(this: Table, key: string): Promise<LeaseRecord | undefined> {
   try {
-    return Promise.resolve(table.getLeaseRecord(key))
+    return Promise.resolve(this.getLeaseRecord(key))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function release(table: Table, key: string, owner: string, metadata?: string): Promise<void> {
+function release(this: Table, key: string, owner: string, metadata?: string): Promise<void> {
   try {
-    return Promise.resolve(table.releaseLease(key, owner, metadata))
+    return Promise.resolve(this.releaseLease(key, owner, metadata))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
-function renew(table: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
+function renew(this: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
   try {
-    return Promise.resolve(table.renewLease(key, owner, ttlMs, metadata))
+    return Promise.resolve(this.renewLease(key, owner, ttlMs, metadata))
   } catch (error) {
     return Promise.reject(error)
   }
 }
 
 function transfer(
-  table: Table,
+  this: Table,
   key: string,
   fromOwner: string,
   toOwner: string,
@@ -83,7 +89,7 @@ function transfer(
   toMetadata?: string,
 ): Promise<boolean> {
   try {
-    return Promise.resolve(table.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata))
+    return Promise.resolve(this.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata))
   } catch (error) {
     return Promise.reject(error)
   }
@@ -116,9 +122,7 @@ export class MemoryLeaseProvider {
    * metadata, refuses too). No fencing token: `acquireFencedLease` for one.
    */
   acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
-    if (!leaseChannel.hasSubscribers) return acquire(this.table, key, owner, ttlMs, metadata)
-    const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(acquire, context, undefined, this.table, key, owner, ttlMs, metadata)
+    return traced.acquireLease(acquire, this.table, key, owner, ttlMs, metadata)
   }
 
   /**
@@ -127,21 +131,17 @@ export class MemoryLeaseProvider {
    * it had none), or `{ acquired: false, owner, token: undefined }`.
    */
   acquireFencedLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
-    if (!leaseChannel.hasSubscribers) return acquireFenced(this.table, key, owner, ttlMs, metadata)
-    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(acquireFenced, context, undefined, this.table, key, owner, ttlMs, metadata)
+    return traced.acquireFencedLease(acquireFenced, this.table, key, owner, ttlMs, metadata)
   }
 
   /** The owner holding a live lease on `key`, or `undefined`. */
   getLeaseOwner(key: string): Promise<string | undefined> {
-    if (!leaseChannel.hasSubscribers) return ownerOf(this.table, key)
-    return leaseChannel.tracePromise(ownerOf, { operation: 'getLeaseOwner', key }, undefined, this.table, key)
+    return traced.getLeaseOwner(ownerOf, this.table, key)
   }
 
   /** Who holds the live lease on `key`: `{ owner, metadata? }`, or `undefined`. */
   getLeaseRecord(key: string): Promise<LeaseRecord | undefined> {
-    if (!leaseChannel.hasSubscribers) return recordOf(this.table, key)
-    return leaseChannel.tracePromise(recordOf, { operation: 'getLeaseRecord', key }, undefined, this.table, key)
+    return traced.getLeaseRecord(recordOf, this.table, key)
   }
 
   /**
@@ -149,15 +149,12 @@ export class MemoryLeaseProvider {
    * never `null` here: every lease in memory has an expiry.
    */
   getLease(key: string): Promise<LeaseState | undefined> {
-    if (!leaseChannel.hasSubscribers) return leaseOf(this.table, key)
-    return leaseChannel.tracePromise(leaseOf, { operation: 'getLease', key }, undefined, this.table, key)
+    return traced.getLease(leaseOf, this.table, key)
   }
 
   /** Releases the lease if `owner` holds it with `metadata` (none when left out); otherwise does nothing. */
   releaseLease(key: string, owner: string, metadata?: string): Promise<void> {
-    const released = leaseChannel.hasSubscribers
-      ? leaseChannel.tracePromise(release, { operation: 'releaseLease', key, owner, metadata } as const, undefined, this.table, key, owner, metadata)
-      : release(this.table, key, owner, metadata)
+    const released = traced.releaseLease(release, this.table, key, owner, metadata)
     // The table answers at once, so the lease is free by now (or was not the holder's).
     this.waiters?.released(key)
     return released
@@ -168,9 +165,7 @@ export class MemoryLeaseProvider {
    * when left out): `true`; `false` when it was lost. Never brings an expired lease back.
    */
   renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
-    if (!leaseChannel.hasSubscribers) return renew(this.table, key, owner, ttlMs, metadata)
-    const context = { operation: 'renewLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(renew, context, undefined, this.table, key, owner, ttlMs, metadata)
+    return traced.renewLease(renew, this.table, key, owner, ttlMs, metadata)
   }
 
   /**
@@ -179,20 +174,7 @@ export class MemoryLeaseProvider {
    * `true`; `false` when the old holder no longer held it.
    */
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean> {
-    const moved = leaseChannel.hasSubscribers
-      ? leaseChannel.tracePromise(
-          transfer,
-          { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const,
-          undefined,
-          this.table,
-          key,
-          fromOwner,
-          toOwner,
-          ttlMs,
-          fromMetadata,
-          toMetadata,
-        )
-      : transfer(this.table, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+    const moved = traced.transferLease(transfer, this.table, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
     this.waiters?.released(key)
     return moved
   }
@@ -241,10 +223,5 @@ export class MemoryLeaseProvider {
   /** The waiters of `hold(…, { wait: true })`, woken by this provider's releases and transfers. */
   get [releaseWaiters](): Waiters {
     return (this.waiters ??= new Waiters())
-  }
-
-  /** Its lease calls are traced here, not again by a pubsub delegating to it. */
-  get [tracesItself](): true {
-    return true
   }
 }

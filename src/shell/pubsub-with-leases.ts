@@ -1,8 +1,8 @@
 import { PubSub } from '@mastra/core/events'
 import type { LeaseProvider } from '@mastra/core/events'
 
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats } from '../../index.js'
-import { isTracedProvider, leaseChannel } from './diagnostics.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, LeaseStats } from './native.js'
+import { traced } from './diagnostics.js'
 import { coded } from './errors.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
 import { releaseWaiters, waitersOf, type Waiters } from './wait.js'
@@ -39,14 +39,12 @@ function unsupported(method: string): TypeError {
  * directly, through its `Proxy`, and through wrappers. Fields are TypeScript-private, not
  * `#private`, so the object keeps working when called through a `Proxy`.
  *
- * Lease calls are traced on the `mastra-lease:lease` diagnostics channel: by the provider
- * when it is one of this package's, here otherwise (another provider, or the one a
- * `RedisStreamsPubSub` shares its connection with).
+ * Lease calls are traced on the `mastra-lease:lease` diagnostics channel, once: here, whatever
+ * the provider (another library's, the one a `RedisStreamsPubSub` shares its connection with,
+ * or one of this package's, which does not trace them again).
  */
 export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   protected readonly leases: LeaseProvider & MetadataLeaseProvider
-  /** Whether its calls are traced here (the provider does not trace them itself). */
-  private readonly traceHere: boolean
   /**
    * Who holds the live lease on `key`, `{ owner, metadata? }`, or `undefined` (Mastra's
    * `LeaseRecordProvider`): present only when the lease provider has it.
@@ -61,7 +59,6 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   protected constructor(leases: LeaseProvider) {
     super()
     this.leases = leases as LeaseProvider & MetadataLeaseProvider
-    this.traceHere = !isTracedProvider(leases)
     const ours = leases as Partial<FencingLeaseProvider>
     if (typeof ours.getLeaseRecord === 'function') {
       const getLeaseRecord = (key: string) => this.recordOf(ours as FencingLeaseProvider, key)
@@ -75,26 +72,16 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   }
 
   private recordOf(leases: FencingLeaseProvider, key: string): Promise<LeaseRecord | undefined> {
-    if (!this.tracing()) return leases.getLeaseRecord(key)
-    return leaseChannel.tracePromise(leases.getLeaseRecord, { operation: 'getLeaseRecord', key }, leases, key)
+    return traced.getLeaseRecord(leases.getLeaseRecord, leases, key)
   }
 
   private fenced(leases: FencingLeaseProvider, key: string, owner: string, ttlMs: number, metadata?: string): Promise<FencedLeaseGrant> {
-    if (!this.tracing()) return leases.acquireFencedLease(key, owner, ttlMs, metadata)
-    const context = { operation: 'acquireFencedLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(leases.acquireFencedLease, context, leases, key, owner, ttlMs, metadata)
-  }
-
-  /** Whether to trace a call here now: the provider does not, and somebody listens. */
-  private tracing(): boolean {
-    return this.traceHere && leaseChannel.hasSubscribers
+    return traced.acquireFencedLease(leases.acquireFencedLease, leases, key, owner, ttlMs, metadata)
   }
 
   acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
     const leases = this.leases
-    if (!this.tracing()) return leases.acquireLease(key, owner, ttlMs, metadata)
-    const context = { operation: 'acquireLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(leases.acquireLease, context, leases, key, owner, ttlMs, metadata)
+    return traced.acquireLease(leases.acquireLease, leases, key, owner, ttlMs, metadata)
   }
 
   /**
@@ -105,8 +92,7 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   getLease(key: string): Promise<LeaseState | undefined> {
     const leases = this.leases as Partial<FencingLeaseProvider>
     if (typeof leases.getLease !== 'function') return Promise.reject(unsupported('getLease'))
-    if (!this.tracing()) return leases.getLease(key)
-    return leaseChannel.tracePromise(leases.getLease, { operation: 'getLease', key }, leases, key)
+    return traced.getLease(leases.getLease, leases, key)
   }
 
   /**
@@ -132,29 +118,22 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
 
   getLeaseOwner(key: string): Promise<string | undefined> {
     const leases = this.leases
-    if (!this.tracing()) return leases.getLeaseOwner(key)
-    return leaseChannel.tracePromise(leases.getLeaseOwner, { operation: 'getLeaseOwner', key }, leases, key)
+    return traced.getLeaseOwner(leases.getLeaseOwner, leases, key)
   }
 
   releaseLease(key: string, owner: string, metadata?: string): Promise<void> {
     const leases = this.leases
-    if (!this.tracing()) return leases.releaseLease(key, owner, metadata)
-    const context = { operation: 'releaseLease', key, owner, metadata } as const
-    return leaseChannel.tracePromise(leases.releaseLease, context, leases, key, owner, metadata)
+    return traced.releaseLease(leases.releaseLease, leases, key, owner, metadata)
   }
 
   renewLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
     const leases = this.leases
-    if (!this.tracing()) return leases.renewLease(key, owner, ttlMs, metadata)
-    const context = { operation: 'renewLease', key, owner, ttlMs, metadata } as const
-    return leaseChannel.tracePromise(leases.renewLease, context, leases, key, owner, ttlMs, metadata)
+    return traced.renewLease(leases.renewLease, leases, key, owner, ttlMs, metadata)
   }
 
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean> {
     const leases = this.leases
-    if (!this.tracing()) return leases.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
-    const context = { operation: 'transferLease', key, owner: fromOwner, toOwner, ttlMs, metadata: fromMetadata, toMetadata } as const
-    return leaseChannel.tracePromise(leases.transferLease, context, leases, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
+    return traced.transferLease(leases.transferLease, leases, key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata)
   }
 
   /**
@@ -174,7 +153,7 @@ export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   /**
    * The lease provider Mastra's agent runtime asks for, preferring it to the pubsub's own
    * methods: this pubsub itself, so every lease call Mastra makes still goes through it (and
-   * is traced here when the provider it delegates to does not trace).
+   * is traced here).
    */
   getLeaseProvider(): LeaseProvider {
     return this

@@ -2,8 +2,8 @@ import { randomUUID } from 'node:crypto'
 
 import type { Event, EventCallback, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
 
-import { RedisStreamsTransport } from '../../index.js'
-import type { RedisLeaseProvider, RedisStreamsOptions } from '../../index.js'
+import { RedisStreamsTransport } from './native.js'
+import type { RedisLeaseProvider, RedisStreamsOptions } from './native.js'
 import { ackChannel, deliverChannel, nackChannel, publishChannel, type DeliveryMessage } from './diagnostics.js'
 import { coded } from './errors.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'

@@ -4,10 +4,10 @@
 // looked at again every ttlMs of the waiter's, see hold.ts). Within a process, waiters of
 // one key take turns in arrival order; across processes, whoever asks first after a release
 // wins (docs/waiting.md).
-import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../../index.js'
+import { RedisLeaseProvider as NativeRedisLeaseProvider } from './native.js'
 
 /** The getter under which a provider (or a pubsub over one) offers its `Waiters`. */
-export const releaseWaiters: unique symbol = Symbol.for('mastra-lease.releaseWaiters')
+export const releaseWaiters: unique symbol = Symbol('releaseWaiters')
 
 /** Starts listening for `key`'s releases; resolves, once listening, the function that stops. */
 export type Watch = (key: string, onRelease: () => void) => Promise<() => void>
