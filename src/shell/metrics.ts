@@ -58,8 +58,8 @@ function globalMeterProvider(): () => MeterProvider {
  *   `code`) when it failed; its count is the number of calls.
  * - `mastra_lease.lease.granted`, `.refused`, `.lost` (counters, `{lease}`).
  *
- * Answers a function that stops recording. While it records, every lease call is traced (an
- * in-memory call does about half the calls per second; a Redis one about the same).
+ * Answers a function that stops recording. While it records, every lease call is traced, which
+ * an in-memory call feels and a Redis call hardly does (docs/benchmarks.md).
  */
 export function recordLeaseMetrics(meterProvider?: MeterProvider): () => void {
   if (meterProvider !== undefined && typeof (meterProvider as Partial<MeterProvider>)?.getMeter !== 'function') {

@@ -108,7 +108,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
         return Promise.resolve()
       }
       // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
-      // object holding a Date leaves V8's fast path and costs several times as much.
+      // object holding a Date leaves V8's fast path.
       const json = readEvent(() => JSON.stringify({ ...event, id, createdAt: isoNow(), deliveryAttempt }))
       return this.transport.publish(topic, json)
     } catch (err) {
