@@ -1,5 +1,6 @@
-//! The napi glue: one file per JavaScript class, plus the shared plumbing. Checks and
-//! converts arguments, then hands the work to the core; no lease logic lives here.
+//! The napi glue: one file per JavaScript class, plus the crossing they share. Checks and
+//! converts arguments, carries the work across to the core and the answers back; no lease
+//! outcome is decided here.
 
 mod args;
 mod crossing;
