@@ -12,43 +12,23 @@ import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import net from 'node:net'
 import path from 'node:path'
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import { errorCode, everyCall, expectRejection, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
+import { errorCode, everyCall, expectRejection, settleWithin, sleep, uniqueKey } from './helpers/lease.js'
 import { checkCounter, checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { leaseStorm, unprotectedWithoutPause, type StormConfig, type StormResult } from './helpers/lease-storm.js'
-import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+import { perTest } from './helpers/per-test.js'
+import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 const LONG = 60_000
-type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
 
 const servers: RedisServer[] = []
 afterAll(async () => {
   await Promise.all(servers.map((s) => s.stop()))
 })
 
-/** Providers and servers of one test, closed and stopped after it. */
-const providers: LeaseApi[] = []
-const ownServers: RedisServer[] = []
-afterEach(async () => {
-  await Promise.allSettled(providers.splice(0).map((p) => p.close()))
-  // stop() thaws a frozen server first: nothing is ever left SIGSTOPped.
-  await Promise.allSettled(ownServers.splice(0).map((s) => s.stop()))
-})
-
-function provider(options: RedisOptions): RedisLeaseProvider {
-  const p = new RedisLeaseProvider(options)
-  providers.push(p)
-  return p
-}
-
-/** A server of this test's own, stopped after it. */
-async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
-  const s = await startRedis(opts)
-  ownServers.push(s)
-  return s
-}
+const { provider, ownServer } = perTest()
 
 /**
  * Runs `script` in a child Node process; answers its stdout. The child must exit by itself,

@@ -16,38 +16,23 @@ import { afterEach, describe, expect, it } from 'vitest'
 import { RedisLeaseProvider } from '../index.js'
 import { holdLease, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { CollectingLogger, errorCode, everyCall, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
-import { connectClient, EXTERNAL_REDIS, freePort, startRedis, type RedisServer, type RedisServerOptions, type RedisTestClient } from './helpers/redis-server.js'
+import { perTest } from './helpers/per-test.js'
+import { connectClient, EXTERNAL_REDIS, freePort, type RedisServer, type RedisTestClient } from './helpers/redis-server.js'
 
 const LONG = 60_000
 const CODE = 'MASTRA_LEASE_EVICTION_POLICY'
 const MAXMEMORY = 64 * 1024 * 1024
 
-const providers: LeaseApi[] = []
-const servers: RedisServer[] = []
+const { provider, ownServer, providers } = perTest()
 const extraClients: RedisTestClient[] = []
-
-afterEach(async () => {
-  await Promise.allSettled(providers.splice(0).map((p) => p.close()))
+afterEach(() => {
   for (const c of extraClients.splice(0)) c.destroy()
-  await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
 })
-
-async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
-  const s = await startRedis(opts)
-  servers.push(s)
-  return s
-}
 
 /** A server with `maxmemory` set and the given eviction policy. */
 const serverWith = (policy: string, maxmemory = MAXMEMORY) =>
   ownServer({ args: ['--maxmemory', String(maxmemory), '--maxmemory-policy', policy] })
 
-
-function provider(options: ConstructorParameters<typeof RedisLeaseProvider>[0]): RedisLeaseProvider {
-  const p = new RedisLeaseProvider(options)
-  providers.push(p)
-  return p
-}
 
 /** Every method once on `key`, as the owner `A` (each resolves whatever the lease state). */
 async function everyMethod(p: LeaseApi, key: string): Promise<void> {

@@ -3,35 +3,16 @@
 // so either side reads and respects the other's leases), a key of another type where a lease
 // would be, bad input that never reaches Redis, and one connection shared by every call.
 import { randomUUID } from 'node:crypto'
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import { everyCall, expectRejection, settleWithin, sleep, uniqueKey, untyped, type LeaseApi } from './helpers/lease.js'
-import { EXTERNAL_REDIS, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+import { everyCall, expectRejection, settleWithin, sleep, uniqueKey, untyped } from './helpers/lease.js'
+import { perTest } from './helpers/per-test.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 const LONG = 60_000
-type RedisOptions = NonNullable<ConstructorParameters<typeof RedisLeaseProvider>[0]>
 
-const providers: LeaseApi[] = []
-const servers: RedisServer[] = []
-
-function provider(options: RedisOptions): RedisLeaseProvider {
-  const p = new RedisLeaseProvider(options)
-  providers.push(p)
-  return p
-}
-
-/** A server of this test's own (or the REDIS_URL one, for tests that leave it alone). */
-async function ownServer(opts?: RedisServerOptions): Promise<RedisServer> {
-  const s = await startRedis(opts)
-  servers.push(s)
-  return s
-}
-
-afterEach(async () => {
-  await Promise.allSettled(providers.splice(0).map((p) => p.close()))
-  await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
-})
+const { provider, ownServer } = perTest()
 
 describe('RedisLeaseProvider', () => {
   describe('wire layout (compatible with Mastra’s own Redis backend)', () => {

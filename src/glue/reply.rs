@@ -58,7 +58,7 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
 /// Made by a tiny JavaScript function rather than property by property: an object literal
 /// gets V8's ready-made shape, where setting the properties one by one walks a map
 /// transition and internalizes each name on every call (`docs/benchmarks.md`).
-pub fn grant(env: Env, acquired: bool, owner: Value, token: Option<Option<u64>>) -> Value {
+fn grant(env: Env, acquired: bool, owner: Value, token: Option<Option<u64>>) -> Value {
     let fenced = token.is_some();
     let token = token
         .flatten()
