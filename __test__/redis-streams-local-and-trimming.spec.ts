@@ -95,6 +95,71 @@ describe('RedisStreamsPubSub', () => {
       expect(await redis.cli('XLEN', `${prefix}:local`)).toBe(0) // still never written (the group made the stream)
     })
 
+    it("a group's members take turns across stream and localOnly events alike: each event goes to the member after the one the last event went to", async () => {
+      const pubsub = open({ keyPrefix: uniquePrefix('local-turns') })
+      const order: string[] = []
+      const first = new Inbox((_event, ack) => (order.push('first'), ack()))
+      const second = new Inbox((_event, ack) => (order.push('second'), ack()))
+      await pubsub.subscribe('turns', first.cb, { group: 'g' })
+      await pubsub.subscribe('turns', second.cb, { group: 'g' })
+      for (let n = 1; n <= 6; n++) {
+        // Odd events through the stream, even ones localOnly; each delivered before the next.
+        await pubsub.publish('turns', ev(n), n % 2 === 0 ? { localOnly: true } : undefined)
+        for (let i = 0; i < 100 && order.length < n; i++) await sleep(10)
+      }
+      expect(order).toEqual(['first', 'second', 'first', 'second', 'first', 'second'])
+      expect([...first.numbers, ...second.numbers].sort()).toEqual([1, 2, 3, 4, 5, 6])
+    })
+
+    it('an unsubscribe not yet awaited already takes the member out of the turns: every localOnly event goes to the member that stays, none is lost', async () => {
+      const pubsub = open({ keyPrefix: uniquePrefix('local-leaving') })
+      const leaving = new Inbox()
+      const staying = new Inbox()
+      await pubsub.subscribe('jobs', leaving.cb, { group: 'g' })
+      await pubsub.subscribe('jobs', staying.cb, { group: 'g' })
+      const left = pubsub.unsubscribe('jobs', leaving.cb)
+      for (let n = 1; n <= 4; n++) await pubsub.publish('jobs', ev(n), { localOnly: true })
+      await left
+      await staying.count(4)
+      expect(leaving.events).toEqual([])
+      expect(staying.numbers).toEqual([1, 2, 3, 4])
+    })
+
+    it('a nacked localOnly group event goes to the next member in turn, and to nobody once every member left', async () => {
+      const pubsub = open({ keyPrefix: uniquePrefix('local-renack') })
+      const order: string[] = []
+      const nacking = new Inbox((_event, _ack, nack) => (order.push('nacking'), nack()))
+      const acking = new Inbox((_event, ack) => (order.push('acking'), ack()))
+      await pubsub.subscribe('jobs', nacking.cb, { group: 'g' })
+      await pubsub.subscribe('jobs', acking.cb, { group: 'g' })
+      await pubsub.publish('jobs', ev(1), { localOnly: true })
+      await acking.count(1)
+      expect(order).toEqual(['nacking', 'acking'])
+      expect(acking.events[0]!.deliveryAttempt).toBe(2)
+
+      await pubsub.unsubscribe('jobs', acking.cb)
+      await pubsub.publish('jobs', ev(2), { localOnly: true }) // to nacking; its redelivery to it again
+      await pubsub.unsubscribe('jobs', nacking.cb)
+      await pubsub.flush()
+      await sleep(100)
+      expect(nacking.numbers).toEqual([1, 2])
+    })
+
+    it('a bad topic is refused with ERR_STREAMS_INVALID_ARGUMENT before anyone is called, and a closed pubsub refuses as for any publish', async () => {
+      const pubsub = open({ keyPrefix: uniquePrefix('local-refused') })
+      const inbox = new Inbox()
+      await pubsub.subscribe('t', inbox.cb)
+      for (const topic of ['', 42, 'x'.repeat(100_000)]) {
+        await expect(pubsub.publish(topic as string, ev(1), { localOnly: true })).rejects.toMatchObject({ code: 'ERR_STREAMS_INVALID_ARGUMENT' })
+      }
+      await pubsub.close()
+      const refusals = await Promise.allSettled([pubsub.publish('t', ev(2), { localOnly: true }), pubsub.publish('t', ev(3))])
+      const [local, stream] = refusals.map((r) => (r.status === 'rejected' ? (r.reason as { code?: string; message?: string }) : undefined))
+      expect(local?.code).toBe(stream?.code)
+      expect(local?.message).toBe(stream?.message)
+      expect(inbox.events).toEqual([])
+    })
+
     it('reaches no subscriber of another topic and no unsubscribed callback', async () => {
       const pubsub = open({ keyPrefix: uniquePrefix('local-scope') })
       const elsewhere = new Inbox()

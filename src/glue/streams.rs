@@ -4,7 +4,6 @@
 //! class moves JSON text and delivery ids across, nothing more.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use napi::bindgen_prelude::{Env, Unknown};
@@ -40,16 +39,15 @@ pub struct RedisStreamsTransport {
     store: Arc<RedisStore>,
     /// Topic and group names obey the lease key limit.
     limits: Limits,
-    max_delivery_attempts: Option<u64>,
 }
 
 /// The transport while it is open; `close()` drops it.
 struct Open {
     pubsub: Arc<StreamsPubSub>,
     crossing: Arc<Crossing>,
-    /// Running subscriptions: the signal that stops each one's forwarding task.
-    subscriptions: Mutex<HashMap<u32, Running>>,
-    next_subscription: AtomicU32,
+    /// Subscriptions from `subscribe` until `unsubscribe` (filed before they open, so an
+    /// unsubscribe made meanwhile stops them): the signal that stops each one's forwarding.
+    subscriptions: Mutex<HashMap<u64, Running>>,
     /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
     /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
     /// for every publish made before them, whenever the runtime gets to run it.
@@ -106,12 +104,19 @@ impl Open {
             pubsub,
             crossing,
             subscriptions: Mutex::new(HashMap::new()),
-            next_subscription: AtomicU32::new(1),
             publishes: Arc::new(tokio::sync::RwLock::new(())),
             publishes_queued,
             acks,
             settles,
         })
+    }
+}
+
+impl Open {
+    /// Whether the subscription numbered `id` is still this transport's: subscribed, and
+    /// neither unsubscribed nor stopped by `close`.
+    fn serves(&self, id: u64) -> bool {
+        lock(&self.subscriptions).contains_key(&id)
     }
 }
 
@@ -179,7 +184,6 @@ impl RedisStreamsTransport {
         );
         match built {
             Ok((pubsub, store, limits)) => Ok(Self {
-                max_delivery_attempts: pubsub.max_delivery_attempts(),
                 open: Some(Arc::new(Open::new(raw, pubsub)?)),
                 store: Arc::new(store),
                 limits,
@@ -195,13 +199,6 @@ impl RedisStreamsTransport {
     #[napi(catch_unwind)]
     pub fn lease_provider(&self, env: Env) -> napi::Result<RedisLeaseProvider> {
         RedisLeaseProvider::over(&env, self.store.clone())
-    }
-
-    /// `maxDeliveryAttempts` as configured: `Infinity` when unlimited.
-    #[napi(getter)]
-    pub fn max_delivery_attempts(&self) -> f64 {
-        self.max_delivery_attempts
-            .map_or(f64::INFINITY, |n| n as f64)
     }
 
     /// Appends `json`, an event object's JSON already stamped with `id`, `createdAt` and
@@ -245,11 +242,12 @@ impl RedisStreamsTransport {
     }
 
     /// Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
-    /// Resolves the subscription's id once the starting point is fixed.
+    /// Answers the subscription's id at once, and a promise that resolves once the starting
+    /// point is fixed. Throws on a bad argument or a closed transport.
     #[napi(
         catch_unwind,
         ts_args_type = "topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest' | undefined | null, onEvents: (batch: Array<number | string>) => void",
-        ts_return_type = "Promise<number>"
+        ts_return_type = "[id: number, opened: Promise<void>]"
     )]
     pub fn subscribe<'env>(
         &self,
@@ -260,10 +258,11 @@ impl RedisStreamsTransport {
         on_events: Unknown<'env>,
     ) -> Unknown<'env> {
         let raw = env.raw();
-        let Some(open) = &self.open else {
-            return unknown(env, closed(raw, Subject::StreamsSubscribe));
-        };
         let checked = (|| {
+            let open = self
+                .open
+                .as_ref()
+                .ok_or(Error::Closed(Subject::StreamsSubscribe))?;
             let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
             let group = match js::type_of(raw, group.raw()) {
                 ValueType::napi_undefined | ValueType::napi_null => None,
@@ -278,48 +277,58 @@ impl RedisStreamsTransport {
             }
             let sink = JsCallback::new(raw, on_events.raw(), delivery_args)
                 .map_err(|err| Error::Internal(err.reason))?;
-            Ok((topic, SubscribeOptions { group, start_from }, sink))
+            Ok((open, topic, SubscribeOptions { group, start_from }, sink))
         })();
-        let (topic, options, sink) = match checked {
+        let (open, topic, options, sink) = match checked {
             Ok(checked) => checked,
-            Err(err) => return unknown(env, settled(raw, Err(err))),
+            Err(err) => {
+                js::throw(raw, &err, None);
+                return unknown(env, js::undefined(raw));
+            }
         };
         // A live subscription keeps the process alive, as a listening socket would.
         sink.refer(raw);
+        // Filed at once: an unsubscribe made before it opens stops it, and `localRecipients`
+        // knows it as soon as the core does.
+        let id = open.pubsub.subscription_id();
+        let (stop, mut stopped) = oneshot::channel();
+        let (finished, done) = oneshot::channel();
+        lock(&open.subscriptions).insert(id.get(), Running { stop, done });
         let open = Arc::clone(open);
         let crossing = open.crossing.clone();
-        unknown(
-            env,
-            crossing.run(raw, async move {
-                let mut subscription = open.pubsub.subscribe(&topic, options).await?;
-                let id = open.next_subscription.fetch_add(1, Ordering::Relaxed);
-                let (stop, mut stopped) = oneshot::channel();
-                let (finished, done) = oneshot::channel();
-                lock(&open.subscriptions).insert(id, Running { stop, done });
-                runtime()?.spawn(async move {
-                    let mut batch = Vec::with_capacity(DELIVERY_BATCH);
-                    loop {
-                        tokio::select! {
-                            _ = &mut stopped => break,
-                            taken = subscription.recv_many(&mut batch, DELIVERY_BATCH) => {
-                                if taken == 0 {
-                                    break;
-                                }
-                                let handed: Vec<_> = batch
-                                    .drain(..)
-                                    .map(|d| (d.id() as f64, d.shared_json()))
-                                    .collect();
-                                sink.call(handed);
+        let opened = crossing.run(raw, async move {
+            let mut subscription = match open.pubsub.subscribe_as(id, &topic, options).await {
+                Ok(subscription) => subscription,
+                Err(err) => {
+                    lock(&open.subscriptions).remove(&id.get());
+                    return Err(err);
+                }
+            };
+            runtime()?.spawn(async move {
+                let mut batch = Vec::with_capacity(DELIVERY_BATCH);
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        taken = subscription.recv_many(&mut batch, DELIVERY_BATCH) => {
+                            if taken == 0 {
+                                break;
                             }
+                            let handed: Vec<_> = batch
+                                .drain(..)
+                                .map(|d| (d.id() as f64, d.shared_json()))
+                                .collect();
+                            sink.call(handed);
                         }
                     }
-                    subscription.unsubscribe().await;
-                    drop(sink);
-                    let _ = finished.send(());
-                });
-                Ok(Reply::Number(f64::from(id)))
-            }),
-        )
+                }
+                subscription.unsubscribe().await;
+                drop(sink);
+                let _ = finished.send(());
+            });
+            Ok(Reply::Undefined)
+        });
+        let id = js::number_value(raw, id.get() as f64);
+        unknown(env, js::array(raw, &[id, opened]))
     }
 
     /// Acknowledges a delivery. Never rejects: a settled or unknown delivery, a closed
@@ -358,17 +367,80 @@ impl RedisStreamsTransport {
         )
     }
 
-    /// Warns, as for an event from a stream, that a `localOnly` event nacked at
-    /// `maxDeliveryAttempts` was dropped (through the logger, if any).
+    /// Who gets an event published `localOnly` now: the ids of this transport's
+    /// subscriptions it goes to (every fan-out one of the topic, a member of each group in
+    /// turn). The shell hands the event itself to their callbacks. Throws on a bad topic or a
+    /// closed transport.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "topic: string",
+        ts_return_type = "number[]"
+    )]
+    pub fn local_recipients<'env>(&self, env: &'env Env, topic: Unknown<'env>) -> Unknown<'env> {
+        let raw = env.raw();
+        let checked = (|| {
+            let open = self
+                .open
+                .as_ref()
+                .ok_or(Error::Closed(Subject::StreamsPublish))?;
+            Ok((
+                open,
+                args::stream_name(raw, topic.raw(), "topic", &self.limits)?,
+            ))
+        })();
+        let (open, topic) = match checked {
+            Ok(checked) => checked,
+            Err(err) => {
+                js::throw(raw, &err, None);
+                return unknown(env, js::undefined(raw));
+            }
+        };
+        let recipients = open.pubsub.local_recipients(&topic, |id| open.serves(id));
+        let ids: Vec<_> = recipients
+            .into_iter()
+            .map(|id| js::number_value(raw, id as f64))
+            .collect();
+        unknown(env, js::array(raw, &ids))
+    }
+
+    /// A `localOnly` event was nacked at `attempt`: the attempt its redelivery carries, or
+    /// `null` when it used up `maxDeliveryAttempts` and was dropped (with the warning any
+    /// dropped event gets, through the logger).
     #[napi(
         catch_unwind,
         ts_args_type = "topic: string, eventId: string, eventType: string, attempt: number"
     )]
-    pub fn warn_dropped_local(&self, topic: String, id: String, kind: String, attempt: f64) {
-        if let Some(open) = &self.open {
-            let pubsub = &open.pubsub;
-            pubsub.warn_dropped_local(&topic, id.into(), kind.into(), attempt as u64);
-        }
+    pub fn local_nacked(
+        &self,
+        topic: String,
+        id: String,
+        kind: String,
+        attempt: f64,
+    ) -> Option<f64> {
+        let open = self.open.as_ref()?;
+        let attempt = args::safe_integer(attempt)?;
+        let next = open
+            .pubsub
+            .local_nacked(&topic, id.into(), kind.into(), attempt);
+        next.map(|attempt| attempt as f64)
+    }
+
+    /// Who gets a nacked `localOnly` event again: the fan-out subscription that nacked it
+    /// while it lasts, or the group's member whose turn it is; `null` when nobody is left.
+    #[napi(catch_unwind)]
+    pub fn local_redelivery(
+        &self,
+        topic: String,
+        group: Option<String>,
+        subscription: f64,
+    ) -> Option<f64> {
+        let open = self.open.as_ref()?;
+        let subscription = args::safe_integer(subscription)?;
+        let live = |id| open.serves(id);
+        let next = open
+            .pubsub
+            .local_redelivery(&topic, group.as_deref(), subscription, live);
+        next.map(|id| id as f64)
     }
 
     /// A fan-out subscription's callback has returned (or resolved) without settling the
@@ -383,11 +455,11 @@ impl RedisStreamsTransport {
     /// Stops a subscription; what it had read but not handed out goes back to its group.
     /// Resolves once that is done, so the group's next entry goes to a remaining member.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
-    pub fn unsubscribe<'env>(&self, env: &'env Env, subscription: u32) -> Unknown<'env> {
-        let running = self
-            .open
-            .as_ref()
-            .and_then(|open| lock(&open.subscriptions).remove(&subscription));
+    pub fn unsubscribe<'env>(&self, env: &'env Env, subscription: f64) -> Unknown<'env> {
+        let running = self.open.as_ref().and_then(|open| {
+            let id = args::safe_integer(subscription)?;
+            lock(&open.subscriptions).remove(&id)
+        });
         let Some(Running { stop, done }) = running else {
             return unknown(env, resolved(env.raw()));
         };

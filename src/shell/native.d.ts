@@ -127,8 +127,6 @@ export declare class RedisStreamsTransport {
   constructor(options?: RedisStreamsOptions | undefined | null)
   /** A `RedisLeaseProvider` on this transport's connection and key prefix. */
   leaseProvider(): RedisLeaseProvider
-  /** `maxDeliveryAttempts` as configured: `Infinity` when unlimited. */
-  get maxDeliveryAttempts(): number
   /**
    * Appends `json`, an event object's JSON already stamped with `id`, `createdAt` and
    * `deliveryAttempt` (the TypeScript shell does that), to the topic's stream as it is.
@@ -136,9 +134,10 @@ export declare class RedisStreamsTransport {
   publish(topic: string, json: string): Promise<void>
   /**
    * Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
-   * Resolves the subscription's id once the starting point is fixed.
+   * Answers the subscription's id at once, and a promise that resolves once the starting
+   * point is fixed. Throws on a bad argument or a closed transport.
    */
-  subscribe(topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest' | undefined | null, onEvents: (batch: Array<number | string>) => void): Promise<number>
+  subscribe(topic: string, group: string | undefined | null, startFrom: 'earliest' | 'latest' | undefined | null, onEvents: (batch: Array<number | string>) => void): [id: number, opened: Promise<void>]
   /**
    * Acknowledges a delivery. Never rejects: a settled or unknown delivery, a closed
    * transport, or an ack that could not reach Redis (it is retried in the background)
@@ -158,10 +157,23 @@ export declare class RedisStreamsTransport {
    */
   extend(delivery: number): Promise<void>
   /**
-   * Warns, as for an event from a stream, that a `localOnly` event nacked at
-   * `maxDeliveryAttempts` was dropped (through the logger, if any).
+   * Who gets an event published `localOnly` now: the ids of this transport's
+   * subscriptions it goes to (every fan-out one of the topic, a member of each group in
+   * turn). The shell hands the event itself to their callbacks. Throws on a bad topic or a
+   * closed transport.
    */
-  warnDroppedLocal(topic: string, eventId: string, eventType: string, attempt: number): void
+  localRecipients(topic: string): number[]
+  /**
+   * A `localOnly` event was nacked at `attempt`: the attempt its redelivery carries, or
+   * `null` when it used up `maxDeliveryAttempts` and was dropped (with the warning any
+   * dropped event gets, through the logger).
+   */
+  localNacked(topic: string, eventId: string, eventType: string, attempt: number): number | null
+  /**
+   * Who gets a nacked `localOnly` event again: the fan-out subscription that nacked it
+   * while it lasts, or the group's member whose turn it is; `null` when nobody is left.
+   */
+  localRedelivery(topic: string, group: string | undefined | null, subscription: number): number | null
   /**
    * A fan-out subscription's callback has returned (or resolved) without settling the
    * delivery: it is done (see `Delivery::returned`). A group's delivery stays held.

@@ -51,16 +51,12 @@ export type ExtendableEventCallback = (
 export class RedisStreamsPubSub extends PubSubWithLeases {
   private readonly transport: RedisStreamsTransport
   private readonly ownLeases: RedisLeaseProvider
-  /** Subscriptions by topic and callback: the transport's id and the group, if any. */
+  /** Subscriptions by topic and callback: the transport's id, and the group if any. */
   private readonly subscriptions = new Map<string, Map<EventCallback, Subscribed>>()
-  /** Round-robin position per topic and group, for `localOnly` events. */
-  private readonly turns = new Map<string, number>()
+  /** The same subscriptions by the transport's id: whom a `localOnly` event is handed to. */
+  private readonly byId = new Map<number, { cb: EventCallback; group: string | undefined }>()
   /** `localOnly` redeliveries scheduled after a nack; each settles once it has run. */
   private readonly localRetries = new Map<ReturnType<typeof setTimeout>, { ran: Promise<void>; done: () => void }>()
-  /** `maxDeliveryAttempts` as validated by the transport (Infinity when unlimited). */
-  private readonly maxAttempts: number
-  /** Set by `close()`: a `localOnly` publish is refused from then on, as any other. */
-  private closed = false
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
     // Every option, the logger included, is checked natively: a bad or unknown one throws.
@@ -69,7 +65,6 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     super(leases)
     this.transport = transport
     this.ownLeases = leases
-    this.maxAttempts = transport.maxDeliveryAttempts
   }
 
   override get supportedModes(): ReadonlyArray<PubSubDeliveryMode> {
@@ -80,8 +75,10 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * Appends the event to the topic's stream, stamped with `id`, `createdAt` and
    * `deliveryAttempt`. With `localOnly`, the event never leaves this process: this process's
    * subscribers of the topic get the very object (live values survive), nothing is written.
-   * A nacked `localOnly` event is redelivered in this process, as Mastra's in-process pubsubs
-   * do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then dropped with a warning.
+   * Who gets it follows the rules of every delivery (each fan-out subscriber, one member of
+   * each group in turn), and a nacked one is redelivered in this process, as Mastra's
+   * in-process pubsubs do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then
+   * dropped with a warning.
    */
   publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
     // Stamped here, where the object is at hand: the native side writes the text as it is.
@@ -100,11 +97,10 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
         throw argumentError('event must be an object')
       }
       const deliveryAttempt = attemptOf(readEvent(() => event.deliveryAttempt))
-      // Closed: the transport's own refusal, so it says the same as for any other publish.
-      if (options?.localOnly && this.closed) return this.transport.publish(topic, '')
       if (options?.localOnly) {
         const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt }))
-        for (const [cb, group] of this.localRecipients(topic)) this.deliverLocal(topic, stamped, cb, group)
+        // The transport picks the recipients (and refuses a bad topic or a closed transport).
+        for (const subscription of this.transport.localRecipients(topic)) this.deliverLocal(topic, stamped, subscription)
         return Promise.resolve()
       }
       // The same text a Date would give (its toJSON is toISOString), but JSON.stringify of an
@@ -145,17 +141,19 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     const existing = byCallback?.get(cb)
     if (existing) {
       // As Mastra's own pubsubs: a callback subscribed twice still gets each event once.
-      await existing.id
+      await existing.opened
       return
     }
-    const id = this.transport.subscribe(topic, group, startFrom, onEvents)
+    const [id, opened] = this.transport.subscribe(topic, group, startFrom, onEvents)
     if (!byCallback) this.subscriptions.set(topic, (byCallback = new Map()))
-    byCallback.set(cb, { id, group })
+    byCallback.set(cb, { id, opened, group })
+    this.byId.set(id, { cb, group })
     try {
-      await id
+      await opened
     } catch (err) {
       byCallback.delete(cb)
       if (byCallback.size === 0) this.subscriptions.delete(topic)
+      this.byId.delete(id)
       throw err
     }
   }
@@ -166,7 +164,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     if (!byCallback || !subscribed) return
     byCallback.delete(cb)
     if (byCallback.size === 0) this.subscriptions.delete(topic)
-    await this.transport.unsubscribe(await subscribed.id.catch(() => 0))
+    this.byId.delete(subscribed.id)
+    await this.transport.unsubscribe(subscribed.id)
   }
 
   /**
@@ -199,8 +198,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 
   /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
   async close(): Promise<void> {
-    this.closed = true
     this.subscriptions.clear()
+    this.byId.clear()
     for (const [timer, { done }] of this.localRetries) {
       clearTimeout(timer)
       done() // a flush waiting for it resolves
@@ -211,36 +210,16 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   }
 
   /**
-   * Who gets a `localOnly` event: every fan-out subscriber, and one member of each group
-   * (in turn), each with its group.
+   * Hands a `localOnly` event to the subscription numbered `subscription`. A nack (or a
+   * throw, or a rejection) redelivers it on a later turn of the event loop with
+   * `deliveryAttempt + 1` (same id, same live data), to whom the transport names: the same
+   * callback for fan-out, the member whose turn it is for a group, while there is one. At
+   * `maxDeliveryAttempts` the transport drops it with the warning a stream event gets.
    */
-  private localRecipients(topic: string): Array<[EventCallback, string | undefined]> {
-    const recipients: Array<[EventCallback, string | undefined]> = []
-    const groups = new Map<string, EventCallback[]>()
-    for (const [cb, { group }] of this.subscriptions.get(topic) ?? []) {
-      if (group === undefined) recipients.push([cb, undefined])
-      else groups.set(group, [...(groups.get(group) ?? []), cb])
-    }
-    for (const [group, members] of groups) recipients.push([this.nextMember(topic, group, members), group])
-    return recipients
-  }
-
-  /** The member of `group` whose turn it is for a `localOnly` event. */
-  private nextMember(topic: string, group: string, members: EventCallback[]): EventCallback {
-    const key = `${topic}\0${group}`
-    const turn = this.turns.get(key) ?? 0
-    this.turns.set(key, turn + 1)
-    return members[turn % members.length]!
-  }
-
-  /**
-   * Hands a `localOnly` event to one subscriber. A nack (or a throw, or a rejection)
-   * redelivers it on a later turn of the event loop with `deliveryAttempt + 1` (same id,
-   * same live data): to the same callback for fan-out, to a member of the group for a group,
-   * while there is one; at `maxDeliveryAttempts` it is dropped with the warning a stream
-   * event gets.
-   */
-  private deliverLocal(topic: string, event: Event, cb: EventCallback, group: string | undefined): void {
+  private deliverLocal(topic: string, event: Event, subscription: number): void {
+    const to = this.byId.get(subscription)
+    if (!to) return
+    const { cb, group } = to
     let settled = false
     const ack = async () => {
       if (!settled && ackChannel.hasSubscribers) ackChannel.publish(delivered(topic, group, event, true))
@@ -250,35 +229,21 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       if (settled) return
       settled = true
       if (nackChannel.hasSubscribers) nackChannel.publish(delivered(topic, group, event, true))
-      const attempt = event.deliveryAttempt ?? 1
-      if (attempt >= this.maxAttempts) {
-        this.transport.warnDroppedLocal(topic, event.id, String(event.type), attempt)
-        return
-      }
+      const attempt = this.transport.localNacked(topic, event.id, String(event.type), event.deliveryAttempt ?? 1)
+      if (attempt === null) return
       let done = () => {}
       const ran = new Promise<void>((resolve) => (done = resolve))
       const timer = setTimeout(() => {
         this.localRetries.delete(timer)
         done()
-        const to = this.localRedeliveryTarget(topic, cb, group)
-        if (to) this.deliverLocal(topic, { ...event, deliveryAttempt: attempt + 1 }, to, group)
+        const next = this.transport.localRedelivery(topic, group, subscription)
+        if (next !== null) this.deliverLocal(topic, { ...event, deliveryAttempt: attempt }, next)
       }, 0)
       this.localRetries.set(timer, { ran, done })
     }
     if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, true))
     // Nothing times a localOnly event out, and nothing of it is in Redis: nothing to extend.
     invoke(cb, event, ack, nack, resolvedExtend)
-  }
-
-  /** Who gets a nacked `localOnly` event again, if anyone is still subscribed to take it. */
-  private localRedeliveryTarget(topic: string, cb: EventCallback, group: string | undefined): EventCallback | undefined {
-    const byCallback = this.subscriptions.get(topic)
-    if (group === undefined) {
-      const subscribed = byCallback?.get(cb)
-      return subscribed && subscribed.group === undefined ? cb : undefined
-    }
-    const members = [...(byCallback ?? [])].filter(([, s]) => s.group === group).map(([member]) => member)
-    return members.length > 0 ? this.nextMember(topic, group, members) : undefined
   }
 
   private deliver(topic: string, delivery: number, json: string, cb: EventCallback, group: string | undefined): void {
@@ -316,7 +281,9 @@ function delivered(topic: string, group: string | undefined, event: Event, local
 }
 
 interface Subscribed {
-  id: Promise<number>
+  id: number
+  /** Resolves once the subscription's starting point is fixed. */
+  opened: Promise<void>
   group: string | undefined
 }
 

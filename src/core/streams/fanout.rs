@@ -59,6 +59,18 @@ impl Fanouts {
         self.of(shared, key).remove(shared, key, member);
     }
 
+    /// The fan-out subscriptions of the topic whose stream is `key`, in the order they came.
+    pub fn subscriptions(&self, shared: &Shared, key: &str) -> Vec<u64> {
+        let shard = shared.writer.shard(key.as_bytes());
+        let Some(reader) = lock(&self.readers).get(&shard).cloned() else {
+            return Vec::new();
+        };
+        let state = reader.state();
+        state.topics.get(key).map_or_else(Vec::new, |topic| {
+            topic.members.iter().map(|member| member.id).collect()
+        })
+    }
+
     /// The stream was deleted (see [`Fanout::restart`]).
     pub fn restart(&self, shared: &Shared, key: &str) {
         self.of(shared, key).restart(key);

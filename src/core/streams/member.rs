@@ -47,19 +47,27 @@ pub(super) struct Members {
     pub(super) reader: Option<(u64, JoinHandle<()>)>,
 }
 
+impl Members {
+    /// The member whose turn it is, of those `accept` takes; the turn moves past it. Every
+    /// delivery a consumer hands out takes its turn here, read from a stream or published
+    /// `localOnly`.
+    pub(super) fn turn(&mut self, accept: impl Fn(&Member) -> bool) -> Option<Arc<Member>> {
+        let len = self.list.len();
+        let first = (0..len)
+            .map(|step| self.next.wrapping_add(step) % len)
+            .find(|&i| accept(&self.list[i]))?;
+        self.next = first.wrapping_add(1);
+        Some(Arc::clone(&self.list[first]))
+    }
+}
+
 /// Hands a delivery to the subscriptions in turn; gives it back when none is left.
 pub(super) async fn hand_out(
     members: &Mutex<Members>,
     mut delivery: Delivery,
 ) -> std::result::Result<(), Delivery> {
-    let turn = {
-        let mut members = lock(members);
-        if members.list.is_empty() {
-            return Err(delivery);
-        }
-        let turn = members.next % members.list.len();
-        members.next = members.next.wrapping_add(1);
-        Arc::clone(&members.list[turn])
+    let Some(turn) = lock(members).turn(|_| true) else {
+        return Err(delivery);
     };
     match turn.tx.send(delivery).await {
         Ok(()) => return Ok(()),

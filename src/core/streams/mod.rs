@@ -21,6 +21,8 @@
 //!   the table of those held.
 //! - `settle.rs`: ack, nack, redelivery, the attempt cap; settles that could not reach Redis
 //!   retried in the background.
+//! - `local.rs`: events published `localOnly`, never in Redis: who gets one, and whether a
+//!   nacked one is delivered again, by the rules of every other delivery.
 //! - `reclaim.rs`: taking over what a dead consumer left idle; keeping held entries claimed.
 //! - `keeper.rs`: the task beside the readers: keeping claims, the in-flight timeout,
 //!   warnings about long holds.
@@ -39,6 +41,7 @@ mod event;
 mod fanout;
 mod group;
 mod keeper;
+mod local;
 mod member;
 mod publish;
 mod reader;
@@ -171,6 +174,16 @@ impl fmt::Debug for StreamsOptions {
     }
 }
 
+/// A subscription's number, given before it opens ([`StreamsPubSub::subscription_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubscriptionId(u64);
+
+impl SubscriptionId {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// Where a new subscription starts reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartFrom {
@@ -242,29 +255,28 @@ impl StreamsPubSub {
         Arc::clone(&self.shared.writer)
     }
 
-    /// `maxDeliveryAttempts`: `None` when unlimited.
-    pub fn max_delivery_attempts(&self) -> Option<u64> {
-        self.shared.options.max_delivery_attempts
-    }
-
-    /// Warns, as for an event from a stream, that an event this process delivered to
-    /// itself (published `localOnly`, so never in Redis) was dropped at the attempt cap.
-    pub fn warn_dropped_local(&self, topic: &str, id: Json, kind: Json, attempt: u64) {
-        let event = settle::Dropped {
-            topic,
-            id,
-            kind,
-            attempt,
-            reason: "nacked",
-            local_only: true,
-        };
-        settle::warn_dropped(&self.shared, event);
-    }
-
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group
     /// exists, or the fan-out position is resolved), so an event published afterwards is
     /// delivered. Fails on a transport error rather than subscribing deaf.
+    #[cfg(test)]
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription> {
+        self.subscribe_as(self.subscription_id(), topic, options)
+            .await
+    }
+
+    /// A new subscription's id, before it opens: a caller can file the subscription under it
+    /// at once, and [`StreamsPubSub::local_recipients`] names subscriptions by it.
+    pub fn subscription_id(&self) -> SubscriptionId {
+        SubscriptionId(self.shared.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// [`StreamsPubSub::subscribe`], the subscription numbered `id`.
+    pub async fn subscribe_as(
+        &self,
+        id: SubscriptionId,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(Subject::StreamsSubscribe));
@@ -275,7 +287,7 @@ impl StreamsPubSub {
                 "group must not be empty",
             ));
         }
-        subscription::open(Arc::clone(shared), topic, options).await
+        subscription::open(Arc::clone(shared), id.0, topic, options).await
     }
 
     /// The delivery with this id ([`Delivery::id`]), while it is held: handed out and not yet

@@ -214,11 +214,7 @@ async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Set
 }
 
 async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
-    if shared
-        .options
-        .max_delivery_attempts
-        .is_some_and(|max| state.attempt >= max)
-    {
+    if used_up(shared, state.attempt) {
         return drop_at_cap(shared, state, reason).await;
     }
     let next = state.attempt.saturating_add(1);
@@ -234,6 +230,15 @@ async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settl
             Ok(Settled::Redelivered { attempt: next })
         }
     }
+}
+
+/// Whether an event nacked at `attempt` has used up its delivery attempts: it is dropped,
+/// not delivered again.
+pub(super) fn used_up(shared: &Shared, attempt: u64) -> bool {
+    shared
+        .options
+        .max_delivery_attempts
+        .is_some_and(|max| attempt >= max)
 }
 
 /// Acks the entry without appending it again (if still ours) and warns: the event used up

@@ -147,12 +147,12 @@ impl Live {
 /// the subscription.
 pub(super) async fn open(
     shared: Arc<Shared>,
+    id: u64,
     topic: &str,
     options: SubscribeOptions,
 ) -> Result<Subscription> {
     let key = shared.stream_key(topic);
     let (tx, rx) = mpsc::channel((shared.options.batch_count * 4).max(MIN_BUFFER));
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     shared.start_keeper();
     let (served_by, member) = match options.group {
         Some(group) => {

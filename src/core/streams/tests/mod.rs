@@ -3,6 +3,7 @@
 //! the tests share; the tests, by what they prove, in the files beside.
 
 mod delivery;
+mod local;
 mod recovery;
 mod settling;
 
