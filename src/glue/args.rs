@@ -180,18 +180,16 @@ pub fn start_from(env: Env, value: Value) -> Result<StartFrom> {
 
 /// A TTL: a number that is a safe integer and at least 1 (the upper bound is `Limits`').
 pub fn ttl(env: Env, value: Value) -> Result<u64> {
-    let kind = js::type_of(env, value);
-    if kind != ValueType::napi_number {
+    let Some(ms) = js::number_checked(env, value) else {
         return Err(Error::argument(
             Argument::Ttl,
             InputErrorKind::Type,
             format!(
                 "ttlMs must be a number of milliseconds, got {}",
-                type_name(kind)
+                type_name(js::type_of(env, value))
             ),
         ));
-    }
-    let ms = js::number(env, value);
+    };
     safe_integer(ms).filter(|&ms| ms >= 1).ok_or_else(|| {
         Error::argument(
             Argument::Ttl,
@@ -209,15 +207,15 @@ pub fn safe_integer(value: f64) -> Option<u64> {
 }
 
 fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String> {
-    let kind = js::type_of(env, value);
-    if kind != ValueType::napi_string {
-        return Err(Error::argument(
+    js::string_value(env, value).map_err(|err| match err {
+        js::StringError::NotString => Error::argument(
             argument,
             InputErrorKind::Type,
-            format!("{name} must be a string, got {}", type_name(kind)),
-        ));
-    }
-    js::string_value(env, value).map_err(|err| match err {
+            format!(
+                "{name} must be a string, got {}",
+                type_name(js::type_of(env, value))
+            ),
+        ),
         js::StringError::Unreadable => {
             Error::Internal(format!("could not read the {name} string from JavaScript"))
         }

@@ -30,36 +30,47 @@ pub fn type_of(env: Env, value: Value) -> sys::napi_valuetype {
     kind
 }
 
-/// Why a JavaScript string could not become a Rust `String`.
+/// Why a JavaScript value could not become a Rust `String`.
 pub enum StringError {
-    /// N-API could not read it (not a string after all).
+    /// Not a string.
+    NotString,
+    /// N-API could not read it.
     Unreadable,
     /// It holds a lone surrogate, which UTF-8 cannot represent: converting it would replace
     /// it with U+FFFD, so two different strings could become the same bytes.
     LoneSurrogate,
 }
 
-/// The string's exact UTF-16 code units, decoded strictly: lone surrogates are an error
-/// instead of silently becoming U+FFFD. Short strings take one N-API call.
+/// The string's exact text: a lone surrogate is an error instead of silently becoming
+/// U+FFFD. A short string takes one N-API call, read as UTF-8 (for V8's one-byte strings a
+/// plain copy); only one whose UTF-8 holds U+FFFD, or a long one, is read as UTF-16 and
+/// decoded strictly, since U+FFFD is also what a lone surrogate becomes in UTF-8.
 pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     const STACK: usize = 256;
-    // Not zeroed first: N-API writes the units it reports, and only those are read.
-    let mut stack = std::mem::MaybeUninit::<[u16; STACK]>::uninit();
+    const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+    // Not zeroed first: N-API writes the bytes it reports, and only those are read.
+    let mut stack = std::mem::MaybeUninit::<[u8; STACK]>::uninit();
     let mut copied = 0usize;
-    // SAFETY: the buffer holds STACK units; N-API writes at most STACK - 1 plus a NUL.
+    // SAFETY: the buffer holds STACK bytes; N-API writes at most STACK - 1 plus a NUL.
     let status = unsafe {
-        let buffer = stack.as_mut_ptr().cast::<u16>();
-        sys::napi_get_value_string_utf16(env, value, buffer, STACK, &mut copied)
+        let buffer = stack.as_mut_ptr().cast();
+        sys::napi_get_value_string_utf8(env, value, buffer, STACK, &mut copied)
     };
-    if status != sys::Status::napi_ok {
-        return Err(StringError::Unreadable);
+    match status {
+        sys::Status::napi_ok => {}
+        sys::Status::napi_string_expected => return Err(StringError::NotString),
+        _ => return Err(StringError::Unreadable),
     }
-    if copied < STACK - 1 {
-        // SAFETY: N-API wrote the first `copied` units (fewer than STACK).
-        let units = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u16>(), copied) };
-        return decode_utf16(units);
+    // SAFETY: N-API wrote the first `copied` bytes (fewer than STACK).
+    let utf8 = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u8>(), copied) };
+    // Fewer than STACK - 4 bytes: nothing was cut off (a character needs at most 4).
+    let whole = copied < STACK - 4;
+    if whole && (utf8.is_ascii() || !utf8.windows(3).any(|w| w == REPLACEMENT)) {
+        // N-API writes well-formed UTF-8.
+        return std::str::from_utf8(utf8)
+            .map(str::to_owned)
+            .map_err(|_| StringError::Unreadable);
     }
-    // Possibly truncated: ask for the length and read it whole.
     let mut len = 0usize;
     // SAFETY: a null buffer asks only for the length.
     let status =
@@ -111,6 +122,14 @@ pub fn text_value(env: Env, value: Value) -> Option<String> {
     bytes.truncate(copied);
     // N-API wrote UTF-8 (lone surrogates replaced), so this does not fail.
     String::from_utf8(bytes).ok()
+}
+
+/// A number's value, or `None` when the value is not a number.
+pub fn number_checked(env: Env, value: Value) -> Option<f64> {
+    let mut out = f64::NAN;
+    // SAFETY: N-API checks the type and answers `napi_number_expected` for any other.
+    let status = unsafe { sys::napi_get_value_double(env, value, &mut out) };
+    (status == sys::Status::napi_ok).then_some(out)
 }
 
 /// A number's value (the caller checked the type).
