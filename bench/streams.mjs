@@ -357,8 +357,47 @@ W.push(await runWorkload({ id: 'b', label: '(b) 1 consumer', inFlight: 64, consu
 W.push(await runWorkload({ id: 'c', label: '(c) 2 competing consumers', inFlight: 64, consumers: 2, units: n(50_000), target: 1.5 }));
 W.push(await runWorkload({ id: 'd', label: '(d) fan-out to 10 subscribers', inFlight: 64, consumers: 0, fanout: 10, units: n(10_000), target: 1.5 }));
 
+// localOnly events never reach Redis (Mastra publishes its workflow events so): each publish
+// awaited, delivered within it to one fan-out subscriber and to one of a group of two. The
+// peer is Mastra's in-process EventEmitterPubSub, which delivers within publish too.
+async function localOnly(units) {
+  process.stdout.write(`(e) localOnly to 3 subscribers @1 in flight ...`);
+  const { EventEmitterPubSub } = await import('@mastra/core/events');
+  const EE = 'EventEmitterPubSub (Mastra)';
+  const contestants = { [EE]: new EventEmitterPubSub() };
+  if (RedisStreamsPubSub) contestants[OURS] = new RedisStreamsPubSub({ url, keyPrefix: `${PREFIX}:local` });
+  let delivered = 0;
+  const handler = (_event, ack) => { delivered++; void ack?.(); };
+  for (const ps of Object.values(contestants)) {
+    await ps.subscribe('local', handler);
+    await ps.subscribe('local', (e, ack) => handler(e, ack), { group: GROUP });
+    await ps.subscribe('local', (e, ack) => handler(e, ack), { group: GROUP });
+  }
+  const lat = new Float64Array(units);
+  const measure = async (name, count) => {
+    const ps = contestants[name];
+    delivered = 0;
+    const t0 = hr();
+    for (let i = 0; i < count; i++) {
+      const t = hr();
+      await ps.publish('local', { type: TYPE, runId: 'local', data: { i } }, { localOnly: true });
+      lat[i] = Number(hr() - t) / 1e3;
+    }
+    const secs = Number(hr() - t0) / 1e9;
+    const sorted = lat.subarray(0, count).sort();
+    return { opsPerSec: count / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), bad: delivered === 2 * count ? 0 : 1 };
+  };
+  const results = await bestOf(Object.keys(contestants), {
+    warmup: (nm) => measure(nm, Math.ceil(units / 10)), run: (nm) => measure(nm, units), rounds: ROUNDS });
+  for (const ps of Object.values(contestants)) await ps.close();
+  console.log(' done');
+  return { label: '(e) localOnly to 3 subscribers', inFlight: 1, peer: EE, results };
+}
+const local = await localOnly(n(100_000));
+
 // ---------- report --------------------------------------------------------------------------
 printResults(W, { unit: 'events/s', labelWidth: 34, nameWidth: 28 });
+printResults([local], { unit: 'publishes/s', labelWidth: 34, nameWidth: 28 });
 console.log(`\n${'per event (best run)'.padEnd(34)}${'contestant'.padEnd(28)}${'publish/s'.padStart(12)}${'gated'.padStart(8)}${'node CPU µs'.padStart(13)}${'redis CPU µs'.padStart(14)}${'ctx sw'.padStart(8)}${'ev/read'.padStart(9)}  split over consumers`);
 for (const w of W) {
   let first = true;
@@ -385,11 +424,16 @@ for (const t of targets) {
     : `${t.pass ? 'PASS' : 'FAIL'} (throughput ${t.throughputPass ? 'ok' : 'short'}, p99 ${t.p99Pass ? 'lower' : 'not lower'}${t.cpuPass ? '' : ', more Redis CPU per delivery'})`;
   console.log(`${t.check.padEnd(34)}${(t.ratio == null ? '-' : `${t.ratio.toFixed(2)}x`).padStart(10)}${`≥${t.target.toFixed(1)}x`.padStart(8)}${pair(t.p50).padStart(20)}${pair(t.p99).padStart(20)}  ${res}`);
 }
+// localOnly: reported against Mastra's in-process pubsub, no target.
+const localRatio = local.results[OURS] && local.results[local.peer].opsPerSec > 0
+  ? local.results[OURS].opsPerSec / local.results[local.peer].opsPerSec : null;
+console.log(`${'(e) localOnly / EventEmitterPubSub'.padEnd(34)}${(localRatio == null ? '-' : `${localRatio.toFixed(2)}x`).padStart(10)}${'-'.padStart(8)}  reported`);
 const out = { date: new Date().toISOString(), node: process.version, redis: redisVersion, cpus: cpus().length,
-  scale: SCALE, maxLag: MAX_LAG, build, ours: !!RedisStreamsPubSub, oursError: oursError?.message, workloads: W, targets };
+  scale: SCALE, maxLag: MAX_LAG, build, ours: !!RedisStreamsPubSub, oursError: oursError?.message, workloads: W, targets,
+  localOnly: { ...local, ratio: localRatio } };
 writeFileSync(new URL('./streams-results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
 console.log('\nwrote bench/streams-results.json');
 
 await shutdown();
-const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
+const invalid = [...W, local].some((w) => Object.values(w.results).some((r) => r.bad));
 process.exit(!RedisStreamsPubSub || invalid ? 1 : 0);
