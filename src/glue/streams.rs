@@ -1,7 +1,8 @@
 //! `RedisStreamsTransport`: the native half of `RedisStreamsPubSub` — Mastra's PubSub over
 //! Redis Streams, with the leases on the same connection. The TypeScript shell turns it into
 //! a Mastra `PubSub` (event objects, callbacks with ack, nack and extend, `localOnly`); this
-//! class moves JSON text and delivery ids across, nothing more.
+//! class moves JSON text and delivery ids across, and passes on the core's answer to who
+//! gets a `localOnly` event; it decides nothing itself.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -570,8 +571,6 @@ impl RedisStreamsTransport {
         )
     }
 
-    /// The held delivery with this id, with the transport's state; `None` once closed, or
-    /// for an id that is not a held delivery's.
     /// Runs `work` on a held delivery, on the runtime, and resolves once it is done, whatever
     /// happened: a settled or unknown delivery, or a closed transport, resolves at once; a
     /// panic is a bug, reported as one on stderr, and resolves too.
@@ -594,6 +593,8 @@ impl RedisStreamsTransport {
         unknown(env, open.settles.push(raw, work.boxed()))
     }
 
+    /// The held delivery with this id, with the transport's state; `None` once closed, or
+    /// for an id that is not a held delivery's.
     fn held(&self, delivery: f64) -> Option<(&Arc<Open>, Delivery)> {
         let open = self.open.as_ref()?;
         let id = args::safe_integer(delivery)?;
