@@ -111,6 +111,18 @@ describe('RedisStreamsPubSub', () => {
       expect([...first.numbers, ...second.numbers].sort()).toEqual([1, 2, 3, 4, 5, 6])
     })
 
+    it("as Mastra's run.watch() subscribes, without awaiting: a localOnly event published in the same turn reaches the fan-out subscriber and the group's member", async () => {
+      const pubsub = open({ keyPrefix: uniquePrefix('local-opening') })
+      const fanned = new Inbox()
+      const member = new Inbox()
+      const subscribed = [pubsub.subscribe('run', fanned.cb), pubsub.subscribe('run', member.cb, { group: 'g' })]
+      await pubsub.publish('run', ev(1), { localOnly: true })
+      await Promise.all(subscribed)
+      await pubsub.publish('run', ev(2), { localOnly: true })
+      expect(fanned.numbers).toEqual([1, 2])
+      expect(member.numbers).toEqual([1, 2])
+    })
+
     it('an unsubscribe not yet awaited already takes the member out of the turns: every localOnly event goes to the member that stays, none is lost', async () => {
       const pubsub = open({ keyPrefix: uniquePrefix('local-leaving') })
       const leaving = new Inbox()

@@ -10,7 +10,9 @@ import { spawn } from 'node:child_process'
 
 import { Mastra } from '@mastra/core'
 import { isLeaseProvider, PubSub, type LeaseProvider } from '@mastra/core/events'
+import { createStep, createWorkflow } from '@mastra/core/workflows/evented'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { z } from 'zod'
 
 import { errorCode } from './helpers/lease.js'
 import { NODE } from './helpers/mastra-node.js'
@@ -128,6 +130,30 @@ describe('RedisStreamsPubSub', () => {
           if (!atOrAfter(delivered, entryId)) await sleep(20)
         }
         expect(atOrAfter(delivered, entryId), `last-delivered-id ${delivered}, event ${entryId}`).toBe(true)
+      } finally {
+        await mastra.stopWorkers()
+      }
+    })
+  })
+
+  describe('an evented workflow, watched', () => {
+    it("run.watch(), which subscribes without awaiting, gets the run's events, which Mastra publishes localOnly: none of them reaches Redis", async () => {
+      const prefix = uniquePrefix('mastra-watch')
+      const pubsub = open({ keyPrefix: prefix, blockMs: 100 })
+      const counted = z.object({ n: z.number() })
+      const step = (id: string) => createStep({ id, inputSchema: counted, outputSchema: counted, execute: async ({ inputData }) => ({ n: inputData.n + 1 }) })
+      const workflow = createWorkflow({ id: 'watched', inputSchema: counted, outputSchema: counted }).then(step('first')).then(step('second')).commit()
+      const mastra = new Mastra({ workflows: { watched: workflow }, pubsub, logger: false })
+      await mastra.startWorkers()
+      try {
+        const run = await mastra.getWorkflow('watched').createRun()
+        const seen: unknown[] = []
+        const stop = run.watch((event) => void seen.push(event))
+        const result = await run.start({ inputData: { n: 0 } })
+        stop()
+        expect(result.status).toBe('success')
+        expect(seen.length).toBeGreaterThan(0)
+        expect(await redis.cli('EXISTS', `${prefix}:workflow.events.v2.${run.runId}`)).toBe(0)
       } finally {
         await mastra.stopWorkers()
       }

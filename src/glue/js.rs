@@ -86,17 +86,7 @@ pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     if status != sys::Status::napi_ok {
         return Err(StringError::Unreadable);
     }
-    decode_utf16(&units[..copied])
-}
-
-/// UTF-16 code units as a `String`, a lone surrogate an error. Keys and owners are mostly
-/// ASCII, which is narrowed unit by unit rather than decoded.
-fn decode_utf16(units: &[u16]) -> Result<String, StringError> {
-    if units.iter().all(|&unit| unit < 0x80) {
-        let ascii: Vec<u8> = units.iter().map(|&unit| unit as u8).collect();
-        return String::from_utf8(ascii).map_err(|_| StringError::Unreadable);
-    }
-    String::from_utf16(units).map_err(|_| StringError::LoneSurrogate)
+    String::from_utf16(&units[..copied]).map_err(|_| StringError::LoneSurrogate)
 }
 
 /// A string's text as UTF-8, a lone surrogate becoming U+FFFD: for payloads (an event's

@@ -260,10 +260,7 @@ impl RedisStreamsTransport {
     ) -> Unknown<'env> {
         let raw = env.raw();
         let checked = (|| {
-            let open = self
-                .open
-                .as_ref()
-                .ok_or(Error::Closed(Subject::StreamsSubscribe))?;
+            let open = self.opened(Subject::StreamsSubscribe)?;
             let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
             let group = match js::type_of(raw, group.raw()) {
                 ValueType::napi_undefined | ValueType::napi_null => None,
@@ -282,16 +279,13 @@ impl RedisStreamsTransport {
         })();
         let (open, topic, options, sink) = match checked {
             Ok(checked) => checked,
-            Err(err) => {
-                js::throw(raw, &err, None);
-                return unknown(env, js::undefined(raw));
-            }
+            Err(err) => return thrown(env, &err),
         };
         // A live subscription keeps the process alive, as a listening socket would.
         sink.refer(raw);
-        // Filed at once: an unsubscribe made before it opens stops it, and `localRecipients`
-        // knows it as soon as the core does.
-        let id = open.pubsub.subscription_id();
+        // Numbered and filed at once: an unsubscribe made before it opens stops it, and a
+        // `localOnly` event published meanwhile reaches it.
+        let id = open.pubsub.subscription_id(&topic, &options);
         let (stop, mut stopped) = oneshot::channel();
         let (finished, done) = oneshot::channel();
         lock(&open.subscriptions).insert(id.get(), Running { stop, done });
@@ -379,22 +373,13 @@ impl RedisStreamsTransport {
     )]
     pub fn local_recipients<'env>(&self, env: &'env Env, topic: Unknown<'env>) -> Unknown<'env> {
         let raw = env.raw();
-        let checked = (|| {
-            let open = self
-                .open
-                .as_ref()
-                .ok_or(Error::Closed(Subject::StreamsPublish))?;
-            Ok((
-                open,
-                args::stream_name(raw, topic.raw(), "topic", &self.limits)?,
-            ))
-        })();
+        let checked = self.opened(Subject::StreamsPublish).and_then(|open| {
+            let topic = args::stream_name(raw, topic.raw(), "topic", &self.limits)?;
+            Ok((open, topic))
+        });
         let (open, topic) = match checked {
             Ok(checked) => checked,
-            Err(err) => {
-                js::throw(raw, &err, None);
-                return unknown(env, js::undefined(raw));
-            }
+            Err(err) => return thrown(env, &err),
         };
         let recipients = open.pubsub.local_recipients(&topic, |id| open.serves(id));
         let ids: Vec<_> = recipients
@@ -601,6 +586,11 @@ impl RedisStreamsTransport {
         Some((open, open.pubsub.delivery(id)?))
     }
 
+    /// The transport while open, or the error saying what a closed one refused.
+    fn opened(&self, refused: Subject) -> crate::core::Result<&Arc<Open>> {
+        self.open.as_ref().ok_or(Error::Closed(refused))
+    }
+
     /// Runs `work` on the runtime; a closed transport rejects at once.
     fn run<'env, F, Fut>(&self, env: &'env Env, work: F) -> Unknown<'env>
     where
@@ -612,6 +602,12 @@ impl RedisStreamsTransport {
         };
         unknown(env, open.crossing.run(env.raw(), work(open.clone())))
     }
+}
+
+/// Throws `err` from a method that answers synchronously.
+fn thrown<'env>(env: &'env Env, err: &Error) -> Unknown<'env> {
+    js::throw(env.raw(), err, None);
+    unknown(env, js::undefined(env.raw()))
 }
 
 /// A promise rejected because the transport was closed, saying what was refused.

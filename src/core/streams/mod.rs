@@ -243,6 +243,7 @@ impl StreamsPubSub {
                 fanout: fanout::Fanouts::default(),
                 deliveries: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
+                opening: Mutex::new(HashMap::new()),
                 trim: trim::Trimmer::default(),
                 keeper: Once::new(),
                 runtime,
@@ -260,18 +261,35 @@ impl StreamsPubSub {
     /// delivered. Fails on a transport error rather than subscribing deaf.
     #[cfg(test)]
     pub async fn subscribe(&self, topic: &str, options: SubscribeOptions) -> Result<Subscription> {
-        self.subscribe_as(self.subscription_id(), topic, options)
-            .await
+        let id = self.subscription_id(topic, &options);
+        self.subscribe_as(id, topic, options).await
     }
 
-    /// A new subscription's id, before it opens: a caller can file the subscription under it
-    /// at once, and [`StreamsPubSub::local_recipients`] names subscriptions by it.
-    pub fn subscription_id(&self) -> SubscriptionId {
-        SubscriptionId(self.shared.next_id.fetch_add(1, Ordering::Relaxed))
+    /// Numbers a subscription to `topic` before it opens: a caller can file it under its id
+    /// at once, and [`StreamsPubSub::local_recipients`] names it from now on. Pass the id to
+    /// [`StreamsPubSub::subscribe_as`] with the same topic and options.
+    pub fn subscription_id(&self, topic: &str, options: &SubscribeOptions) -> SubscriptionId {
+        let shared = &self.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let opening = (shared.stream_key(topic), options.group.clone());
+        lock(&shared.opening).insert(id, opening);
+        SubscriptionId(id)
     }
 
     /// [`StreamsPubSub::subscribe`], the subscription numbered `id`.
     pub async fn subscribe_as(
+        &self,
+        id: SubscriptionId,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
+        let opened = self.open_as(id, topic, options).await;
+        // Open or failed: it is a member of its reader's now, or nothing.
+        lock(&self.shared.opening).remove(&id.0);
+        opened
+    }
+
+    async fn open_as(
         &self,
         id: SubscriptionId,
         topic: &str,
@@ -451,6 +469,10 @@ pub(crate) struct Shared {
     deliveries: Mutex<HashMap<u64, Arc<delivery::State>>>,
     /// Numbers subscriptions and deliveries.
     pub next_id: AtomicU64,
+    /// Subscriptions numbered and not yet open, by id: their stream key and group. They take
+    /// part in `localOnly` deliveries already (`local.rs`), as they would in an in-process
+    /// pubsub, from the `subscribe` call on.
+    pub opening: Mutex<HashMap<u64, (String, Option<String>)>>,
     pub trim: trim::Trimmer,
     /// Starts the task that keeps held entries claimed, once a subscription needs it.
     pub keeper: Once,
