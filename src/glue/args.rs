@@ -207,7 +207,13 @@ pub fn safe_integer(value: f64) -> Option<u64> {
 }
 
 fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String> {
-    js::string_value(env, value).map_err(|err| match err {
+    js::string_value(env, value).map_err(|err| not_text(env, value, name, argument, err))
+}
+
+/// Why `value` is no `text`, as the error `name`'s caller gets.
+#[cold]
+fn not_text(env: Env, value: Value, name: &str, argument: Argument, err: js::StringError) -> Error {
+    match err {
         js::StringError::NotString => Error::argument(
             argument,
             InputErrorKind::Type,
@@ -224,7 +230,7 @@ fn text(env: Env, value: Value, name: &str, argument: Argument) -> Result<String
             InputErrorKind::Type,
             format!("{name} must be well-formed UTF-16 (it contains a lone surrogate)"),
         ),
-    })
+    }
 }
 
 /// The name `typeof` gives a value's type.

@@ -42,35 +42,29 @@ pub enum StringError {
 }
 
 /// The string's exact text: a lone surrogate is an error instead of silently becoming
-/// U+FFFD. A short string takes one N-API call, read as UTF-8 (for V8's one-byte strings a
-/// plain copy); only one whose UTF-8 holds U+FFFD, or a long one, is read as UTF-16 and
-/// decoded strictly, since U+FFFD is also what a lone surrogate becomes in UTF-8.
+/// U+FFFD. Read as UTF-16, which V8 copies as it holds it (UTF-8 it would encode character by
+/// character), in one N-API call for a string of fewer than 256 code units; ASCII is narrowed
+/// to bytes here, anything else decoded strictly.
 pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     const STACK: usize = 256;
-    const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
-    // Not zeroed first: N-API writes the bytes it reports, and only those are read.
-    let mut stack = std::mem::MaybeUninit::<[u8; STACK]>::uninit();
+    // Not zeroed first: N-API writes the units it reports, and only those are read.
+    let mut stack = std::mem::MaybeUninit::<[u16; STACK]>::uninit();
     let mut copied = 0usize;
-    // SAFETY: the buffer holds STACK bytes; N-API writes at most STACK - 1 plus a NUL.
+    // SAFETY: the buffer holds STACK units; N-API writes at most STACK - 1 plus a NUL.
     let status = unsafe {
-        let buffer = stack.as_mut_ptr().cast();
-        sys::napi_get_value_string_utf8(env, value, buffer, STACK, &mut copied)
+        sys::napi_get_value_string_utf16(env, value, stack.as_mut_ptr().cast(), STACK, &mut copied)
     };
     match status {
         sys::Status::napi_ok => {}
         sys::Status::napi_string_expected => return Err(StringError::NotString),
         _ => return Err(StringError::Unreadable),
     }
-    // SAFETY: N-API wrote the first `copied` bytes (fewer than STACK).
-    let utf8 = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u8>(), copied) };
-    // Fewer than STACK - 4 bytes: nothing was cut off (a character needs at most 4).
-    let whole = copied < STACK - 4;
-    if whole && (utf8.is_ascii() || !utf8.windows(3).any(|w| w == REPLACEMENT)) {
-        // N-API writes well-formed UTF-8.
-        return std::str::from_utf8(utf8)
-            .map(str::to_owned)
-            .map_err(|_| StringError::Unreadable);
+    if copied < STACK - 1 {
+        // SAFETY: N-API wrote the first `copied` units (fewer than STACK).
+        let units = unsafe { std::slice::from_raw_parts(stack.as_ptr().cast::<u16>(), copied) };
+        return from_utf16(units);
     }
+    // As long as the buffer or longer: read whole.
     let mut len = 0usize;
     // SAFETY: a null buffer asks only for the length.
     let status =
@@ -86,7 +80,22 @@ pub fn string_value(env: Env, value: Value) -> Result<String, StringError> {
     if status != sys::Status::napi_ok {
         return Err(StringError::Unreadable);
     }
-    String::from_utf16(&units[..copied]).map_err(|_| StringError::LoneSurrogate)
+    from_utf16(&units[..copied])
+}
+
+/// UTF-16 code units as a `String`: ASCII narrowed to bytes, anything else decoded strictly.
+fn from_utf16(units: &[u16]) -> Result<String, StringError> {
+    if units.iter().fold(0, |all, &unit| all | unit) < 0x80 {
+        let bytes = units.iter().map(|&unit| unit as u8).collect();
+        // SAFETY: every unit, so every byte, is below 0x80: ASCII, which is valid UTF-8.
+        return Ok(unsafe { String::from_utf8_unchecked(bytes) });
+    }
+    decode_utf16(units)
+}
+
+#[cold]
+fn decode_utf16(units: &[u16]) -> Result<String, StringError> {
+    String::from_utf16(units).map_err(|_| StringError::LoneSurrogate)
 }
 
 /// A string's text as UTF-8, a lone surrogate becoming U+FFFD: for payloads (an event's
@@ -342,6 +351,69 @@ pub fn string_or_undefined(env: Env, text: Option<&str>) -> Value {
         Some(text) => string(env, text),
         None => undefined(env),
     }
+}
+
+/// What a native function runs for each call: the call's environment and its arguments.
+pub type Callback = unsafe extern "C" fn(Env, sys::napi_callback_info) -> Value;
+/// What frees a native function's data once the function is collected.
+pub type Free = unsafe extern "C" fn(Env, *mut std::ffi::c_void, *mut std::ffi::c_void);
+
+/// A JavaScript function named `name` running `callback`, which finds `data` with the call's
+/// [`arguments`]. `free(data)` runs once the function is collected, or here when it could not
+/// be made.
+pub fn function(
+    env: Env,
+    name: &std::ffi::CStr,
+    callback: Callback,
+    data: *mut std::ffi::c_void,
+    free: Free,
+) -> Option<Value> {
+    let mut out = ptr::null_mut();
+    let length = name.to_bytes().len() as isize;
+    // SAFETY: name is NUL-terminated and `length` bytes long; `free` owns `data` from here on,
+    // called by N-API with the function's collection or below when there is no function.
+    unsafe {
+        let made =
+            sys::napi_create_function(env, name.as_ptr(), length, Some(callback), data, &mut out)
+                == sys::Status::napi_ok
+                && sys::napi_add_finalizer(
+                    env,
+                    out,
+                    data,
+                    Some(free),
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                ) == sys::Status::napi_ok;
+        if !made {
+            free(env, data, ptr::null_mut());
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// The first `N` arguments of a call to a function made by [`function`] (`undefined` for
+/// those not passed), and the data the function was made with.
+pub fn arguments<const N: usize>(
+    env: Env,
+    info: sys::napi_callback_info,
+) -> Option<([Value; N], *mut std::ffi::c_void)> {
+    let mut args = [ptr::null_mut(); N];
+    let mut count = N;
+    let mut data = ptr::null_mut();
+    // SAFETY: `info` is the current call's; `args` holds `count` values, and N-API fills those
+    // not passed with `undefined`.
+    let status = unsafe {
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut count,
+            args.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut data,
+        )
+    };
+    (status == sys::Status::napi_ok).then_some((args, data))
 }
 
 /// A strong reference to a value of this environment, held for the environment's life.

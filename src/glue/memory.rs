@@ -2,17 +2,17 @@
 //!
 //! Its functions answer on the spot, with no thread hop, and synchronously: the shell makes
 //! the promise and the `acquireLease` object in JavaScript, which skips the N-API calls
-//! making them here would take. They are plain functions bound to their table (napi-rs closures, not class
-//! methods), so a call skips napi-rs's instance lookup and borrow bookkeeping
+//! making them here would take. They are plain functions bound to their table, not class
+//! methods, so a call skips napi-rs's instance lookup and borrow bookkeeping
 //! (`docs/benchmarks.md` has what each piece cost).
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use napi::bindgen_prelude::{Env, JsObjectValue, Object, ToNapiValue, Unknown};
+use napi::bindgen_prelude::{Env, ToNapiValue, Unknown};
 use napi::{sys, JsValue};
 use napi_derive::napi;
 
@@ -63,7 +63,7 @@ struct Table {
 pub fn memory_lease_table<'env>(
     env: &'env Env,
     options: Option<Unknown<'env>>,
-) -> napi::Result<Object<'env>> {
+) -> napi::Result<Raw> {
     let raw = env.raw();
     let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
         let table = Arc::new(Table {
@@ -73,10 +73,10 @@ pub fn memory_lease_table<'env>(
         });
         let node = NodeThread::new(raw).map_err(|e| Error::Internal(e.reason))?;
         runtime()?.spawn(sweep(Arc::downgrade(&table), node));
-        Ok(table)
+        Ok(functions(raw, &table)?)
     });
     match made {
-        Ok(table) => functions(env, &table),
+        Ok(object) => Ok(Raw(object)),
         Err(err) => {
             err.throw(raw);
             Err(napi::Error::from_status(napi::Status::PendingException))
@@ -89,27 +89,21 @@ pub fn memory_lease_table<'env>(
 type TableFn<const N: usize> = fn(&Table, js::Env, [Value; N]) -> Result<Value>;
 
 /// The object of functions, each holding the table alive for as long as it lives itself.
-fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'env>> {
-    let mut object = Object::new(env)?;
+fn functions(env: js::Env, table: &Arc<Table>) -> Result<Value> {
+    let object = js::object(env);
+    bind(env, object, table, c"acquireLease", |t, e, args: [_; 4]| {
+        lease_call(
+            t,
+            e,
+            Operation::AcquireLease,
+            args::acquire_lease(e, args, false),
+        )
+    })?;
     bind(
         env,
-        &mut object,
+        object,
         table,
-        "acquireLease",
-        |t, e, args: [_; 4]| {
-            lease_call(
-                t,
-                e,
-                Operation::AcquireLease,
-                args::acquire_lease(e, args, false),
-            )
-        },
-    )?;
-    bind(
-        env,
-        &mut object,
-        table,
-        "acquireFencedLease",
+        c"acquireFencedLease",
         |t, e, args: [_; 4]| {
             lease_call(
                 t,
@@ -119,7 +113,7 @@ fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'e
             )
         },
     )?;
-    bind(env, &mut object, table, "getLeaseOwner", |t, e, [key]| {
+    bind(env, object, table, c"getLeaseOwner", |t, e, [key]| {
         lease_call(
             t,
             e,
@@ -127,10 +121,10 @@ fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'e
             args::get_lease_owner(e, key),
         )
     })?;
-    bind(env, &mut object, table, "getLease", |t, e, [key]| {
+    bind(env, object, table, c"getLease", |t, e, [key]| {
         lease_call(t, e, Operation::GetLease, args::get_lease(e, key))
     })?;
-    bind(env, &mut object, table, "getLeaseRecord", |t, e, [key]| {
+    bind(env, object, table, c"getLeaseRecord", |t, e, [key]| {
         lease_call(
             t,
             e,
@@ -138,13 +132,13 @@ fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'e
             args::get_lease_record(e, key),
         )
     })?;
-    bind(env, &mut object, table, "releaseLease", |t, e, args| {
+    bind(env, object, table, c"releaseLease", |t, e, args| {
         lease_call(t, e, Operation::ReleaseLease, args::release_lease(e, args))
     })?;
-    bind(env, &mut object, table, "renewLease", |t, e, args| {
+    bind(env, object, table, c"renewLease", |t, e, args| {
         lease_call(t, e, Operation::RenewLease, args::renew_lease(e, args))
     })?;
-    bind(env, &mut object, table, "transferLease", |t, e, args| {
+    bind(env, object, table, c"transferLease", |t, e, args| {
         lease_call(
             t,
             e,
@@ -153,64 +147,88 @@ fn functions<'env>(env: &'env Env, table: &Arc<Table>) -> napi::Result<Object<'e
         )
     })?;
     // `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.
-    bind(env, &mut object, table, "close", |t, e, []| {
+    bind(env, object, table, c"close", |t, e, []| {
         if !t.closed.swap(true, Ordering::Relaxed) {
             t.store.clear();
         }
         Ok(js::undefined(e))
     })?;
     // `ping()`: 0 (milliseconds: there is no server to reach); throws once closed.
-    bind(env, &mut object, table, "ping", |t, e, []| {
+    bind(env, object, table, c"ping", |t, e, []| {
         if t.closed.load(Ordering::Relaxed) {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
         Ok(js::number_value(e, 0.0))
     })?;
     // `size()`: leases resident, expired ones not yet swept included (0 once closed).
-    bind(env, &mut object, table, "size", |t, e, []| {
+    bind(env, object, table, c"size", |t, e, []| {
         Ok(js::number_value(e, t.store.resident() as f64))
     })?;
     // `stats()`: the table's counters (see `LeaseStats`).
-    bind(env, &mut object, table, "stats", |t, e, []| {
+    bind(env, object, table, c"stats", |t, e, []| {
         let stats = LeaseStats::from(t.stats.snapshot());
-        let env = Env::from_raw(e);
         stats
-            .into_unknown(&env)
+            .into_unknown(&Env::from_raw(e))
             .map(|stats| stats.raw())
             .map_err(|err| Error::Internal(err.reason))
     })?;
     Ok(object)
 }
 
+/// What a table function carries: its table and what it runs on it.
+struct Bound<const N: usize> {
+    table: Arc<Table>,
+    call: TableFn<N>,
+}
+
 /// Sets `object[name]` to a function running `call` on `table` with its first `N` arguments
 /// (`undefined` for those not passed). The function holds the table alive while it lives.
+///
+/// Made with N-API by hand rather than napi-rs' closures, whose trampoline allocates the
+/// arguments' vector and reads them twice past four: the in-memory rows of `bench/lease.mjs`
+/// measure what that saves (docs/benchmarks.md).
 fn bind<const N: usize>(
-    env: &Env,
-    object: &mut Object,
+    env: js::Env,
+    object: Value,
     table: &Arc<Table>,
-    name: &str,
+    name: &CStr,
     call: TableFn<N>,
-) -> napi::Result<()> {
-    let table = table.clone();
-    let function = env.create_function_from_closure::<(), Raw, _>(name, move |ctx| {
-        let raw = ctx.env.raw();
-        let mut args = [js::undefined(raw); N];
-        for (i, arg) in args.iter_mut().enumerate().take(ctx.length()) {
-            *arg = ctx.get::<Unknown>(i)?.raw();
+) -> Result<()> {
+    let bound = Box::new(Bound::<N> {
+        table: table.clone(),
+        call,
+    });
+    let data = Box::into_raw(bound).cast();
+    let function = js::function(env, name, run::<N>, data, free::<N>)
+        .ok_or_else(|| Error::Internal(format!("could not make {name:?}")))?;
+    js::set_property(env, object, name, function);
+    Ok(())
+}
+
+/// A call of a table function: its answer, or null with the coded error thrown.
+unsafe extern "C" fn run<const N: usize>(env: js::Env, info: sys::napi_callback_info) -> Value {
+    let Some((args, data)) = js::arguments::<N>(env, info) else {
+        return ptr::null_mut();
+    };
+    // SAFETY: the function was made by `bind` with a `Bound<N>`, which lives until `free`.
+    let bound = unsafe { &*data.cast::<Bound<N>>() };
+    match catching(|| (bound.call)(&bound.table, env, args)) {
+        Ok(value) => value,
+        Err(err) => {
+            js::throw(env, &err, None);
+            ptr::null_mut()
         }
-        match catching(|| call(&table, raw, args)) {
-            Ok(value) => Ok(Raw(value)),
-            Err(err) => {
-                js::throw(raw, &err, None);
-                Err(napi::Error::from_status(napi::Status::PendingException))
-            }
-        }
-    })?;
-    object.set_named_property(name, function)
+    }
+}
+
+/// Frees what `bind` gave a function, once the function is collected.
+unsafe extern "C" fn free<const N: usize>(_env: js::Env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: `data` is the `Bound<N>` `bind` leaked for this function, freed once.
+    drop(unsafe { Box::from_raw(data.cast::<Bound<N>>()) });
 }
 
 /// A value made on Node's thread during the current call, handed back as a function's result.
-struct Raw(Value);
+pub struct Raw(Value);
 
 impl ToNapiValue for Raw {
     unsafe fn to_napi_value(_env: sys::napi_env, value: Self) -> napi::Result<sys::napi_value> {

@@ -6,9 +6,12 @@
 //! the rest, so a million leases that expire do not stay resident.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use hashbrown::hash_map::EntryRef;
+use hashbrown::HashMap;
 
 use super::{Answer, Call, Grant, Holder, Limits};
 use crate::core::error::Result;
@@ -219,19 +222,27 @@ impl Table {
     }
 
     fn put(&mut self, key: &str, holder: &Holder, expires: Instant, token: Option<u64>) {
-        let key: Arc<str> = match self.leases.get_key_value(key) {
-            Some((existing, _)) => existing.clone(),
-            None => Arc::from(key),
+        let key = match self.leases.entry_ref(key) {
+            EntryRef::Occupied(mut held) => {
+                let lease = held.get_mut();
+                // A renewal or a refresh keeps its holder: nothing to copy.
+                if lease.holder != *holder {
+                    lease.holder = holder.clone();
+                }
+                lease.expires = expires;
+                lease.token = token;
+                held.key().clone()
+            }
+            EntryRef::Vacant(free) => {
+                let lease = Lease {
+                    holder: holder.clone(),
+                    expires,
+                    token,
+                };
+                free.insert_entry(lease).key().clone()
+            }
         };
-        self.deadlines.push(Reverse((expires, key.clone())));
-        self.leases.insert(
-            key,
-            Lease {
-                holder: holder.clone(),
-                expires,
-                token,
-            },
-        );
+        self.deadlines.push(Reverse((expires, key)));
         // Renewals and early releases leave stale deadlines behind; when they outnumber the
         // leases, rebuild the heap so memory tracks the live table, not the call history.
         if self.deadlines.len() > 2 * self.leases.len() + 1024 {
