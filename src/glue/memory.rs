@@ -185,8 +185,8 @@ struct Bound<const N: usize> {
 /// (`undefined` for those not passed). The function holds the table alive while it lives.
 ///
 /// Made with N-API by hand rather than napi-rs' closures, whose trampoline allocates the
-/// arguments' vector and reads them twice past four: the in-memory rows of `bench/lease.mjs`
-/// measure what that saves (docs/benchmarks.md).
+/// arguments' vector and reads them twice past four: `bench/instructions.mjs` counts what
+/// that saves (docs/benchmarks.md).
 fn bind<const N: usize>(
     env: js::Env,
     object: Value,
