@@ -94,6 +94,25 @@ describe('MemoryLeaseProvider', () => {
     expect(end! - base!, `base ${base} one ${one} end ${end}`).toBeLessThan(one! * (rounds! / 4))
   }, 60_000)
 
+  it('keys around the 255 UTF-16 units the glue reads at once (a surrogate pair across the edge included) are held and told apart exactly', async () => {
+    const p = open()
+    const keys = [
+      'x'.repeat(254),
+      'x'.repeat(255),
+      'x'.repeat(256),
+      'x'.repeat(254) + '\u{1F600}',
+      'x'.repeat(253) + '\u{1F600}',
+      '\u00e9'.repeat(255),
+      '\u00e9'.repeat(254) + 'e',
+    ]
+    for (const [i, key] of keys.entries()) expect(await p.acquireLease(key, `o${i}`, LONG)).toEqual({ acquired: true, owner: `o${i}` })
+    for (const [i, key] of keys.entries()) expect(await p.getLeaseOwner(key)).toBe(`o${i}`)
+    expect(p.size).toBe(keys.length)
+    // A lone surrogate just past the edge is still refused, not read as U+FFFD.
+    await expect(p.acquireLease('x'.repeat(255) + '\uD800', 'o', LONG)).rejects.toMatchObject({ code: 'ERR_LEASE_INVALID_KEY' })
+    await expect(p.acquireLease('x'.repeat(254) + '\uDC00', 'o', LONG)).rejects.toMatchObject({ code: 'ERR_LEASE_INVALID_KEY' })
+  })
+
   it('two providers do not share state', async () => {
     const a = open()
     const b = open()
