@@ -359,23 +359,25 @@ pub type Callback = unsafe extern "C" fn(Env, sys::napi_callback_info) -> Value;
 pub type Free = unsafe extern "C" fn(Env, *mut std::ffi::c_void, *mut std::ffi::c_void);
 
 /// A JavaScript function named `name` running `callback`, which finds `data` with the call's
-/// [`arguments`]. `free(data)` runs once the function is collected, or here when it could not
-/// be made.
+/// [`arguments`]. With `free`, `free(data)` runs once the function is collected, or here when
+/// it could not be made.
 pub fn function(
     env: Env,
     name: &std::ffi::CStr,
     callback: Callback,
     data: *mut std::ffi::c_void,
-    free: Free,
+    free: Option<Free>,
 ) -> Option<Value> {
     let mut out = ptr::null_mut();
     let length = name.to_bytes().len() as isize;
     // SAFETY: name is NUL-terminated and `length` bytes long; `free` owns `data` from here on,
     // called by N-API with the function's collection or below when there is no function.
     unsafe {
-        let made =
+        let mut made =
             sys::napi_create_function(env, name.as_ptr(), length, Some(callback), data, &mut out)
-                == sys::Status::napi_ok
+                == sys::Status::napi_ok;
+        if let Some(free) = free {
+            made = made
                 && sys::napi_add_finalizer(
                     env,
                     out,
@@ -384,12 +386,12 @@ pub fn function(
                     ptr::null_mut(),
                     ptr::null_mut(),
                 ) == sys::Status::napi_ok;
-        if !made {
-            free(env, data, ptr::null_mut());
-            return None;
+            if !made {
+                free(env, data, ptr::null_mut());
+            }
         }
+        made.then_some(out)
     }
-    Some(out)
 }
 
 /// The first `N` arguments of a call to a function made by [`function`] (`undefined` for

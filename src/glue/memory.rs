@@ -21,7 +21,7 @@ use super::crossing::{catching, Tsfn};
 use super::js::{self, Value};
 use super::options;
 use super::reply::{to_js, LeaseStats, Reply};
-use super::runtime;
+use super::{runtime, unknown};
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};
 
@@ -63,7 +63,7 @@ struct Table {
 pub fn memory_lease_table<'env>(
     env: &'env Env,
     options: Option<Unknown<'env>>,
-) -> napi::Result<Raw> {
+) -> napi::Result<Unknown<'env>> {
     let raw = env.raw();
     let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
         let table = Arc::new(Table {
@@ -76,7 +76,7 @@ pub fn memory_lease_table<'env>(
         Ok(functions(raw, &table)?)
     });
     match made {
-        Ok(object) => Ok(Raw(object)),
+        Ok(object) => Ok(unknown(env, object)),
         Err(err) => {
             err.throw(raw);
             Err(napi::Error::from_status(napi::Status::PendingException))
@@ -199,7 +199,7 @@ fn bind<const N: usize>(
         call,
     });
     let data = Box::into_raw(bound).cast();
-    let function = js::function(env, name, run::<N>, data, free::<N>)
+    let function = js::function(env, name, run::<N>, data, Some(free::<N>))
         .ok_or_else(|| Error::Internal(format!("could not make {name:?}")))?;
     js::set_property(env, object, name, function);
     Ok(())
@@ -225,15 +225,6 @@ unsafe extern "C" fn run<const N: usize>(env: js::Env, info: sys::napi_callback_
 unsafe extern "C" fn free<const N: usize>(_env: js::Env, data: *mut c_void, _hint: *mut c_void) {
     // SAFETY: `data` is the `Bound<N>` `bind` leaked for this function, freed once.
     drop(unsafe { Box::from_raw(data.cast::<Bound<N>>()) });
-}
-
-/// A value made on Node's thread during the current call, handed back as a function's result.
-pub struct Raw(Value);
-
-impl ToNapiValue for Raw {
-    unsafe fn to_napi_value(_env: sys::napi_env, value: Self) -> napi::Result<sys::napi_value> {
-        Ok(value.0)
-    }
 }
 
 /// One lease call on the table, its arguments read into `call`: counted, then answered as

@@ -54,24 +54,15 @@ pub fn at_end(env: Env, job: Job) {
 
 impl Turn {
     fn new(env: Env) -> Option<Self> {
-        let mut function = ptr::null_mut();
+        let function = js::function(env, c"mastraLeaseEndOfTurn", run, ptr::null_mut(), None)?;
         let mut global = ptr::null_mut();
         let mut queue = ptr::null_mut();
         let mut run_jobs = ptr::null_mut();
         let mut queue_microtask = ptr::null_mut();
-        let name = c"mastraLeaseEndOfTurn";
-        // SAFETY: function creation, a global lookup and two strong references, all on this
-        // environment's thread. The references live as long as the environment.
+        // SAFETY: a global lookup and two strong references, all on this environment's
+        // thread. The references live as long as the environment.
         let ok = unsafe {
-            sys::napi_create_function(
-                env,
-                name.as_ptr(),
-                name.to_bytes().len() as isize,
-                Some(run),
-                ptr::null_mut(),
-                &mut function,
-            ) == sys::Status::napi_ok
-                && sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
+            sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
                 && sys::napi_get_named_property(env, global, c"queueMicrotask".as_ptr(), &mut queue)
                     == sys::Status::napi_ok
                 && js::type_of(env, queue) == sys::ValueType::napi_function
