@@ -3,8 +3,9 @@ import type { Reporter, TestModule } from 'vitest/node'
 
 /**
  * Ends the run with the figures tests reported (`annotate`: what a fault or soak test
- * checked and measured), then one plain line, `vitest: N passed, N failed, N skipped`, for
- * CI logs.
+ * checked and measured), the tests that failed with the first lines of their errors, then one
+ * plain line, `vitest: N passed, N failed, N skipped`, for CI logs (which may keep only their
+ * tail).
  */
 const figures: string[] = []
 const summary: Reporter = {
@@ -13,13 +14,23 @@ const summary: Reporter = {
   },
   onTestRunEnd(testModules: ReadonlyArray<TestModule>) {
     const count = { passed: 0, failed: 0, skipped: 0 }
+    const failures: string[] = []
     for (const module of testModules) {
       for (const test of module.children.allTests()) {
-        const state = test.result().state
-        if (state === 'passed' || state === 'failed' || state === 'skipped') count[state]++
+        const result = test.result()
+        if (result.state === 'passed' || result.state === 'failed' || result.state === 'skipped') count[result.state]++
+        if (result.state === 'failed') {
+          const error = (result.errors ?? []).map((e) => e.message).join('\n').split('\n').slice(0, 6).join('\n    ')
+          failures.push(`  ${module.relativeModuleId} > ${test.fullName}\n    ${error}`)
+        }
       }
     }
+    // A module that failed outside its tests (a hook, an import) has no failed test to name it.
+    for (const module of testModules) {
+      for (const error of module.errors()) failures.push(`  ${module.relativeModuleId}\n    ${error.message.split('\n')[0]}`)
+    }
     if (figures.length > 0) console.log(`\nfigures:\n${figures.sort().join('\n')}`)
+    if (failures.length > 0) console.log(`\nfailed:\n${failures.join('\n')}`)
     console.log(`\nvitest: ${count.passed} passed, ${count.failed} failed, ${count.skipped} skipped`)
   },
 }

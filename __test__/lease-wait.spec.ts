@@ -386,7 +386,7 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     }
   })
 
-  it('a waiter whose server restarts (the lease gone with it) takes the lease once it is back', async () => {
+  it('a waiter whose server is gone for a second and restarts (the lease gone with it) takes the lease once it is back', async () => {
     const own = stopLater(await startRedis())
     const holder = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: prefix }))
     const waiter = closing(new RedisLeaseProvider({ url: own.url, keyPrefix: prefix }))
@@ -394,6 +394,10 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     await holder.acquireLease(key, 'A', 60_000)
     const waiting = pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true }))
     await sleep(200)
+    // Gone for a second: a look meanwhile could only fail (its connection refused at once).
+    await own.kill()
+    await sleep(1_000)
+    expect(waiting.settled).toBe(false)
     await own.restart()
     const back = performance.now()
     await waiting.done

@@ -70,10 +70,20 @@ impl Server {
 
     /// Kills the server (SIGKILL: nothing saved) and starts a fresh one on the same socket.
     pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Kills the server (SIGKILL: nothing saved); [`Server::start_again`] brings it back.
+    pub fn kill(&mut self) {
         self.signal("-CONT");
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(self.socket());
+    }
+
+    /// Starts a fresh server on the socket of one [`Server::kill`] stopped.
+    pub fn start_again(&mut self) {
         self.child = spawn(&self.dir, &self.args);
         self.wait_ready();
     }

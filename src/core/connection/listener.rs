@@ -4,10 +4,12 @@
 //!
 //! One RESP3 connection per [`Connection`](super::Connection), opened on the first
 //! [`Listener::listen`]; every channel is subscribed once (`SSUBSCRIBE`), however many listen
-//! to it. When the connection is lost, nothing said meanwhile is heard, so every listener is
-//! woken (it checks again for itself), a fresh connection is opened in the background with
-//! every channel subscribed again, and everyone is woken once more when it is up. A wake-up
-//! therefore means "the key may have changed": a listener must check, never assume.
+//! to it. When the connection is lost, nothing said meanwhile is heard, so a fresh connection
+//! is opened in the background with every channel subscribed again, and every listener is
+//! woken once it is up (it checks again for itself). Not at the loss itself: the server
+//! that went away (a restart, a failover) could not answer a check then, and a listener
+//! that checked and failed would give up on a wait a moment before it could have gone on.
+//! A wake-up therefore means "the key may have changed": a listener must check, never assume.
 //!
 //! A server that refuses `SSUBSCRIBE` (older than 7.0, a service or a fork that leaves shard
 //! channels out, a renamed command, an ACL without it) gets the same channels as classic
@@ -132,8 +134,8 @@ impl Listener {
         }
     }
 
-    /// Calls `wake` whenever a message is published on `channel` (and whenever messages may
-    /// have been missed), until [`Listener::unlisten`] with the id it answers. Resolves once
+    /// Calls `wake` whenever a message is published on `channel` (and once listening again
+    /// after messages may have been missed), until [`Listener::unlisten`] with the id it answers. Resolves once
     /// Redis confirmed the subscription, so anything published afterwards is heard (or at
     /// once, hearing nothing, on a server that refuses both kinds of subscription); fails,
     /// listening to nothing, when it could not be made within the timeout.
@@ -367,7 +369,7 @@ impl Shared {
     }
 
     /// Connection `number` is gone: whatever was published meanwhile is not heard, so
-    /// everyone looks again now, and again once a fresh connection listens.
+    /// everyone looks again once a fresh connection listens.
     /// (Boxed: it opens a connection whose reader may call it again.)
     fn lost(self: Arc<Self>, number: u64) -> BoxFuture<'static, ()> {
         Box::pin(async move { self.reconnect(number).await })
@@ -380,7 +382,6 @@ impl Shared {
                 *live = None;
             }
         }
-        self.wake_all();
         if self.reconnecting.swap(true, Ordering::AcqRel) {
             return;
         }
