@@ -134,9 +134,9 @@ impl RedisLeaseProvider {
 
     /// Calls `onRelease()` whenever the lease on `key` may have been freed or moved: released
     /// or transferred by a provider of this package, or messages may have been missed (once
-    /// the lost listening connection is back). Expiry calls nothing: set
-    /// a timer at the lease's remaining TTL. Resolves the watch's id once Redis confirmed the
-    /// subscription (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
+    /// the lost listening connection is back). Expiry calls nothing: set a timer at the
+    /// lease's remaining TTL. Resolves the watch's id once Redis confirmed the subscription
+    /// (sharded pub/sub, Redis 7.0 or later), within `commandTimeoutMs`. What
     /// `hold(…, { wait: true })` waits with; what `onRelease` throws is ignored.
     #[napi(
         catch_unwind,

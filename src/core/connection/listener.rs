@@ -6,10 +6,10 @@
 //! [`Listener::listen`]; every channel is subscribed once (`SSUBSCRIBE`), however many listen
 //! to it. When the connection is lost, nothing said meanwhile is heard, so a fresh connection
 //! is opened in the background with every channel subscribed again, and every listener is
-//! woken once it is up (it checks again for itself). Not at the loss itself: the server
-//! that went away (a restart, a failover) could not answer a check then, and a listener
-//! that checked and failed would give up on a wait a moment before it could have gone on.
-//! A wake-up therefore means "the key may have changed": a listener must check, never assume.
+//! woken once it is up (it checks again for itself). Not at the loss itself: when it is the
+//! server that went away (a restart, a failover), a check then could only fail, and a waiter
+//! whose check fails gives up its wait a moment before the server is back. A wake-up
+//! therefore means "the key may have changed": a listener must check, never assume.
 //!
 //! A server that refuses `SSUBSCRIBE` (older than 7.0, a service or a fork that leaves shard
 //! channels out, a renamed command, an ACL without it) gets the same channels as classic
@@ -135,10 +135,11 @@ impl Listener {
     }
 
     /// Calls `wake` whenever a message is published on `channel` (and once listening again
-    /// after messages may have been missed), until [`Listener::unlisten`] with the id it answers. Resolves once
-    /// Redis confirmed the subscription, so anything published afterwards is heard (or at
-    /// once, hearing nothing, on a server that refuses both kinds of subscription); fails,
-    /// listening to nothing, when it could not be made within the timeout.
+    /// after messages may have been missed), until [`Listener::unlisten`] with the id it
+    /// answers. Resolves once Redis confirmed the subscription, so anything published
+    /// afterwards is heard (or at once, hearing nothing, on a server that refuses both kinds of
+    /// subscription); fails, listening to nothing, when it could not be made within the
+    /// timeout.
     pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
         let shared = &self.shared;
         shared.runtime.get_or_init(Handle::current);

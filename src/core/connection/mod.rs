@@ -340,11 +340,11 @@ impl Connection {
 
     /// Calls `wake` whenever something is published on the shard channel `channel` (the
     /// classic one of that name on a server that refuses shard channels; nothing at all on
-    /// one that refuses both, which the listener warns about once), and
-    /// whenever messages may have been missed (once the lost listening connection is back),
-    /// until [`Connection::unlisten`] with the id it answers. Resolves once
-    /// Redis confirmed the subscription, within the command timeout. The subscriptions share
-    /// one RESP3 connection of their own, opened on the first.
+    /// one that refuses both, which the listener warns about once), and whenever messages may
+    /// have been missed (once the lost listening connection is back), until
+    /// [`Connection::unlisten`] with the id it answers. Resolves once Redis confirmed the
+    /// subscription, within the command timeout. The subscriptions share one RESP3 connection
+    /// of their own, opened on the first.
     pub async fn listen(&self, channel: &[u8], wake: Wake) -> Result<u64> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));

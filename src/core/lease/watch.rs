@@ -9,9 +9,10 @@ use crate::core::error::Result;
 impl RedisStore {
     /// Calls `wake` whenever `key`'s lease may have been freed or moved: its release or
     /// transfer by a provider of this package (a publish from the script), or a lost
-    /// listening connection once it is back (messages may have been missed). A lease that expires, or that
-    /// another library deletes, publishes nothing: a waiter also sets a timer at its remaining
-    /// TTL. Resolves, with the id to stop with, once Redis confirmed the subscription.
+    /// listening connection once it is back (messages may have been missed). A lease that
+    /// expires, or that another library deletes, publishes nothing: a waiter also sets a timer
+    /// at its remaining TTL. Resolves, with the id to stop with, once Redis confirmed the
+    /// subscription.
     pub async fn watch(&self, key: &str, wake: Wake) -> Result<u64> {
         self.limits().check_key(key)?;
         let channel = self.layout().lease(key);
