@@ -15,19 +15,17 @@ const summary: Reporter = {
   onTestRunEnd(testModules: ReadonlyArray<TestModule>) {
     const count = { passed: 0, failed: 0, skipped: 0 }
     const failures: string[] = []
+    const failed = (where: string, errors: ReadonlyArray<{ message: string }>) =>
+      failures.push(`  ${where}\n    ${errors.flatMap((e) => e.message.split('\n')).slice(0, 6).join('\n    ')}`)
     for (const module of testModules) {
       for (const test of module.children.allTests()) {
         const result = test.result()
         if (result.state === 'passed' || result.state === 'failed' || result.state === 'skipped') count[result.state]++
-        if (result.state === 'failed') {
-          const error = (result.errors ?? []).map((e) => e.message).join('\n').split('\n').slice(0, 6).join('\n    ')
-          failures.push(`  ${module.relativeModuleId} > ${test.fullName}\n    ${error}`)
-        }
+        if (result.state === 'failed') failed(`${module.relativeModuleId} > ${test.fullName}`, result.errors ?? [])
       }
-    }
-    // A module that failed outside its tests (a hook, an import) has no failed test to name it.
-    for (const module of testModules) {
-      for (const error of module.errors()) failures.push(`  ${module.relativeModuleId}\n    ${error.message.split('\n')[0]}`)
+      // A module that failed outside its tests (a hook, an import) has no failed test to name it.
+      const errors = module.errors()
+      if (errors.length > 0) failed(module.relativeModuleId, errors)
     }
     if (figures.length > 0) console.log(`\nfigures:\n${figures.sort().join('\n')}`)
     if (failures.length > 0) console.log(`\nfailed:\n${failures.join('\n')}`)

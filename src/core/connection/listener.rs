@@ -370,7 +370,8 @@ impl Shared {
     }
 
     /// Connection `number` is gone: whatever was published meanwhile is not heard, so
-    /// everyone looks again once a fresh connection listens.
+    /// everyone looks again once a fresh connection listens, whether this opened it or a
+    /// `listen` did meanwhile, or once none can (the server refuses every kind now).
     /// (Boxed: it opens a connection whose reader may call it again.)
     fn lost(self: Arc<Self>, number: u64) -> BoxFuture<'static, ()> {
         Box::pin(async move { self.reconnect(number).await })
@@ -411,12 +412,13 @@ impl Shared {
                 }
             };
             if reopened {
-                self.wake_all();
                 break;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(AGAIN_AT_MOST);
         }
+        // However it ended; after a close nobody is left to wake (close woke them all).
+        self.wake_all();
         self.reconnecting.store(false, Ordering::Release);
     }
 }

@@ -741,6 +741,26 @@ async fn a_watcher_is_woken_once_listening_again_after_the_server_came_back_not_
 }
 
 #[tokio::test]
+async fn a_watcher_is_woken_when_a_new_watch_opened_the_fresh_connection_before_the_reconnection_did(
+) {
+    let mut server = Server::start("lease-watch-reopened");
+    let store = store(&server, Duration::from_secs(2));
+    let (wake, mut heard) = counting();
+    store.watch("k", wake).await.unwrap();
+    server.kill();
+    // The reconnection's first try fails at once and the next comes 100 ms later, then 200 ms
+    // after that: the watch below opens the fresh connection in between.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    server.start_again();
+    let (other, _) = counting();
+    store.watch("other", other).await.unwrap();
+    assert!(
+        woken(&mut heard, 1).await,
+        "the first watcher is woken though another watch opened the connection"
+    );
+}
+
+#[tokio::test]
 async fn watching_a_bad_key_is_refused_before_any_io_and_a_closed_connection_refuses_too() {
     let server = Server::start("lease-watch-bad");
     let store = store(&server, Duration::from_secs(2));
