@@ -67,6 +67,30 @@ describe('MemoryLeaseProvider', () => {
     expect(await p.getLeaseOwner(`wave:${total - 1}`)).toBeUndefined()
   }, 60_000)
 
+  it('leases nobody touches are swept on a timer that never keeps the process alive: a process that leaves its provider open exits once the sweep is done', () => {
+    // 200k leases expire together with nobody calling: only the timer's sweep, in rounds,
+    // reclaims them; the process then ends with its provider open and reachable.
+    const script = `
+      const { MemoryLeaseProvider } = require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'cjs', 'index.js'))});
+      (async () => {
+        // Kept reachable, so only the timer being unref'd lets the process end.
+        const p = (globalThis.provider = new MemoryLeaseProvider());
+        const calls = [];
+        for (let i = 0; i < 200000; i++) calls.push(p.acquireLease('k' + i, 'o', 2000));
+        await Promise.all(calls);
+        const held = p.size;
+        await new Promise((r) => setTimeout(r, 3000));
+        process.stdout.write(JSON.stringify({ held, after: p.size }));
+      })();
+    `
+    const started = Date.now()
+    const child = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 })
+    expect(child.signal, 'the process did not exit by itself').toBeNull()
+    expect(child.status, child.stderr).toBe(0)
+    expect(JSON.parse(child.stdout)).toStrictEqual({ held: 200_000, after: 0 })
+    expect(Date.now() - started).toBeLessThan(15_000)
+  }, 30_000)
+
   it('after 1M live leases expire, the process gives most of their memory back (the table shrinks, the freed pages are returned)', () => {
     // A process of its own, so nothing else moves its resident size.
     const child = spawnSync(process.execPath, [path.join(__dirname, 'fixtures', 'memory-rss.mjs')], { encoding: 'utf8', timeout: 60_000 })

@@ -13,9 +13,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Gives the memory freed in this thread's heap back to the system. Memory one thread frees
-/// that another allocated is returned only once the allocating thread collects: the
-/// in-memory provider's table is filled on Node's thread and swept on the runtime's.
+/// Gives the memory freed in this thread's heap back to the system now, rather than whenever
+/// the allocator next gets round to it: the in-memory provider's sweep does so once it has
+/// reclaimed many leases.
 pub(crate) fn give_back_memory() {
     // SAFETY: a plain call into the allocator, allowed from any thread at any time.
     unsafe { libmimalloc_sys::mi_collect(true) };

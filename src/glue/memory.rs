@@ -4,44 +4,60 @@
 //! the promise and the `acquireLease` object in JavaScript, which skips the N-API calls
 //! making them here would take. They are plain functions bound to their table, not class
 //! methods, so a call skips napi-rs's instance lookup and borrow bookkeeping
-//! (`docs/benchmarks.md` has what each piece cost).
+//! (`docs/benchmarks.md` has what each piece cost). Everything runs on Node's thread, the
+//! sweep of expired leases too (the shell calls `sweep()` on a timer), so the table takes no
+//! lock and counts without atomics.
 
+use std::cell::Cell;
 use std::ffi::{c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::rc::Rc;
 
 use napi::bindgen_prelude::{Env, ToNapiValue, Unknown};
 use napi::{sys, JsValue};
 use napi_derive::napi;
 
 use super::args;
-use super::crossing::{catching, Tsfn};
+use super::crossing::catching;
 use super::js::{self, Value};
 use super::options;
 use super::reply::{to_js, LeaseStats, Reply};
-use super::{runtime, unknown};
+use super::unknown;
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};
 
-/// How often expired leases nobody touches are swept out of memory.
-const SWEEP_EVERY: Duration = Duration::from_millis(250);
-/// Leases reclaimed per hold of the table's lock during a sweep.
+/// Expired leases one `sweep()` reclaims at most, so a large backlog is swept over several
+/// turns of Node's event loop rather than in one long one.
 const SWEEP_CHUNK: usize = 10_000;
 
-/// What the functions of one table share: the leases, the counters `stats()` reads, and
-/// whether `close()` was called.
+/// What the functions of one table share: the leases, the counters `stats()` reads, whether
+/// `close()` was called, and how many deadlines the sweep under way has looked at.
 struct Table {
     store: MemoryStore,
-    stats: Stats,
-    closed: AtomicBool,
+    stats: Stats<Cell<u64>>,
+    closed: Cell<bool>,
+    swept: Cell<usize>,
+}
+
+impl Table {
+    /// One round of a sweep: reclaims up to [`SWEEP_CHUNK`] expired leases, and answers
+    /// whether more are due. A sweep of many ends by giving their memory back to the system.
+    fn sweep(&self) -> bool {
+        let looked = self.store.reclaim_expired(SWEEP_CHUNK);
+        let swept = self.swept.get() + looked;
+        let more = looked == SWEEP_CHUNK;
+        self.swept.set(if more { swept } else { 0 });
+        if !more && swept >= SWEEP_CHUNK {
+            crate::give_back_memory();
+        }
+        more
+    }
 }
 
 /// Makes a table of leases in this process's memory, enforcing `options`' limits, and answers
 /// an object of functions bound to it: the lease calls (`acquireLease`, ...), `close`,
-/// `ping`, `size` and `stats`. Each answers synchronously or throws the coded error the
-/// provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
+/// `ping`, `size`, `stats` and `sweep`. Each answers synchronously or throws the coded error
+/// the provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
 #[napi(
     catch_unwind,
     ts_args_type = "options?: MemoryLeaseProviderOptions | undefined | null",
@@ -58,6 +74,7 @@ struct Table {
   ping(): number
   size(): number
   stats(): LeaseStats
+  sweep(): boolean
 }"
 )]
 pub fn memory_lease_table<'env>(
@@ -66,13 +83,12 @@ pub fn memory_lease_table<'env>(
 ) -> napi::Result<Unknown<'env>> {
     let raw = env.raw();
     let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
-        let table = Arc::new(Table {
+        let table = Rc::new(Table {
             store: MemoryStore::new(limits),
             stats: Stats::default(),
-            closed: AtomicBool::new(false),
+            closed: Cell::new(false),
+            swept: Cell::new(0),
         });
-        let node = NodeThread::new(raw).map_err(|e| Error::Internal(e.reason))?;
-        runtime()?.spawn(sweep(Arc::downgrade(&table), node));
         Ok(functions(raw, &table)?)
     });
     match made {
@@ -89,7 +105,7 @@ pub fn memory_lease_table<'env>(
 type TableFn<const N: usize> = fn(&Table, js::Env, [Value; N]) -> Result<Value>;
 
 /// The object of functions, each holding the table alive for as long as it lives itself.
-fn functions(env: js::Env, table: &Arc<Table>) -> Result<Value> {
+fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
     let object = js::object(env);
     bind(env, object, table, c"acquireLease", |t, e, args: [_; 4]| {
         lease_call(
@@ -148,14 +164,14 @@ fn functions(env: js::Env, table: &Arc<Table>) -> Result<Value> {
     })?;
     // `close()`: drops every lease; later calls throw `ERR_LEASE_CLOSED`. Idempotent.
     bind(env, object, table, c"close", |t, e, []| {
-        if !t.closed.swap(true, Ordering::Relaxed) {
+        if !t.closed.replace(true) {
             t.store.clear();
         }
         Ok(js::undefined(e))
     })?;
     // `ping()`: 0 (milliseconds: there is no server to reach); throws once closed.
     bind(env, object, table, c"ping", |t, e, []| {
-        if t.closed.load(Ordering::Relaxed) {
+        if t.closed.get() {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
         Ok(js::number_value(e, 0.0))
@@ -172,12 +188,16 @@ fn functions(env: js::Env, table: &Arc<Table>) -> Result<Value> {
             .map(|stats| stats.raw())
             .map_err(|err| Error::Internal(err.reason))
     })?;
+    // `sweep()`: one round of reclaiming expired leases; `true` when more are due.
+    bind(env, object, table, c"sweep", |t, e, []| {
+        Ok(js::boolean(e, t.sweep()))
+    })?;
     Ok(object)
 }
 
 /// What a table function carries: its table and what it runs on it.
 struct Bound<const N: usize> {
-    table: Arc<Table>,
+    table: Rc<Table>,
     call: TableFn<N>,
 }
 
@@ -190,7 +210,7 @@ struct Bound<const N: usize> {
 fn bind<const N: usize>(
     env: js::Env,
     object: Value,
-    table: &Arc<Table>,
+    table: &Rc<Table>,
     name: &CStr,
     call: TableFn<N>,
 ) -> Result<()> {
@@ -236,10 +256,10 @@ fn lease_call(
     call: Result<Call>,
 ) -> Result<Value> {
     let outcome = call.and_then(|call| {
-        if table.closed.load(Ordering::Relaxed) {
+        if table.closed.get() {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
-        table.store.apply(&call)
+        table.store.apply(call)
     });
     table.stats.record(operation, outcome.as_ref());
     outcome.map(|answer| answered(env, answer))
@@ -260,50 +280,4 @@ fn answered(env: js::Env, answer: Answer) -> Value {
             Ok(value) | Err(value) => value,
         },
     }
-}
-
-/// Sweeps expired leases out of `table` until it is dropped. After a sweep that removed many,
-/// the memory they held goes back to the system: the leases were made on Node's thread and
-/// freed on this one, and the allocator returns such memory only when the thread that owns it
-/// collects (see `crate::give_back_memory`).
-async fn sweep(table: Weak<Table>, node: NodeThread) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
-    loop {
-        every.tick().await;
-        let Some(table) = table.upgrade() else {
-            return;
-        };
-        let store = &table.store;
-        let before = store.resident();
-        while store.reclaim_expired(SWEEP_CHUNK) == SWEEP_CHUNK {
-            tokio::task::yield_now().await;
-        }
-        if before.saturating_sub(store.resident()) >= SWEEP_CHUNK {
-            crate::give_back_memory();
-            node.give_back_memory();
-        }
-    }
-}
-
-/// A way onto Node's thread, to give back memory freed there.
-struct NodeThread(Tsfn);
-
-impl NodeThread {
-    fn new(env: js::Env) -> napi::Result<Self> {
-        Tsfn::new(env, None, ptr::null_mut(), give_back_on_node).map(Self)
-    }
-
-    /// From any thread: has Node's thread give back the memory freed in its heap.
-    fn give_back_memory(&self) {
-        self.0.call(ptr::null_mut());
-    }
-}
-
-unsafe extern "C" fn give_back_on_node(
-    _env: js::Env,
-    _callback: Value,
-    _context: *mut c_void,
-    _data: *mut c_void,
-) {
-    crate::give_back_memory();
 }

@@ -6,6 +6,27 @@ import { releaseWaiters, Waiters } from './wait.js'
 
 type Table = ReturnType<typeof memoryLeaseTable>
 
+/** How often expired leases nobody touches are swept out of the table. */
+const SWEEP_EVERY_MS = 250
+
+/**
+ * Sweeps `table` every `SWEEP_EVERY_MS` on this thread, where its calls run too (so it needs
+ * no lock); a round that leaves more due is followed by another once other work has run.
+ * Holds the table weakly, so a provider dropped without `close()` is still collected. Keeps
+ * the process alive only while a backlog is being swept: an unref'd immediate would wait
+ * for the loop's next timer.
+ */
+function sweepEvery(table: Table): ReturnType<typeof setInterval> {
+  const weak = new WeakRef(table)
+  const sweep = (): void => {
+    const live = weak.deref()
+    if (live === undefined) clearInterval(timer)
+    else if (live.sweep()) setImmediate(sweep)
+  }
+  const timer = setInterval(sweep, SWEEP_EVERY_MS).unref()
+  return timer
+}
+
 // The table answers synchronously or throws the coded error to reject with; these turn that
 // into the promise the provider returns. Each has its own try/catch: a shared helper taking a
 // closure is slower per call. They take the table as `this`, so the tracer calls them as it
@@ -109,10 +130,12 @@ export class MemoryLeaseProvider {
   private readonly table: Table
   /** Who waits for a lease in `hold(…, { wait: true })`, made by the first: releases and transfers wake them. */
   private waiters: Waiters | undefined
+  private readonly sweeping: ReturnType<typeof setInterval>
 
   /** Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options. */
   constructor(options?: MemoryLeaseProviderOptions | null) {
     this.table = memoryLeaseTable(options)
+    this.sweeping = sweepEvery(this.table)
   }
 
   /**
@@ -206,6 +229,7 @@ export class MemoryLeaseProvider {
 
   /** Drops every lease and stops taking calls; later calls reject with `ERR_LEASE_CLOSED`. Idempotent. */
   close(): Promise<void> {
+    clearInterval(this.sweeping)
     this.table.close()
     this.waiters?.closed()
     return Promise.resolve()

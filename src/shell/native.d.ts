@@ -322,8 +322,8 @@ export interface MemoryLeaseProviderOptions {
 /**
  * Makes a table of leases in this process's memory, enforcing `options`' limits, and answers
  * an object of functions bound to it: the lease calls (`acquireLease`, ...), `close`,
- * `ping`, `size` and `stats`. Each answers synchronously or throws the coded error the
- * provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
+ * `ping`, `size`, `stats` and `sweep`. Each answers synchronously or throws the coded error
+ * the provider rejects with. Throws `ERR_LEASE_INVALID_OPTION` for bad options.
  */
 export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | undefined | null): {
   acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): true | string
@@ -338,6 +338,7 @@ export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | 
   ping(): number
   size(): number
   stats(): LeaseStats
+  sweep(): boolean
 }
 
 /** `cluster.defaults`: what every node of the cluster takes. */

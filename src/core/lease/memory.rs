@@ -4,10 +4,14 @@
 //! lease. Expired leases are reclaimed two ways: every call reclaims a few of the oldest,
 //! and [`MemoryStore::reclaim_expired`] (run periodically by the owner of the store) sweeps
 //! the rest, so a million leases that expire do not stay resident.
+//!
+//! A store is used on one thread (the glue's: Node's, where its calls are made and its sweep
+//! runs), so it takes no lock.
 
+use std::cell::{RefCell, RefMut};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hashbrown::hash_map::EntryRef;
@@ -20,11 +24,11 @@ use crate::core::error::Result;
 /// large backlog: the periodic sweep does that.
 const RECLAIM_PER_CALL: usize = 32;
 
-/// An in-memory lease table guarded by one mutex. All operations are synchronous.
+/// An in-memory lease table, for one thread. All operations are synchronous.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     limits: Limits,
-    table: Mutex<Table>,
+    table: RefCell<Table>,
 }
 
 #[derive(Debug, Default)]
@@ -33,8 +37,9 @@ struct Table {
     /// seeded per process, keeps keys from being chosen to collide, which is all SipHash's
     /// strength buys here (what it saves: docs/benchmarks.md).
     leases: HashMap<Arc<str>, Lease, foldhash::fast::RandomState>,
-    /// Every deadline ever set, earliest first. An entry is stale when its lease was renewed,
-    /// transferred or released since; stale entries are skipped when they come up.
+    /// Earliest first: each resident lease's `queued` deadline, and stale entries (of leases
+    /// released since, or queued again earlier), skipped when they come up. A call that moves
+    /// a lease later queues nothing: its entry moves when it comes up.
     deadlines: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The last fencing token handed out, for any key: every fenced claim takes the next, so
     /// each is greater than every token granted before for its key.
@@ -47,6 +52,31 @@ struct Lease {
     expires: Instant,
     /// Its fencing token: taken by the first fenced grant, kept by refreshes and renewals.
     token: Option<u64>,
+    /// The deadline its entry in `deadlines` has: never later than `expires`, so a sweep
+    /// finds it once expired. A renewal that moves `expires` later leaves it (the entry is
+    /// moved when it comes up); one that moves it earlier adds an entry.
+    queued: Instant,
+}
+
+impl Lease {
+    fn is_live(&self, now: Instant) -> bool {
+        self.expires > now
+    }
+
+    fn is_held_by(&self, holder: &Holder, now: Instant) -> bool {
+        self.is_live(now) && self.holder == *holder
+    }
+
+    /// Sets its expiry; `true` when that comes before its queued deadline, which must then be
+    /// queued again at `expires`.
+    fn expire_at(&mut self, expires: Instant) -> bool {
+        self.expires = expires;
+        let earlier = expires < self.queued;
+        if earlier {
+            self.queued = expires;
+        }
+        earlier
+    }
 }
 
 impl MemoryStore {
@@ -54,141 +84,175 @@ impl MemoryStore {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            table: Mutex::default(),
+            table: RefCell::default(),
         }
     }
 
-    /// Executes one call on the spot: arguments checked first, then the operation.
-    pub fn apply(&self, call: &Call) -> Result<Answer> {
+    /// Executes one call on the spot: arguments checked first, then the operation. The call is
+    /// taken whole, so a lease it makes keeps the call's own key and holder, not copies.
+    pub fn apply(&self, call: Call) -> Result<Answer> {
         self.apply_at(Instant::now(), call)
     }
 
     /// Leases resident in memory, including expired ones not yet reclaimed.
     pub fn resident(&self) -> usize {
-        self.lock().leases.len()
+        self.table().leases.len()
     }
 
     /// Drops every lease (used by `close()`).
     pub fn clear(&self) {
-        *self.lock() = Table::default();
+        *self.table() = Table::default();
     }
 
     /// Reclaims up to `budget` expired leases; answers how many deadlines it looked at, so a
-    /// caller sweeping a large backlog can release the lock between rounds.
+    /// caller sweeping a large backlog can let other work run between rounds.
     pub fn reclaim_expired(&self, budget: usize) -> usize {
-        self.lock().reclaim(Instant::now(), budget)
+        self.table().reclaim(Instant::now(), budget)
     }
 
     /// [`MemoryStore::reclaim_expired`] at a given instant, for the property tests.
     #[cfg(test)]
     pub(super) fn reclaim_expired_at(&self, now: Instant, budget: usize) -> usize {
-        self.lock().reclaim(now, budget)
+        self.table().reclaim(now, budget)
     }
 
     /// [`MemoryStore::apply`] at a given instant: the clock seam the property tests use.
-    pub(super) fn apply_at(&self, now: Instant, call: &Call) -> Result<Answer> {
+    pub(super) fn apply_at(&self, now: Instant, call: Call) -> Result<Answer> {
         call.check(&self.limits)?;
-        let mut table = self.lock_at(now);
+        let mut table = self.table_at(now);
         Ok(match call {
             Call::Acquire {
                 key,
                 holder,
                 ttl_ms,
                 fenced,
-            } => Answer::Grant(table.acquire(now, key, holder, *ttl_ms, *fenced)),
+            } => Answer::Grant(table.acquire(now, &key, holder, ttl_ms, fenced)),
             Call::Owner { key } => {
-                Answer::Owner(table.live(key, now).map(|l| l.holder.owner.clone()))
+                Answer::Owner(table.live(&key, now).map(|l| l.holder.owner.clone()))
             }
-            Call::Lease { key } => Answer::Lease(table.live(key, now).map(|l| super::Lease {
+            Call::Lease { key } => Answer::Lease(table.live(&key, now).map(|l| super::Lease {
                 owner: l.holder.owner.clone(),
                 token: l.token,
                 ttl_ms: Some(
                     u64::try_from(l.expires.duration_since(now).as_millis()).unwrap_or(u64::MAX),
                 ),
             })),
-            Call::Record { key } => Answer::Record(table.live(key, now).map(|l| l.holder.clone())),
-            Call::Release { key, holder } => Answer::Released(table.release(now, key, holder)),
+            Call::Record { key } => Answer::Record(table.live(&key, now).map(|l| l.holder.clone())),
+            Call::Release { key, holder } => Answer::Released(table.release(now, &key, &holder)),
             Call::Renew {
                 key,
                 holder,
                 ttl_ms,
-            } => Answer::Renewed(table.renew(now, key, holder, *ttl_ms)),
+            } => Answer::Renewed(table.renew(now, &key, &holder, ttl_ms)),
             Call::Transfer {
                 key,
                 from,
                 to,
                 ttl_ms,
-            } => Answer::Transferred(table.transfer(now, key, from, to, *ttl_ms)),
+            } => Answer::Transferred(table.transfer(now, &key, &from, to, ttl_ms)),
         })
     }
 
-    /// Locks the table and reclaims a few expired leases on the way in.
-    fn lock_at(&self, now: Instant) -> MutexGuard<'_, Table> {
-        let mut table = self.lock();
+    /// The table, a few expired leases reclaimed on the way in.
+    fn table_at(&self, now: Instant) -> RefMut<'_, Table> {
+        let mut table = self.table();
         table.reclaim(now, RECLAIM_PER_CALL);
         table
     }
 
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        crate::core::lock(&self.table)
+    fn table(&self) -> RefMut<'_, Table> {
+        self.table.borrow_mut()
     }
 }
 
 impl Table {
+    // Each call finds its key once: a hash and a probe less than a look first and a write
+    // after. The token counter and the heap are other fields than the map, so they can be
+    // touched while an entry of it is held.
+
     /// A claim takes a token only when fenced; a refresh keeps the lease's, and a fenced
     /// refresh of a lease without one takes one.
     fn acquire(
         &mut self,
         now: Instant,
         key: &str,
-        holder: &Holder,
+        holder: Holder,
         ttl_ms: u64,
         fenced: bool,
     ) -> Grant {
-        let token = match self.live(key, now) {
-            Some(held) if held.holder != *holder => {
-                return Grant {
-                    acquired: false,
-                    owner: Some(held.holder.owner.clone()),
-                    token: None,
-                    fenced,
+        let expires = now + ms(ttl_ms);
+        let (token, owner, queue) = match self.leases.entry_ref(key) {
+            EntryRef::Occupied(mut entry) => {
+                let lease = entry.get_mut();
+                let live = lease.is_live(now);
+                if live && lease.holder != holder {
+                    return Grant {
+                        acquired: false,
+                        owner: Some(lease.holder.owner.clone()),
+                        token: None,
+                        fenced,
+                    };
+                }
+                // A refresh keeps its token and its holder (the call's is the same, and
+                // becomes the answer); a claim of an expired lease starts afresh.
+                let owner = if lease.holder == holder {
+                    holder.owner
+                } else {
+                    let owner = holder.owner.clone();
+                    lease.holder = holder;
+                    owner
                 };
+                let kept = lease.token.filter(|_| live);
+                lease.token = kept.or_else(|| fenced.then(|| next_token(&mut self.last_token)));
+                let token = lease.token;
+                let queue = lease.expire_at(expires).then(|| entry.key().clone());
+                (token, owner, queue)
             }
-            Some(held) => held.token,
-            None => None,
+            EntryRef::Vacant(free) => {
+                let token = fenced.then(|| next_token(&mut self.last_token));
+                let owner = holder.owner.clone();
+                let entry = free.insert_entry(Lease {
+                    holder,
+                    expires,
+                    token,
+                    queued: expires,
+                });
+                (token, owner, Some(entry.key().clone()))
+            }
         };
-        let token = match token {
-            None if fenced => Some(self.next_token()),
-            token => token,
-        };
-        self.put(key, holder, now + ms(ttl_ms), token);
+        if let Some(key) = queue {
+            self.queue(expires, key);
+        }
         Grant {
             acquired: true,
-            owner: Some(holder.owner.clone()),
+            owner: Some(owner),
             token: token.filter(|_| fenced),
             fenced,
         }
     }
 
-    fn next_token(&mut self) -> u64 {
-        self.last_token += 1;
-        self.last_token
-    }
-
     fn release(&mut self, now: Instant, key: &str, holder: &Holder) -> bool {
-        let held = self.held(key, holder, now).is_some();
-        if held {
-            self.leases.remove(key);
+        match self.leases.entry_ref(key) {
+            EntryRef::Occupied(entry) if entry.get().is_held_by(holder, now) => {
+                entry.remove();
+                true
+            }
+            _ => false,
         }
-        held
     }
 
     fn renew(&mut self, now: Instant, key: &str, holder: &Holder, ttl_ms: u64) -> bool {
-        let Some(token) = self.held(key, holder, now) else {
-            return false;
-        };
-        self.put(key, holder, now + ms(ttl_ms), token);
-        true
+        let expires = now + ms(ttl_ms);
+        match self.leases.get_key_value_mut(key) {
+            Some((key, lease)) if lease.is_held_by(holder, now) => {
+                if lease.expire_at(expires) {
+                    let key = key.clone();
+                    self.queue(expires, key);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A fenced lease's new holder gets a new token, so a resource that checks tokens
@@ -198,62 +262,48 @@ impl Table {
         now: Instant,
         key: &str,
         from: &Holder,
-        to: &Holder,
+        to: Holder,
         ttl_ms: u64,
     ) -> bool {
-        let Some(token) = self.held(key, from, now) else {
-            return false;
-        };
-        let token = token.map(|_| self.next_token());
-        self.put(key, to, now + ms(ttl_ms), token);
-        true
-    }
-
-    /// `Some(token)` when `holder` holds the live lease on `key` (the token it holds it with,
-    /// if any); `None` when it does not.
-    fn held(&mut self, key: &str, holder: &Holder, now: Instant) -> Option<Option<u64>> {
-        self.live(key, now)
-            .filter(|lease| lease.holder == *holder)
-            .map(|lease| lease.token)
+        let expires = now + ms(ttl_ms);
+        match self.leases.get_key_value_mut(key) {
+            Some((key, lease)) if lease.is_held_by(from, now) => {
+                if lease.token.is_some() {
+                    lease.token = Some(next_token(&mut self.last_token));
+                }
+                lease.holder = to;
+                if lease.expire_at(expires) {
+                    let key = key.clone();
+                    self.queue(expires, key);
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     fn live(&mut self, key: &str, now: Instant) -> Option<&Lease> {
-        self.leases.get(key).filter(|lease| lease.expires > now)
+        self.leases.get(key).filter(|lease| lease.is_live(now))
     }
 
-    fn put(&mut self, key: &str, holder: &Holder, expires: Instant, token: Option<u64>) {
-        let key = match self.leases.entry_ref(key) {
-            EntryRef::Occupied(mut held) => {
-                let lease = held.get_mut();
-                // A renewal or a refresh keeps its holder: nothing to copy.
-                if lease.holder != *holder {
-                    lease.holder = holder.clone();
-                }
-                lease.expires = expires;
-                lease.token = token;
-                held.key().clone()
-            }
-            EntryRef::Vacant(free) => {
-                let lease = Lease {
-                    holder: holder.clone(),
-                    expires,
-                    token,
-                };
-                free.insert_entry(lease).key().clone()
-            }
-        };
-        self.deadlines.push(Reverse((expires, key)));
-        // Renewals and early releases leave stale deadlines behind; when they outnumber the
+    fn queue(&mut self, deadline: Instant, key: Arc<str>) {
+        self.deadlines.push(Reverse((deadline, key)));
+        // Releases and shortened leases leave stale deadlines behind; when they outnumber the
         // leases, rebuild the heap so memory tracks the live table, not the call history.
         if self.deadlines.len() > 2 * self.leases.len() + 1024 {
             self.deadlines = self
                 .leases
-                .iter()
-                .map(|(key, lease)| Reverse((lease.expires, key.clone())))
+                .iter_mut()
+                .map(|(key, lease)| {
+                    lease.queued = lease.expires;
+                    Reverse((lease.expires, key.clone()))
+                })
                 .collect();
         }
     }
 
+    /// Looks at up to `budget` deadlines that have come: a lease that expired is dropped, one
+    /// renewed or moved since gets its deadline again at its new expiry.
     fn reclaim(&mut self, now: Instant, budget: usize) -> usize {
         let mut seen = 0;
         while seen < budget {
@@ -261,12 +311,21 @@ impl Table {
                 Some(Reverse((deadline, _))) if *deadline <= now => {}
                 _ => break,
             }
-            let Some(Reverse((_, key))) = self.deadlines.pop() else {
+            let Some(Reverse((deadline, key))) = self.deadlines.pop() else {
                 break;
             };
             seen += 1;
-            if self.leases.get(&key).is_some_and(|l| l.expires <= now) {
-                self.leases.remove(&key);
+            match self.leases.get_mut(&key) {
+                Some(lease) if !lease.is_live(now) => {
+                    self.leases.remove(&key);
+                }
+                // Its own entry, come up while it lives on: queued again at its expiry.
+                Some(lease) if lease.queued == deadline => {
+                    lease.queued = lease.expires;
+                    let expires = lease.expires;
+                    self.queue(expires, key);
+                }
+                _ => {}
             }
         }
         if seen > 0 {
@@ -288,6 +347,12 @@ impl Table {
             self.deadlines.shrink_to(self.deadlines.len() * 2);
         }
     }
+}
+
+/// The token after `last`, which becomes the last.
+fn next_token(last: &mut u64) -> u64 {
+    *last += 1;
+    *last
 }
 
 /// Below this many slots a table is not worth shrinking.
@@ -327,7 +392,7 @@ mod tests {
     }
 
     fn holder(s: &MemoryStore, now: Instant, key: &str) -> Option<String> {
-        match s.apply_at(now, &owner(key)).unwrap() {
+        match s.apply_at(now, owner(key)).unwrap() {
             Answer::Owner(owner) => owner,
             other => panic!("unexpected {other:?}"),
         }
@@ -345,28 +410,28 @@ mod tests {
         let s = MemoryStore::default();
         let t0 = Instant::now();
         let token = |answer: Answer| granted(answer).token.unwrap();
-        let first = token(s.apply_at(t0, &acquire("k", "a", 100)).unwrap());
+        let first = token(s.apply_at(t0, acquire("k", "a", 100)).unwrap());
         assert_eq!(
-            token(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()),
+            token(s.apply_at(t0, acquire("k", "a", 100)).unwrap()),
             first
         );
-        s.apply_at(t0, &renew("k", "a", 100)).unwrap();
+        s.apply_at(t0, renew("k", "a", 100)).unwrap();
         let moved = Call::Transfer {
             key: "k".into(),
             from: Holder::new("a"),
             to: Holder::new("b"),
             ttl_ms: 100,
         };
-        assert_eq!(s.apply_at(t0, &moved).unwrap(), Answer::Transferred(true));
+        assert_eq!(s.apply_at(t0, moved).unwrap(), Answer::Transferred(true));
         let Answer::Lease(Some(lease)) = s
-            .apply_at(at(t0, 40), &Call::Lease { key: "k".into() })
+            .apply_at(at(t0, 40), Call::Lease { key: "k".into() })
             .unwrap()
         else {
             panic!("no lease")
         };
         assert_eq!((lease.owner.as_str(), lease.ttl_ms), ("b", Some(60)));
         assert!(lease.token.unwrap() > first);
-        let after_expiry = token(s.apply_at(at(t0, 100), &acquire("k", "c", 100)).unwrap());
+        let after_expiry = token(s.apply_at(at(t0, 100), acquire("k", "c", 100)).unwrap());
         assert!(after_expiry > lease.token.unwrap());
     }
 
@@ -380,12 +445,12 @@ mod tests {
             ttl_ms: 100,
             fenced: false,
         };
-        assert_eq!(granted(s.apply_at(t0, &plain("a")).unwrap()).token, None);
-        let fenced = granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).token;
+        assert_eq!(granted(s.apply_at(t0, plain("a")).unwrap()).token, None);
+        let fenced = granted(s.apply_at(t0, acquire("k", "a", 100)).unwrap()).token;
         assert!(fenced.is_some());
         // A plain refresh keeps the token (and does not tell it); the fenced one still finds it.
-        assert_eq!(granted(s.apply_at(t0, &plain("a")).unwrap()).token, None);
-        let again = granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).token;
+        assert_eq!(granted(s.apply_at(t0, plain("a")).unwrap()).token, None);
+        let again = granted(s.apply_at(t0, acquire("k", "a", 100)).unwrap()).token;
         assert_eq!(again, fenced);
     }
 
@@ -400,13 +465,13 @@ mod tests {
             ttl_ms: 100,
             fenced: false,
         };
-        assert!(granted(s.apply_at(t0, &claim(run("1"))).unwrap()).acquired);
-        let other_run = granted(s.apply_at(t0, &claim(run("2"))).unwrap());
+        assert!(granted(s.apply_at(t0, claim(run("1"))).unwrap()).acquired);
+        let other_run = granted(s.apply_at(t0, claim(run("2"))).unwrap());
         assert_eq!(
             (other_run.acquired, other_run.owner.as_deref()),
             (false, Some("o"))
         );
-        let no_metadata = granted(s.apply_at(t0, &claim(Holder::new("o"))).unwrap());
+        let no_metadata = granted(s.apply_at(t0, claim(Holder::new("o"))).unwrap());
         assert!(!no_metadata.acquired);
         let renew = |holder| Call::Renew {
             key: "k".into(),
@@ -414,11 +479,11 @@ mod tests {
             ttl_ms: 100,
         };
         assert_eq!(
-            s.apply_at(t0, &renew(run("2"))).unwrap(),
+            s.apply_at(t0, renew(run("2"))).unwrap(),
             Answer::Renewed(false)
         );
         assert_eq!(
-            s.apply_at(t0, &renew(run("1"))).unwrap(),
+            s.apply_at(t0, renew(run("1"))).unwrap(),
             Answer::Renewed(true)
         );
         let release = |holder| Call::Release {
@@ -426,7 +491,7 @@ mod tests {
             holder,
         };
         assert_eq!(
-            s.apply_at(t0, &release(run("2"))).unwrap(),
+            s.apply_at(t0, release(run("2"))).unwrap(),
             Answer::Released(false)
         );
         let moved = Call::Transfer {
@@ -435,15 +500,15 @@ mod tests {
             to: Holder::with("p", "3"),
             ttl_ms: 100,
         };
-        assert_eq!(s.apply_at(t0, &moved).unwrap(), Answer::Transferred(true));
-        let record = s.apply_at(t0, &Call::Record { key: "k".into() }).unwrap();
+        assert_eq!(s.apply_at(t0, moved).unwrap(), Answer::Transferred(true));
+        let record = s.apply_at(t0, Call::Record { key: "k".into() }).unwrap();
         assert_eq!(record, Answer::Record(Some(Holder::with("p", "3"))));
         assert_eq!(
-            s.apply_at(t0, &release(Holder::new("p"))).unwrap(),
+            s.apply_at(t0, release(Holder::new("p"))).unwrap(),
             Answer::Released(false)
         );
         assert_eq!(
-            s.apply_at(t0, &release(Holder::with("p", "3"))).unwrap(),
+            s.apply_at(t0, release(Holder::with("p", "3"))).unwrap(),
             Answer::Released(true)
         );
     }
@@ -452,18 +517,18 @@ mod tests {
     fn a_lease_is_free_again_exactly_when_its_ttl_runs_out() {
         let s = MemoryStore::default();
         let t0 = Instant::now();
-        assert!(granted(s.apply_at(t0, &acquire("k", "a", 100)).unwrap()).acquired);
-        let lost = granted(s.apply_at(at(t0, 99), &acquire("k", "b", 100)).unwrap());
+        assert!(granted(s.apply_at(t0, acquire("k", "a", 100)).unwrap()).acquired);
+        let lost = granted(s.apply_at(at(t0, 99), acquire("k", "b", 100)).unwrap());
         assert_eq!((lost.acquired, lost.owner.as_deref()), (false, Some("a")));
-        assert!(granted(s.apply_at(at(t0, 100), &acquire("k", "b", 100)).unwrap()).acquired);
+        assert!(granted(s.apply_at(at(t0, 100), acquire("k", "b", 100)).unwrap()).acquired);
     }
 
     #[test]
     fn renew_after_expiry_returns_false_and_does_not_resurrect_the_lease() {
         let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.apply_at(t0, &acquire("k", "a", 50)).unwrap();
-        let renewed = s.apply_at(at(t0, 50), &renew("k", "a", 1000)).unwrap();
+        s.apply_at(t0, acquire("k", "a", 50)).unwrap();
+        let renewed = s.apply_at(at(t0, 50), renew("k", "a", 1000)).unwrap();
         assert_eq!(renewed, Answer::Renewed(false));
         assert_eq!(holder(&s, at(t0, 51), "k"), None);
     }
@@ -478,10 +543,10 @@ mod tests {
             to: Holder::new("b"),
             ttl_ms: 100,
         };
-        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
-        let by_stranger = s.apply_at(at(t0, 10), &transfer("x")).unwrap();
+        s.apply_at(t0, acquire("k", "a", 100)).unwrap();
+        let by_stranger = s.apply_at(at(t0, 10), transfer("x")).unwrap();
         assert_eq!(by_stranger, Answer::Transferred(false));
-        let by_holder = s.apply_at(at(t0, 90), &transfer("a")).unwrap();
+        let by_holder = s.apply_at(at(t0, 90), transfer("a")).unwrap();
         assert_eq!(by_holder, Answer::Transferred(true));
         assert_eq!(holder(&s, at(t0, 180), "k").as_deref(), Some("b"));
         assert_eq!(holder(&s, at(t0, 190), "k"), None);
@@ -495,14 +560,14 @@ mod tests {
             key: "k".into(),
             holder: Holder::new(owner),
         };
-        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
+        s.apply_at(t0, acquire("k", "a", 100)).unwrap();
         assert_eq!(
-            s.apply_at(t0, &release("b")).unwrap(),
+            s.apply_at(t0, release("b")).unwrap(),
             Answer::Released(false)
         );
         assert_eq!(holder(&s, t0, "k").as_deref(), Some("a"));
         assert_eq!(
-            s.apply_at(t0, &release("a")).unwrap(),
+            s.apply_at(t0, release("a")).unwrap(),
             Answer::Released(true)
         );
         assert_eq!(holder(&s, t0, "k"), None);
@@ -512,10 +577,10 @@ mod tests {
     fn bad_input_is_rejected_and_leaves_the_holder_in_place() {
         let s = MemoryStore::default();
         let t0 = Instant::now();
-        s.apply_at(t0, &acquire("k", "a", 100)).unwrap();
-        assert!(s.apply_at(t0, &renew("k", "a", 0)).is_err());
-        assert!(s.apply_at(t0, &acquire("k", "", 100)).is_err());
-        assert!(s.apply_at(t0, &acquire("", "b", 100)).is_err());
+        s.apply_at(t0, acquire("k", "a", 100)).unwrap();
+        assert!(s.apply_at(t0, renew("k", "a", 0)).is_err());
+        assert!(s.apply_at(t0, acquire("k", "", 100)).is_err());
+        assert!(s.apply_at(t0, acquire("", "b", 100)).is_err());
         assert_eq!(holder(&s, at(t0, 99), "k").as_deref(), Some("a"));
     }
 
@@ -524,18 +589,40 @@ mod tests {
         let s = MemoryStore::default();
         let t0 = Instant::now();
         for i in 0..10_000 {
-            s.apply_at(t0, &acquire(&format!("k{i}"), "a", 10)).unwrap();
+            s.apply_at(t0, acquire(&format!("k{i}"), "a", 10)).unwrap();
         }
         assert_eq!(s.resident(), 10_000);
-        while s.lock().reclaim(at(t0, 10), 1000) > 0 {}
+        while s.table().reclaim(at(t0, 10), 1000) > 0 {}
         assert_eq!(s.resident(), 0);
 
-        s.apply_at(t0, &acquire("held", "a", 1_000_000)).unwrap();
+        s.apply_at(t0, acquire("held", "a", 1_000_000)).unwrap();
         for i in 0..100_000 {
-            s.apply_at(at(t0, i), &renew("held", "a", 1_000_000))
+            s.apply_at(at(t0, i), renew("held", "a", 1_000_000))
                 .unwrap();
         }
-        let one_lease_bound = 2 + 1024 + 1;
-        assert!(s.lock().deadlines.len() <= one_lease_bound);
+        assert_eq!(
+            s.table().deadlines.len(),
+            1,
+            "a renewal that extends queues nothing"
+        );
+    }
+
+    #[test]
+    fn a_lease_renewed_shorter_is_swept_at_its_new_expiry_and_one_renewed_longer_lives_on() {
+        let s = MemoryStore::default();
+        let t0 = Instant::now();
+        s.apply_at(t0, acquire("short", "a", 1_000)).unwrap();
+        s.apply_at(t0, acquire("long", "a", 10)).unwrap();
+        s.apply_at(t0, renew("short", "a", 10)).unwrap();
+        s.apply_at(t0, renew("long", "a", 1_000)).unwrap();
+        while s.reclaim_expired_at(at(t0, 10), 64) > 0 {}
+        assert_eq!(holder(&s, at(t0, 10), "long").as_deref(), Some("a"));
+        assert_eq!(
+            s.resident(),
+            1,
+            "the shortened lease is gone, the extended one is not"
+        );
+        while s.reclaim_expired_at(at(t0, 1_000), 64) > 0 {}
+        assert_eq!(s.resident(), 0);
     }
 }

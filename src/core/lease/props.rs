@@ -340,7 +340,7 @@ proptest! {
                     store.reclaim_expired_at(at, *budget);
                 }
                 Step::Call(call) => {
-                    let got = store.apply_at(at, call);
+                    let got = store.apply_at(at, call.clone());
                     let want = model.apply(call, now);
                     prop_assert_eq!(got.ok(), Some(want), "step {} {:?} at {} ms", i, call, now);
                 }
@@ -349,7 +349,7 @@ proptest! {
                         // "f…" sorts before every shared key, so at one deadline a burst's
                         // entries come out of the heap first and use up the budget.
                         let call = Call::Acquire { key: format!("f{n}"), holder: Holder::new("a"), ttl_ms: *ttl, fenced: n % 2 == 0 };
-                        prop_assert_eq!(store.apply_at(at, &call).ok(), Some(model.apply(&call, now)));
+                        prop_assert_eq!(store.apply_at(at, call.clone()).ok(), Some(model.apply(&call, now)));
                     }
                 }
             }
@@ -362,7 +362,7 @@ proptest! {
         while store.reclaim_expired_at(end, 64) > 0 {}
         prop_assert_eq!(store.resident(), model.live_count(now));
         for key in KEYS.iter().copied().chain(["f0", "f79"]) {
-            let got = store.apply_at(end, &Call::Owner { key: key.into() }).ok();
+            let got = store.apply_at(end, Call::Owner { key: key.into() }).ok();
             prop_assert_eq!(got, Some(Answer::Owner(model.live(key, now).map(|h| h.owner.clone()))));
         }
     }
@@ -395,14 +395,14 @@ proptest! {
         let store = MemoryStore::new(limits);
         let t0 = Instant::now();
         let held = Call::Acquire { key: HELD_KEY.into(), holder: Holder::new(HOLDER), ttl_ms: 1, fenced: true };
-        prop_assert!(store.apply_at(t0, &held).is_ok());
-        prop_assert!(store.apply_at(t0, &call).is_err());
+        prop_assert!(store.apply_at(t0, held).is_ok());
+        prop_assert!(store.apply_at(t0, call).is_err());
         prop_assert_eq!(store.resident(), 1);
         // Still held at the same deadline: not released, renewed, transferred or replaced.
-        let owner = store.apply_at(t0, &Call::Owner { key: HELD_KEY.into() }).ok();
+        let owner = store.apply_at(t0, Call::Owner { key: HELD_KEY.into() }).ok();
         prop_assert_eq!(owner, Some(Answer::Owner(Some(HOLDER.into()))));
         let later = t0 + Duration::from_millis(1);
-        let owner = store.apply_at(later, &Call::Owner { key: HELD_KEY.into() }).ok();
+        let owner = store.apply_at(later, Call::Owner { key: HELD_KEY.into() }).ok();
         prop_assert_eq!(owner, Some(Answer::Owner(None)));
     }
 

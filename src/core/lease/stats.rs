@@ -1,7 +1,9 @@
 //! What a provider's lease calls came to since it was made: calls per operation, errors per
 //! code, grants, refusals and renewals that found the lease lost. For a health endpoint that
-//! has no OpenTelemetry; counting costs a few relaxed atomic adds per call.
+//! has no OpenTelemetry; counting costs a few adds per call (relaxed atomic ones where the
+//! calls are answered on another thread than the one reading the counters).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -40,13 +42,40 @@ impl Operation {
     }
 }
 
+/// One counter: an `AtomicU64` for a provider whose calls are answered on the runtime's
+/// threads, a `Cell` for one whose calls are all made and answered on one thread.
+pub trait Counter: Default {
+    fn add_one(&self);
+    fn get(&self) -> u64;
+}
+
+impl Counter for AtomicU64 {
+    fn add_one(&self) {
+        self.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
+}
+
+impl Counter for Cell<u64> {
+    fn add_one(&self) {
+        self.set(self.get() + 1);
+    }
+
+    fn get(&self) -> u64 {
+        Cell::get(self)
+    }
+}
+
 /// The counters of one provider.
 #[derive(Debug, Default)]
-pub struct Stats {
-    calls: [AtomicU64; OPERATIONS],
-    granted: AtomicU64,
-    refused: AtomicU64,
-    lost: AtomicU64,
+pub struct Stats<C: Counter = AtomicU64> {
+    calls: [C; OPERATIONS],
+    granted: C,
+    refused: C,
+    lost: C,
     /// Calls that rejected, per error code, in the order the codes first came.
     errors: Mutex<Vec<(&'static str, u64)>>,
 }
@@ -66,10 +95,10 @@ pub struct Snapshot {
     pub errors: Vec<(&'static str, u64)>,
 }
 
-impl Stats {
+impl<C: Counter> Stats<C> {
     /// Counts one call of `operation` and how it ended.
     pub fn record(&self, operation: Operation, outcome: Result<&Answer, &Error>) {
-        self.calls[operation as usize].fetch_add(1, Ordering::Relaxed);
+        self.calls[operation as usize].add_one();
         let counter = match outcome {
             Ok(Answer::Grant(grant)) if grant.acquired => &self.granted,
             Ok(Answer::Grant(_)) => &self.refused,
@@ -86,16 +115,16 @@ impl Stats {
                 return;
             }
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.add_one();
     }
 
     /// The counters now.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            calls: std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed)),
-            granted: self.granted.load(Ordering::Relaxed),
-            refused: self.refused.load(Ordering::Relaxed),
-            lost: self.lost.load(Ordering::Relaxed),
+            calls: std::array::from_fn(|i| self.calls[i].get()),
+            granted: self.granted.get(),
+            refused: self.refused.get(),
+            lost: self.lost.get(),
             errors: lock(&self.errors).clone(),
         }
     }
@@ -107,8 +136,12 @@ mod tests {
     use crate::core::lease::Grant;
 
     #[test]
-    fn every_call_is_counted_once_with_how_it_ended() {
-        let stats = Stats::default();
+    fn every_call_is_counted_once_with_how_it_ended_by_either_kind_of_counter() {
+        assert_counts(&Stats::<AtomicU64>::default());
+        assert_counts(&Stats::<Cell<u64>>::default());
+    }
+
+    fn assert_counts<C: Counter>(stats: &Stats<C>) {
         let grant = |acquired| {
             Answer::Grant(Grant {
                 acquired,

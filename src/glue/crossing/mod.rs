@@ -28,7 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use queue::{Answers, Queue};
-pub use tsfn::{JsCallback, Tsfn};
+pub use tsfn::JsCallback;
+use tsfn::Tsfn;
 
 use super::js::{self, Deferred, Env, Value};
 use super::reply::{to_js, Outcome};
