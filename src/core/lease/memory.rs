@@ -11,6 +11,7 @@
 use std::cell::{RefCell, RefMut};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,7 +52,8 @@ struct Lease {
     holder: Holder,
     expires: Instant,
     /// Its fencing token: taken by the first fenced grant, kept by refreshes and renewals.
-    token: Option<u64>,
+    /// Tokens start at 1, so `None` costs no room.
+    token: Option<NonZeroU64>,
     /// The deadline its entry in `deadlines` has: never later than `expires`, so a sweep
     /// finds it once expired. A renewal that moves `expires` later leaves it (the entry is
     /// moved when it comes up); one that moves it earlier adds an entry.
@@ -132,7 +134,7 @@ impl MemoryStore {
             }
             Call::Lease { key } => Answer::Lease(table.live(&key, now).map(|l| super::Lease {
                 owner: l.holder.owner.clone(),
-                token: l.token,
+                token: l.token.map(NonZeroU64::get),
                 ttl_ms: Some(
                     u64::try_from(l.expires.duration_since(now).as_millis()).unwrap_or(u64::MAX),
                 ),
@@ -226,7 +228,7 @@ impl Table {
         Grant {
             acquired: true,
             owner: Some(owner),
-            token: token.filter(|_| fenced),
+            token: token.filter(|_| fenced).map(NonZeroU64::get),
             fenced,
         }
     }
@@ -350,9 +352,9 @@ impl Table {
 }
 
 /// The token after `last`, which becomes the last.
-fn next_token(last: &mut u64) -> u64 {
-    *last += 1;
-    *last
+fn next_token(last: &mut u64) -> NonZeroU64 {
+    *last = last.saturating_add(1);
+    NonZeroU64::new(*last).unwrap_or(NonZeroU64::MAX)
 }
 
 /// Below this many slots a table is not worth shrinking.
