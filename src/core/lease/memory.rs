@@ -284,7 +284,7 @@ impl Table {
         }
     }
 
-    fn live(&mut self, key: &str, now: Instant) -> Option<&Lease> {
+    fn live(&self, key: &str, now: Instant) -> Option<&Lease> {
         self.leases.get(key).filter(|lease| lease.is_live(now))
     }
 
