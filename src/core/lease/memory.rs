@@ -187,7 +187,8 @@ impl Table {
             EntryRef::Occupied(mut entry) => {
                 let lease = entry.get_mut();
                 let live = lease.is_live(now);
-                if live && lease.holder != holder {
+                let same = lease.holder == holder;
+                if live && !same {
                     return Grant {
                         acquired: false,
                         owner: Some(lease.holder.owner.clone()),
@@ -197,7 +198,7 @@ impl Table {
                 }
                 // A refresh keeps its token and its holder (the call's is the same, and
                 // becomes the answer); a claim of an expired lease starts afresh.
-                let owner = if lease.holder == holder {
+                let owner = if same {
                     holder.owner
                 } else {
                     let owner = holder.owner.clone();
