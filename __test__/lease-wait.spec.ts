@@ -14,7 +14,7 @@ import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub,
 import { expectRejection, pending, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { keysOnEveryMaster, startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
@@ -421,17 +421,8 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on a Redis Cluster', () => {
     const options = { cluster: { nodes: cluster.urls }, keyPrefix: `wait-cluster:${RUN}` }
     const holder = closing(new RedisLeaseProvider(options))
     const waiter = closing(new RedisLeaseProvider(options))
-    // Four keys on each master (fresh keys fall on a master by chance: draw until each has four).
-    const keys: string[] = []
-    const onMaster = new Map<number, number>()
-    while (keys.length < 12) {
-      const key = newKey()
-      const port = (await cluster.masterOfSlot(await cluster.keySlot(`wait-cluster:${RUN}:lease:${key}`))).port
-      if ((onMaster.get(port) ?? 0) >= 4) continue
-      onMaster.set(port, (onMaster.get(port) ?? 0) + 1)
-      keys.push(key)
-    }
-    expect(onMaster.size).toBe(3) // the keys span every master
+    const { keys, masters } = await keysOnEveryMaster(cluster, 4, newKey, (key) => `wait-cluster:${RUN}:lease:${key}`)
+    expect(masters).toBe(3) // the keys span every master
     await Promise.all(keys.map((key) => holder.acquireLease(key, 'A', 60_000)))
     const waits = keys.map((key) => pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true })))
     await sleep(300)

@@ -14,7 +14,7 @@ import { CollectingLogger, expectRejection, pending, sleep } from './helpers/lea
 import { ev, Inbox, recordingLogger } from './helpers/streams.js'
 import { closing, leaseSuite, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis } from './helpers/redis-server.js'
-import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { keysOnEveryMaster, startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 
 leaseSuite()
 
@@ -150,9 +150,8 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on a Redis Cluster without shard channe
     const options = { cluster: { nodes: cluster.urls, username: 'classic', password: 'pw' }, keyPrefix: prefix }
     const holder = closing(new RedisLeaseProvider(options))
     const waiter = closing(new RedisLeaseProvider({ ...options, logger }))
-    const keys = Array.from({ length: 12 }, newKey)
-    const masters = new Set(await Promise.all(keys.map(async (key) => (await cluster.masterOfSlot(await cluster.keySlot(`${prefix}:lease:${key}`))).port)))
-    expect(masters.size).toBe(3) // the keys span every master
+    const { keys, masters } = await keysOnEveryMaster(cluster, 4, newKey, (key) => `${prefix}:lease:${key}`)
+    expect(masters).toBe(3) // the keys span every master
     await Promise.all(keys.map((key) => holder.acquireLease(key, 'A', 60_000)))
     const waits = keys.map((key) => pending(waiter.hold(key, 'B', { ttlMs: 5_000, wait: true })))
     await sleep(300)

@@ -76,6 +76,31 @@ export interface RedisCluster {
 
 type ClusterMember = RedisProcess & { busPort: number; id: string }
 
+/**
+ * `perMaster` fresh keys (drawn by `newKey`) on each master, and how many masters that is.
+ * Fresh keys fall on a master by chance (twelve drawn at once miss one of three masters about
+ * once in 40 runs), so this draws until every master has its share. `stored(key)` is the name
+ * the key has in Redis, whose slot decides.
+ */
+export async function keysOnEveryMaster(
+  cluster: RedisCluster,
+  perMaster: number,
+  newKey: () => string,
+  stored: (key: string) => string,
+): Promise<{ keys: string[]; masters: number }> {
+  const masters = (await cluster.masters()).length
+  const keys: string[] = []
+  const onMaster = new Map<number, number>()
+  while (keys.length < perMaster * masters) {
+    const key = newKey()
+    const port = (await cluster.masterOfSlot(await cluster.keySlot(stored(key)))).port
+    if ((onMaster.get(port) ?? 0) >= perMaster) continue
+    onMaster.set(port, (onMaster.get(port) ?? 0) + 1)
+    keys.push(key)
+  }
+  return { keys, masters: onMaster.size }
+}
+
 export async function startCluster(opts: ClusterOptions = {}): Promise<RedisCluster> {
   const masters = opts.masters ?? 3
   const replicasPerMaster = opts.replicasPerMaster ?? 1
