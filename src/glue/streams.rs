@@ -56,8 +56,12 @@ struct Open {
     /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
     /// write in call order (Mastra publishes without awaiting and relies on that order).
     publishes_queued: Arc<Queue<Publish>>,
+    /// Each ack, nack and extend holds a read guard from the moment JavaScript makes it until
+    /// the core has sent it (or handed it to its background retries, which `close` waits
+    /// for in the core): `flush` and `close` take the write side, as for publishes.
+    settling: Arc<tokio::sync::RwLock<()>>,
     /// Acks made in this turn of JavaScript: they leave together, one XACK per consumer.
-    acks: Arc<Queue<Delivery>>,
+    acks: Arc<Queue<Settling<Delivery>>>,
     /// Nacks and extends made in this turn of JavaScript: they leave together and run
     /// concurrently, their commands sharing the connection's pipeline.
     settles: Arc<Queue<BoxFuture<'static, ()>>>,
@@ -84,10 +88,16 @@ impl Open {
         });
         // Acks resolve whatever happened: one that could not land is retried in the
         // background, and a panic is a bug, reported as one on stderr.
-        let acks = Queue::new(&crossing, |deliveries: Vec<Delivery>, answers| async move {
-            let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
-            answers.answer_in_order(deliveries.iter().map(|_| Ok(Reply::Undefined)));
-        });
+        let acks = Queue::new(
+            &crossing,
+            |batch: Vec<Settling<Delivery>>, answers| async move {
+                let (deliveries, guards): (Vec<_>, Vec<_>) =
+                    batch.into_iter().map(|s| (s.work, s.guard)).unzip();
+                let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
+                answers.answer_in_order(deliveries.iter().map(|_| Ok(Reply::Undefined)));
+                drop(guards);
+            },
+        );
         let settles = Queue::new(
             &crossing,
             |work: Vec<BoxFuture<'static, ()>>, answers| async move {
@@ -107,6 +117,7 @@ impl Open {
             subscriptions: Mutex::new(HashMap::new()),
             publishes: Arc::new(tokio::sync::RwLock::new(())),
             publishes_queued,
+            settling: Arc::new(tokio::sync::RwLock::new(())),
             acks,
             settles,
         })
@@ -114,6 +125,13 @@ impl Open {
 }
 
 impl Open {
+    /// `work` with its hold on `settling`: unavailable only while a flush or close is
+    /// waiting, and a settle made after it need not be waited for.
+    fn settling<T>(&self, work: T) -> Settling<T> {
+        let guard = self.settling.clone().try_read_owned().ok();
+        Settling { work, guard }
+    }
+
     /// Whether the subscription numbered `id` is still this transport's: subscribed, and
     /// neither unsubscribed nor stopped by `close`.
     fn serves(&self, id: u64) -> bool {
@@ -126,6 +144,12 @@ impl Open {
 struct Running {
     stop: oneshot::Sender<()>,
     done: oneshot::Receiver<()>,
+}
+
+/// An ack, nack or extend on its way, with its hold on `settling`.
+struct Settling<T> {
+    work: T,
+    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
 }
 
 /// A publish on its way: the topic, the stamped event, and its hold on `publishes`.
@@ -335,7 +359,7 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        unknown(env, open.acks.push(raw, delivery))
+        unknown(env, open.acks.push(raw, open.settling(delivery)))
     }
 
     /// Rejects a delivery: redelivered with `deliveryAttempt + 1`, or dropped with a warning
@@ -456,11 +480,15 @@ impl RedisStreamsTransport {
         })
     }
 
-    /// Resolves once every publish made so far has settled.
+    /// Resolves once every publish made so far has settled, and every ack, nack and extend
+    /// has been sent (one that could not reach Redis goes on being retried in the background).
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn flush<'env>(&self, env: &'env Env) -> Unknown<'env> {
         self.run(env, |open| async move {
-            drop(open.publishes.write().await);
+            drop(futures::join!(
+                open.publishes.write(),
+                open.settling.write()
+            ));
             open.pubsub.flush().await;
             Ok(Reply::Undefined)
         })
@@ -524,10 +552,11 @@ impl RedisStreamsTransport {
         })
     }
 
-    /// Stops every subscription, drains publishes and closes every connection; later calls
-    /// reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). When it
-    /// resolves, no read of this transport is left that could take an entry. Idempotent,
-    /// bounded by the block and command timeouts.
+    /// Stops every subscription, drains publishes, acks and nacks (each made before this has
+    /// reached Redis when it resolves, or failed for good and been logged) and closes every
+    /// connection; later calls reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing
+    /// nothing). When it resolves, no read of this transport is left that could take an
+    /// entry. Idempotent, bounded by the block and command timeouts.
     #[napi(catch_unwind, ts_return_type = "Promise<void>")]
     pub fn close<'env>(&mut self, env: &'env Env) -> Unknown<'env> {
         let Some(open) = self.open.take() else {
@@ -545,11 +574,16 @@ impl RedisStreamsTransport {
             env,
             crossing.run(env.raw(), async move {
                 // Each subscription stops as an unsubscribe does (its reader interrupted, what
-                // it read handed back) while the connection is still open; publishes are
-                // bounded by the command timeout. So these waits are bounded too.
-                let (_, publishes) =
-                    futures::join!(futures::future::join_all(stopped), open.publishes.write());
-                drop(publishes);
+                // it read handed back) while the connection is still open; publishes and
+                // settles made before this are bounded by the command timeout. So these waits
+                // are bounded too, and every ack and nack made before this reaches the core
+                // before it closes.
+                let (_, publishes, settling) = futures::join!(
+                    futures::future::join_all(stopped),
+                    open.publishes.write(),
+                    open.settling.write()
+                );
+                drop((publishes, settling));
                 open.pubsub.close().await;
                 Ok(Reply::Undefined)
             }),
@@ -568,12 +602,14 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
+        let Settling { work, guard } = open.settling(work);
         let work = async move {
             let _ = guarded(async {
                 work(delivery).await;
                 Ok(())
             })
             .await;
+            drop(guard);
         };
         unknown(env, open.settles.push(raw, work.boxed()))
     }

@@ -184,7 +184,10 @@ export declare class RedisStreamsTransport {
    * Resolves once that is done, so the group's next entry goes to a remaining member.
    */
   unsubscribe(subscription: number): Promise<void>
-  /** Resolves once every publish made so far has settled. */
+  /**
+   * Resolves once every publish made so far has settled, and every ack, nack and extend
+   * has been sent (one that could not reach Redis goes on being retried in the background).
+   */
   flush(): Promise<void>
   /** Deletes the topic's stream; never rejects for Redis' sake (failures go to the log). */
   clearTopic(topic: string): Promise<void>
@@ -196,8 +199,10 @@ export declare class RedisStreamsTransport {
    */
   trimTopic(topic: string, runId: string, producedBefore?: number | undefined | null): Promise<void>
   /**
-   * Stops every subscription, drains publishes and closes every connection; later calls
-   * reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing nothing). When it
+   * Stops every subscription, drains publishes, acks and nacks (each made before this has
+   * reached Redis when it resolves, or failed for good and been logged) and closes every
+   * connection; later calls reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing
+   * nothing). When it
    * resolves, no read of this transport is left that could take an entry. Idempotent,
    * bounded by the block and command timeouts.
    */

@@ -169,7 +169,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   }
 
   /**
-   * Resolves once every publish made so far has settled, and every `localOnly` redelivery
+   * Resolves once every publish, ack and nack made so far has reached Redis (a settle that
+   * cannot goes on being retried in the background), and every `localOnly` redelivery
    * already scheduled has been handed to its subscriber.
    */
   async flush(): Promise<void> {
@@ -196,7 +197,12 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     })
   }
 
-  /** Stops every subscription, drains publishes, closes the leases. Idempotent. */
+  /**
+   * Stops every subscription, closes the leases and every connection. Every publish, ack and
+   * nack made before it (in the same turn too, unawaited) has reached Redis when it resolves,
+   * or failed for good and been logged; events still held stay pending for a sibling.
+   * Idempotent.
+   */
   async close(): Promise<void> {
     this.subscriptions.clear()
     this.byId.clear()

@@ -237,6 +237,8 @@ impl StreamsPubSub {
                 writer,
                 options,
                 closed: AtomicBool::new(false),
+                closing: tokio::sync::watch::Sender::new(false),
+                settling: tokio::sync::watch::Sender::new(0),
                 publishes: tokio::sync::RwLock::new(()),
                 readers: tokio::sync::RwLock::new(()),
                 consumers: Mutex::new(HashMap::new()),
@@ -372,31 +374,42 @@ impl StreamsPubSub {
         Ok(())
     }
 
-    /// Stops every reader, waits for publishes in flight, and closes every connection; takes
-    /// no more publishes or subscriptions. Each blocking read is interrupted (`CLIENT
-    /// UNBLOCK`), so when this returns no read of this pubsub is left that could take an
-    /// entry: what is published next goes to a live consumer. Where the server refuses
-    /// `CLIENT ID` or `CLIENT UNBLOCK`, a read is waited for instead (within BLOCK). Entries a
-    /// read took meanwhile, never handed out, go back to the group. Deliveries still held stay
-    /// pending in Redis, for a sibling to reclaim after `reclaimIdleMs`; acking or nacking
-    /// them afterwards does nothing. Idempotent; bounded by the block and command timeouts
-    /// even while Redis is down.
+    /// Stops every reader, waits for the publishes and settles in flight, and closes every
+    /// connection; takes no more publishes or subscriptions. Each blocking read is
+    /// interrupted (`CLIENT UNBLOCK`), so when this returns no read of this pubsub is left
+    /// that could take an entry: what is published next goes to a live consumer. Where the
+    /// server refuses `CLIENT ID` or `CLIENT UNBLOCK`, a read is waited for instead (within
+    /// BLOCK). Entries a read took meanwhile, never handed out, go back to the group. Every ack
+    /// and nack begun before this has reached Redis when it returns, or failed for good and
+    /// been reported (one that was retrying in the background is sent once more at once).
+    /// Deliveries still held stay pending in Redis, for a sibling to reclaim after
+    /// `reclaimIdleMs`; acking or nacking them afterwards does nothing. Idempotent; bounded
+    /// by the block and command timeouts even while Redis is down.
     pub async fn close(&self) {
         let shared = &self.shared;
         if !shared.closed.swap(true, Ordering::AcqRel) {
+            shared.closing.send_replace(true);
             let consumers: Vec<_> = shared.consumers().values().cloned().collect();
             let stops = consumers.iter().map(|consumer| consumer.stop_all(shared));
             futures::join!(
                 futures::future::join_all(stops),
                 shared.fanout.stop_all(shared)
             );
+            let timeout = shared.options.connection.command_timeout;
             // Readers an unsubscribe (or a dropped subscription) was stopping meanwhile, and
             // what their subscriptions hand back, end too before the connection closes.
             let bound = shared
                 .options
                 .block
-                .saturating_add(shared.options.connection.command_timeout.saturating_mul(2));
+                .saturating_add(timeout.saturating_mul(2));
             let _ = tokio::time::timeout(bound, shared.readers.write()).await;
+            // A settle's send is bounded by the command timeout, and one retrying makes its
+            // last attempt now: two sends at most.
+            let mut settling = shared.settling.subscribe();
+            let bound = timeout
+                .saturating_mul(2)
+                .saturating_add(Duration::from_millis(100));
+            let _ = tokio::time::timeout(bound, settling.wait_for(|n| *n == 0)).await;
             self.flush().await;
             shared.writer.close();
             shared.deliveries().clear();
@@ -455,6 +468,12 @@ pub(crate) struct Shared {
     /// As constructed: the tasks read their settings here.
     pub options: StreamsOptions,
     pub closed: AtomicBool,
+    /// Turns true when `close` begins: settles retrying in the background make their last
+    /// attempt at once.
+    pub closing: tokio::sync::watch::Sender<bool>,
+    /// How many settles are on their way to Redis (`settle::OnItsWay`): `close` waits for
+    /// none to be left before the connection goes.
+    pub settling: tokio::sync::watch::Sender<usize>,
     /// Publishes hold it shared while in flight; flush takes it exclusively.
     publishes: tokio::sync::RwLock<()>,
     /// Group readers hold it shared while they may read, and leaving subscriptions while

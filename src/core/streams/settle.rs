@@ -48,8 +48,9 @@ pub(super) async fn settle(shared: &Arc<Shared>, state: &Arc<State>, outcome: Se
 }
 
 /// Runs a settle [`State::begin`] claimed, and ends the hold once it landed; a transport
-/// failure hands it to the background.
+/// failure hands it to the background. `close` waits for it either way.
 pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
+    let on_its_way = OnItsWay::new(shared);
     // Fan-out subscribers of this process share a read: once one of them redelivered the
     // event, it reaches all of them again, so the others' nacks add nothing.
     if let (Origin::Fanout { nacked, .. }, Settle::Nack | Settle::Expire) = (&state.origin, outcome)
@@ -86,7 +87,25 @@ pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: 
             finish(shared, state);
             Settled::Closed
         }
-        Err(err) => retry_later(shared, state, outcome, &err),
+        Err(err) => retry_later(shared, state, outcome, &err, on_its_way),
+    }
+}
+
+/// A settle on its way to Redis, its first send or its retries: `close` waits until none is
+/// left (within a bound), so what a caller settled before closing lands before the
+/// connection goes.
+pub(super) struct OnItsWay(Arc<Shared>);
+
+impl OnItsWay {
+    pub(super) fn new(shared: &Arc<Shared>) -> Self {
+        shared.settling.send_modify(|n| *n += 1);
+        Self(Arc::clone(shared))
+    }
+}
+
+impl Drop for OnItsWay {
+    fn drop(&mut self) {
+        self.0.settling.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -104,43 +123,43 @@ pub(super) fn finish(shared: &Shared, state: &State) {
 static SETTLE_FAILURES: LazyLock<Throttle> = LazyLock::new(Throttle::default);
 
 /// Reports a settle that could not reach Redis and sends it again in the background, with
-/// backoff, until it lands or the pubsub closes. The entry stays held (and kept claimed)
-/// meanwhile, so no sibling reclaims an event whose handler has finished with it.
+/// backoff, until it lands. The entry stays held (and kept claimed) meanwhile, so no sibling
+/// reclaims an event whose handler has finished with it. Once the pubsub closes it is sent
+/// one last time at once, and `close` waits for that (`on_its_way`); if that fails too, the
+/// entry stays pending for a sibling to reclaim, and a warning says so.
 pub(super) fn retry_later(
     shared: &Arc<Shared>,
     state: &Arc<State>,
     outcome: Settle,
     err: &Error,
+    on_its_way: OnItsWay,
 ) -> Settled {
     state.phase.store(RETRYING, Ordering::Release);
+    let fields = move |state: &State| -> Vec<(&'static str, Json)> {
+        vec![
+            ("topic", state.topic().into()),
+            ("entryId", state.entry_id.clone().into()),
+            ("settle", format!("{outcome:?}").to_lowercase().into()),
+        ]
+    };
     shared.throttled(
         &SETTLE_FAILURES,
         "could not settle an event; retrying in the background (it stays claimed meanwhile)",
         Some(err),
-        &[
-            ("topic", state.topic().into()),
-            ("entryId", state.entry_id.clone().into()),
-            ("settle", format!("{outcome:?}").to_lowercase().into()),
-        ],
+        &fields(state),
     );
     let (shared, state) = (Arc::clone(shared), Arc::clone(state));
     let runtime = shared.runtime.clone();
     runtime.spawn(async move {
+        let _on_its_way = on_its_way;
+        let mut closing = shared.closing.subscribe();
         let mut delay = RETRY_MIN;
         loop {
-            tokio::time::sleep(delay).await;
+            let last = tokio::select! {
+                _ = tokio::time::sleep(delay) => shared.closed.load(Ordering::Acquire),
+                _ = closing.wait_for(|closing| *closing) => true,
+            };
             delay = (delay * 2).min(RETRY_MAX);
-            if shared.closed.load(Ordering::Acquire) {
-                shared.notice(
-                    Level::Debug,
-                    "closed before a settle could land; the entry stays pending for a sibling",
-                    &[
-                        ("topic", state.topic().into()),
-                        ("entryId", state.entry_id.clone().into()),
-                    ],
-                );
-                return;
-            }
             match run(&shared, &state, outcome).await {
                 Ok(_) => {
                     state.phase.store(DONE, Ordering::Release);
@@ -148,10 +167,21 @@ pub(super) fn retry_later(
                     shared.notice(
                         Level::Debug,
                         "a settle that had failed landed",
-                        &[
-                            ("topic", state.topic().into()),
-                            ("entryId", state.entry_id.clone().into()),
-                        ],
+                        &fields(&state),
+                    );
+                    return;
+                }
+                Err(err) if last => {
+                    state.phase.store(DONE, Ordering::Release);
+                    finish(&shared, &state);
+                    let mut fields = fields(&state);
+                    fields.push(("code", err.code().into()));
+                    fields.push(("err", err.full_message().into()));
+                    shared.notice(
+                        Level::Warn,
+                        "closed before a settle could reach Redis; the entry stays pending, for \
+                         a sibling to reclaim after reclaimIdleMs",
+                        &fields,
                     );
                     return;
                 }
@@ -160,10 +190,7 @@ pub(super) fn retry_later(
                     "could not settle an event; retrying in the background (it stays claimed \
                      meanwhile)",
                     Some(&err),
-                    &[
-                        ("topic", state.topic().into()),
-                        ("entryId", state.entry_id.clone().into()),
-                    ],
+                    &fields(&state),
                 ),
             }
         }
@@ -367,6 +394,7 @@ impl Delivery {
         if shared.closed.load(Ordering::Acquire) {
             return vec![Settled::Closed; deliveries.len()];
         }
+        let _on_their_way = OnItsWay::new(&shared);
         // A group's entries go in its consumer's XACK; the rest (fan-out, which holds
         // nothing in Redis, or another pubsub's delivery) settle on their own.
         let mut xacks: Vec<(&Arc<Consumer>, Vec<usize>)> = Vec::new();
@@ -461,7 +489,9 @@ impl Delivery {
                         finish(&shared, state);
                         *settled
                     }
-                    Err(err) => retry_later(&shared, state, Settle::Ack, err),
+                    Err(err) => {
+                        retry_later(&shared, state, Settle::Ack, err, OnItsWay::new(&shared))
+                    }
                 };
             }
         }

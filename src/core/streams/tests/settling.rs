@@ -205,6 +205,38 @@ async fn a_settle_redis_refuses_is_retried_in_the_background_until_it_lands() {
 }
 
 #[tokio::test]
+async fn close_sends_a_settle_retrying_in_the_background_once_more_and_waits_for_it() {
+    let server = Server::start("streams-retry-close");
+    let (ps, logger) = with_logger(StreamsOptions {
+        connection: ConnectionOptions {
+            command_timeout: Duration::from_millis(500),
+            ..options(&server).connection
+        },
+        ..options(&server)
+    });
+    let mut sub = subscribe(&ps, "d", group("g", StartFrom::Earliest)).await;
+    publish(&ps, "d", ev(1)).await;
+    publish(&ps, "d", ev(2)).await;
+    let (landing, refused) = (next(&mut sub).await, next(&mut sub).await);
+    server.cli(&["ACL", "SETUSER", "default", "-xack", "-evalsha"]);
+    assert_eq!(landing.ack().await, Settled::Retrying);
+    assert_eq!(refused.nack().await, Settled::Retrying);
+    // Redis takes XACK again but not the nack's script: the ack lands in close's last send,
+    // before close returns; the nack fails for good, is reported, and stays pending.
+    server.cli(&["ACL", "SETUSER", "default", "+xack"]);
+    let started = std::time::Instant::now();
+    ps.close().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "close is bounded"
+    );
+    let pending_ids = server.cli(&["XPENDING", "t:d", "g", "-", "+", "10"]);
+    assert!(!pending_ids.contains(landing.entry_id()), "the ack landed");
+    assert!(pending_ids.contains(refused.entry_id()), "the nack did not");
+    assert!(logger.warned("closed before a settle could reach Redis"));
+}
+
+#[tokio::test]
 async fn ack_all_sends_one_xack_per_consumer() {
     let server = Server::start("streams-ackall");
     let (ps, _) = pubsub(&server);

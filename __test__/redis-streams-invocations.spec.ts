@@ -1,0 +1,165 @@
+// RedisStreamsPubSub as a serverless invocation uses it: construct, take work, settle it
+// without awaiting, close, exit. What an invocation settled before close() must reach Redis
+// before close() resolves: an ack still in flight when the process exits leaves the entry
+// pending, and a sibling runs the job again after reclaimIdleMs; a nack lost so is never
+// redelivered at all.
+import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
+
+import { spawn } from 'node:child_process'
+import path from 'node:path'
+
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
+import { NODE } from './helpers/mastra-node.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { ev, Inbox, uniquePrefix } from './helpers/streams.js'
+import { entries, pendingCount, streamsSuite } from './helpers/streams-suite.js'
+
+const INVOCATION = path.join(__dirname, 'fixtures', 'invocation-process.mjs')
+
+let redis: RedisServer
+beforeAll(async () => {
+  redis = await startRedis()
+})
+afterAll(async () => {
+  await redis?.stop()
+})
+const { open } = streamsSuite(() => redis)
+
+/** Runs the invocation fixture to its end: its exit code, its JSON lines and its stderr. */
+function invocation(config: Record<string, unknown>, timeoutMs = 20_000) {
+  return new Promise<{ code: number | null; said: Array<Record<string, unknown>>; stderr: string }>((resolve) => {
+    const child = spawn(NODE, [INVOCATION, JSON.stringify(config)], { stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()))
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
+    child.once('exit', (code) => {
+      clearTimeout(timer)
+      const said = stdout.split('\n').filter(Boolean).map((line) => JSON.parse(line) as Record<string, unknown>)
+      resolve({ code, said, stderr })
+    })
+  })
+}
+
+const JOBS = 5
+
+/** Where a run's stream lives, and how to read its group's state back. */
+interface Deployment {
+  options: RedisStreamsPubSubOptions
+  /** XPENDING's count and the stream's entries. */
+  pending(key: string): Promise<number>
+  entries(key: string): Promise<Array<[string, string[]]>>
+}
+
+/**
+ * `runs` invocations, `parallel` at a time: each takes the 5 jobs published for it, settles
+ * them `how` in one turn without awaiting, closes and exits. Answers how many runs lost
+ * something: an entry left pending, or (for nacks) a job not appended again as attempt 2.
+ */
+async function settleRuns(where: Deployment, how: 'ack' | 'nack', through: 'callback' | 'pull-transport', runs: number, parallel: number) {
+  let lost = 0
+  const failures: string[] = []
+  const one = async (run: number) => {
+    const prefix = uniquePrefix(`invocation-${how}-${run}`)
+    const key = `${prefix}:jobs`
+    const own = new RedisStreamsPubSub({ ...where.options, keyPrefix: prefix })
+    for (let n = 1; n <= JOBS; n++) await own.publish('jobs', ev(n))
+    await own.close()
+    const { code, said, stderr } = await invocation({
+      mode: 'settle',
+      options: { ...where.options, keyPrefix: prefix },
+      topic: 'jobs',
+      group: 'workers',
+      count: JOBS,
+      how,
+      through,
+    })
+    if (code !== 0 || !said.some((l) => l.type === 'closed')) failures.push(`run ${run}: exit ${code}, ${stderr}`)
+    const pending = await where.pending(key)
+    const redelivered = (await where.entries(key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
+    if (pending > 0 || (how === 'nack' && redelivered !== JOBS)) lost++
+  }
+  for (let run = 0; run < runs; run += parallel) {
+    await Promise.all(Array.from({ length: Math.min(parallel, runs - run) }, (_, i) => one(run + i)))
+  }
+  expect(failures).toEqual([])
+  return lost
+}
+
+describe('an invocation that settles its events and closes loses none of them', () => {
+  const single = (): Deployment => ({
+    options: { url: redis.url },
+    pending: (key) => pendingCount(redis, key, 'workers'),
+    entries: (key) => entries(redis, key),
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('a worker process that acks its jobs without awaiting, then closes and exits, leaves none pending, run after run', async ({ annotate }) => {
+    const lost = await settleRuns(single(), 'ack', 'callback', 40, 4)
+    await annotate(`acks lost in ${lost} of 40 invocations`)
+    expect(lost).toBe(0)
+  })
+
+  it.skipIf(EXTERNAL_REDIS)("a worker process whose jobs Mastra's PullTransport acks without awaiting, then closes and exits, leaves none pending", async ({ annotate }) => {
+    const lost = await settleRuns(single(), 'ack', 'pull-transport', 20, 4)
+    await annotate(`PullTransport acks lost in ${lost} of 20 invocations`)
+    expect(lost).toBe(0)
+  })
+
+  it.skipIf(EXTERNAL_REDIS)('a worker process that nacks its jobs without awaiting, then closes and exits, has each redelivered as attempt 2, run after run', async ({ annotate }) => {
+    const lost = await settleRuns(single(), 'nack', 'callback', 30, 4)
+    await annotate(`nacks lost in ${lost} of 30 invocations`)
+    expect(lost).toBe(0)
+  })
+
+  it('in one process, acks and nacks made in the turn of close() have reached Redis when close() resolves, round after round', async ({ annotate }) => {
+    let lost = 0
+    const rounds = 200
+    for (let round = 0; round < rounds; round++) {
+      const prefix = uniquePrefix(`invocation-in-process-${round}`)
+      const key = `${prefix}:jobs`
+      const publisher = open({ keyPrefix: prefix })
+      for (let n = 1; n <= JOBS; n++) await publisher.publish('jobs', ev(n))
+      const worker = new RedisStreamsPubSub({ url: redis.url, keyPrefix: prefix, reclaimIntervalMs: 0 })
+      const settles: Array<() => Promise<void>> = []
+      const inbox = new Inbox((event, ack, nack) => void settles.push(event.data && (event.data as { n: number }).n % 2 ? ack : nack))
+      await worker.subscribe('jobs', inbox.cb, { group: 'workers' })
+      await inbox.count(JOBS)
+      for (const settle of settles) void settle()
+      await worker.close()
+      const nacked = (await entries(redis, key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
+      if ((await pendingCount(redis, key, 'workers')) > 0 || nacked !== 2) lost++
+    }
+    await annotate(`settles lost in ${lost} of ${rounds} closes`)
+    expect(lost).toBe(0)
+  })
+})
+
+describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster, an invocation that settles its events and closes loses none of them', () => {
+  let cluster: RedisCluster
+  beforeAll(async () => {
+    cluster = await startCluster({ replicasPerMaster: 0 })
+  }, 60_000)
+  afterAll(async () => {
+    await cluster?.stop()
+  })
+  const clustered = (): Deployment => {
+    const master = async (key: string) => cluster.masterOfSlot(await cluster.keySlot(key))
+    return {
+      options: { cluster: { nodes: cluster.urls } },
+      pending: async (key) => Number(((await (await master(key)).cli('XPENDING', key, 'workers')) as unknown[])[0]),
+      entries: async (key) => (await (await master(key)).cli('XRANGE', key, '-', '+')) as Array<[string, string[]]>,
+    }
+  }
+
+  it('worker processes that ack or nack their jobs without awaiting, then close and exit, leave none pending', async ({ annotate }) => {
+    const acks = await settleRuns(clustered(), 'ack', 'callback', 24, 6)
+    const nacks = await settleRuns(clustered(), 'nack', 'callback', 18, 6)
+    await annotate(`cluster: acks lost in ${acks} of 24 invocations, nacks in ${nacks} of 18`)
+    expect({ acks, nacks }).toEqual({ acks: 0, nacks: 0 })
+  })
+})
+
