@@ -225,6 +225,40 @@ describe('RedisStreamsPubSub', () => {
       expect(await redis.cli('EXISTS', `${prefix}:bad`)).toBe(0)
     })
 
+    it('refuses options other than a boolean localOnly (a misspelt localonly must not write to Redis), and options whose reading throws, with a coded error, and writes nothing', async () => {
+      const prefix = uniquePrefix('bad-publish-options')
+      const pubsub = open({ keyPrefix: prefix })
+      const local = new Inbox()
+      await pubsub.subscribe('bad', local.cb)
+      const thrown = new Error('no options today')
+      const bad: Array<[unknown, RegExp, unknown?]> = [
+        [{ localonly: true }, /unknown publish option "localonly"/],
+        [{ localOnly: true, ttl: 5 }, /unknown publish option "ttl"/],
+        [{ localOnly: 'yes' }, /localOnly must be a boolean/],
+        [{ localOnly: 1 }, /localOnly must be a boolean/],
+        ['localOnly', /must be an object/],
+        [[true], /must be an object/],
+        [new Proxy({ localOnly: true }, { ownKeys: () => { throw thrown } }), /no options today/, thrown],
+        [new Proxy({ localOnly: true }, { get: () => { throw thrown } }), /no options today/, thrown],
+      ]
+      for (const [options, problem, cause] of bad) {
+        const err = await pubsub.publish('bad', ev(1), options as never).then(
+          () => undefined,
+          (e: unknown) => e as Error & { code?: string; cause?: unknown },
+        )
+        expect(err, String(problem)).toBeInstanceOf(TypeError)
+        expect(err!.code).toBe('ERR_STREAMS_INVALID_ARGUMENT')
+        expect(err!.message).toMatch(problem)
+        expect(err!.cause).toBe(cause)
+      }
+      await pubsub.publish('bad', ev(2), { localOnly: undefined })
+      await pubsub.publish('bad', ev(3), { localOnly: false })
+      await pubsub.publish('bad', ev(4), null as never)
+      await local.count(3)
+      expect(local.numbers).toEqual([2, 3, 4])
+      expect(await redis.cli('XLEN', `${prefix}:bad`)).toBe(3)
+    })
+
     it("rejects a deliveryAttempt that is not a whole number of at least 1 ('x', -1, 0, NaN, 1.5, 2^60) with a coded error, and writes nothing", async () => {
       const prefix = uniquePrefix('bad-attempt')
       const pubsub = open({ keyPrefix: prefix })

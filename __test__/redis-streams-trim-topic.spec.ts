@@ -84,6 +84,26 @@ describe('trimTopic on one server', () => {
     expect(await held(redis, `${prefix}:shared`)).toEqual(['run-a:5', 'run-a:6', 'run-b:7'])
   })
 
+  it("with producedBefore, a run's pinned entries (its start, an approval prompt) survive the trims made while it runs, as Mastra's own backend keeps them; the trim of the whole run removes them", async () => {
+    const prefix = uniquePrefix('trim-pinned')
+    const pubsub = open({ keyPrefix: prefix })
+    const pinned = (n: number, producedAt: number, pin: unknown): Publishable => ({ type: 'test', runId: 'run-a', data: { n, producedAt, pinned: pin } })
+    await pubsub.publish('shared', pinned(0, 1_000, true)) // the run's start
+    await pubsub.publish('shared', produced(1, 'run-a', 1_001))
+    await pubsub.publish('shared', pinned(2, 1_002, { reason: 'approval' })) // truthy, as JavaScript reads it
+    await pubsub.publish('shared', pinned(3, 1_003, false))
+    await pubsub.publish('shared', pinned(4, 1_004, 0))
+    await pubsub.publish('shared', produced(5, 'run-a', 1_005))
+    // Each message save trims what was produced before it.
+    await pubsub.trimTopic('shared', { runId: 'run-a', producedBefore: 1_004 })
+    expect(await held(redis, `${prefix}:shared`)).toEqual(['run-a:0', 'run-a:2', 'run-a:5'])
+    await pubsub.trimTopic('shared', { runId: 'run-a', producedBefore: 2_000 })
+    expect(await held(redis, `${prefix}:shared`)).toEqual(['run-a:0', 'run-a:2'])
+    // The run is saved: all of it goes.
+    await pubsub.trimTopic('shared', { runId: 'run-a' })
+    expect(await held(redis, `${prefix}:shared`)).toEqual([])
+  })
+
   it('an entry delivered to a group and not yet acked survives the trim, and its late ack still settles it', async () => {
     const prefix = uniquePrefix('trim-pending')
     const logger = recordingLogger()
@@ -167,6 +187,9 @@ describe('trimTopic on one server', () => {
       ['t', { runId: 'r', producedBefore: Number.POSITIVE_INFINITY }, RangeError],
       ['t', { runId: 'r', producedBefore: new Date('not a date') }, RangeError],
       ['t', { runId: 'r', producedBefore: '2024-01-01' }, TypeError],
+      // A misspelt option must not quietly trim the whole run.
+      ['t', { runId: 'r', producedBfore: 2_000 }, TypeError],
+      ['t', { runId: 'r', before: 2_000 }, TypeError],
     ]
     for (const [topic, options, kind] of bad) {
       const settled = await settleWithin(pubsub.trimTopic(topic as string, options as { runId: string }), 1_000)
@@ -175,6 +198,13 @@ describe('trimTopic on one server', () => {
       expect(reason, JSON.stringify([topic, options])).toBeInstanceOf(kind)
       expect(errorCode(reason)).toBe('ERR_STREAMS_INVALID_ARGUMENT')
       expect(settled.elapsed).toBeLessThan(1_000)
+    }
+    const thrown = new Error('no options today')
+    for (const trap of [{ get: () => { throw thrown } }, { ownKeys: () => { throw thrown } }]) {
+      const err = await pubsub.trimTopic('t', new Proxy({ runId: 'r' }, trap)).catch((e: unknown) => e as Error)
+      expect(err).toBeInstanceOf(TypeError)
+      expect(errorCode(err)).toBe('ERR_STREAMS_INVALID_ARGUMENT')
+      expect((err as Error).cause).toBe(thrown)
     }
   })
 

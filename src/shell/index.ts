@@ -25,4 +25,4 @@ export type {
 } from './native.js'
 export { LeasedPubSub, withLeases } from './leased-pubsub.js'
 export { RedisStreamsPubSub } from './redis-streams-pubsub.js'
-export type { ExtendableEventCallback, RedisStreamsPubSubOptions, StreamsLogger, TrimTopicOptions } from './redis-streams-pubsub.js'
+export type { ExtendableEventCallback, PublishOptions, RedisStreamsPubSubOptions, StreamsLogger, TrimTopicOptions } from './redis-streams-pubsub.js'

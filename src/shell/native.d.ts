@@ -202,9 +202,8 @@ export declare class RedisStreamsTransport {
    * Stops every subscription, drains publishes, acks and nacks (each made before this has
    * reached Redis when it resolves, or failed for good and been logged) and closes every
    * connection; later calls reject with `ERR_LEASE_CLOSED` (acks and nacks resolve, doing
-   * nothing). When it
-   * resolves, no read of this transport is left that could take an entry. Idempotent,
-   * bounded by the block and command timeouts.
+   * nothing). When it resolves, no read of this transport is left that could take an
+   * entry. Idempotent, bounded by the block and command timeouts.
    */
   close(): Promise<void>
 }

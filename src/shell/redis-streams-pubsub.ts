@@ -80,24 +80,26 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * in-process pubsubs do, with `deliveryAttempt + 1` up to `maxDeliveryAttempts`, then
    * dropped with a warning.
    */
-  publish(topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+  publish(topic: string, event: Publishable, options?: PublishOptions): Promise<void> {
     // Stamped here, where the object is at hand: the native side writes the text as it is.
     const id = randomUUID()
-    if (!publishChannel.hasSubscribers) return this.publishAs(id, topic, event, options)
-    const context = { topic, id, type: event?.type, localOnly: options?.localOnly === true }
-    return publishChannel.tracePromise(this.publishAs, context, this, id, topic, event, options)
+    const localOnly = localOnlyOf(options)
+    if (!publishChannel.hasSubscribers) return this.publishAs(id, topic, event, localOnly)
+    const context = { topic, id, type: event?.type, localOnly: localOnly === true }
+    return publishChannel.tracePromise(this.publishAs, context, this, id, topic, event, localOnly)
   }
 
-  /** `publish` with the event's id chosen. */
-  private publishAs(id: string, topic: string, event: Publishable, options?: { localOnly?: boolean }): Promise<void> {
+  /** `publish` with the event's id chosen and its options read (or why they were refused). */
+  private publishAs(id: string, topic: string, event: Publishable, localOnly: boolean | TypeError): Promise<void> {
     // Not an async function: the native promise is handed back as it is, one hop fewer per
     // publish; anything thrown on the way still comes back as a rejection.
     try {
+      if (localOnly instanceof TypeError) throw localOnly
       if (typeof event !== 'object' || event === null || Array.isArray(event)) {
         throw argumentError('event must be an object')
       }
       const deliveryAttempt = attemptOf(readEvent(() => event.deliveryAttempt))
-      if (options?.localOnly) {
+      if (localOnly) {
         const stamped: Event = readEvent(() => ({ ...event, id, createdAt: new Date(), deliveryAttempt }))
         // The transport picks the recipients (and refuses a bad topic or a closed transport).
         for (const subscription of this.transport.localRecipients(topic)) this.deliverLocal(topic, stamped, subscription)
@@ -353,6 +355,40 @@ function attemptOf(attempt: unknown): number {
   return attempt
 }
 
+/** `publish`'s options. */
+export interface PublishOptions {
+  /** Deliver to this process's subscribers only; nothing is written to Redis. */
+  localOnly?: boolean | undefined
+}
+
+/**
+ * Whether `publish`'s options ask for `localOnly`, or the coded error that refuses them: an
+ * option other than `localOnly` (`{ localonly: true }` must not quietly write to Redis), a
+ * `localOnly` that is not a boolean, or options whose reading throws (a Proxy's trap), with
+ * what was thrown as `cause`. Answered, not thrown, so the publish's trace sees the rejection.
+ */
+function localOnlyOf(options: PublishOptions | undefined | null): boolean | TypeError {
+  if (options === undefined || options === null) return false
+  if (typeof options !== 'object' || Array.isArray(options)) {
+    return argumentError(`publish options must be an object, got ${Array.isArray(options) ? 'an array' : typeof options}`)
+  }
+  let names: string[]
+  let localOnly: unknown
+  try {
+    names = Object.keys(options)
+    localOnly = options.localOnly
+  } catch (err) {
+    return argumentError(`reading the publish options threw: ${err instanceof Error ? err.message : String(err)}`, err)
+  }
+  for (const name of names) {
+    if (name !== 'localOnly') return argumentError(`unknown publish option ${JSON.stringify(name)} (publish takes localOnly)`)
+  }
+  if (localOnly !== undefined && typeof localOnly !== 'boolean') {
+    return argumentError(`publish option localOnly must be a boolean, got ${localOnly === null ? 'null' : typeof localOnly}`)
+  }
+  return localOnly === true
+}
+
 /** `trimTopic`'s options: the run, and optionally how recent its entries may be. */
 export interface TrimTopicOptions {
   /** The run whose entries are removed (each event's `runId`). */
@@ -361,19 +397,32 @@ export interface TrimTopicOptions {
   producedBefore?: number | Date
 }
 
-/** `trimTopic`'s options read once, a `Date` made a number; the native side checks the values. */
+/**
+ * `trimTopic`'s options read once, a `Date` made a number; the native side checks the values.
+ * An option other than `runId` and `producedBefore` is refused: `{ producedBfore: 2000 }` must
+ * not quietly trim the whole run.
+ */
 function trimTopicOptions(options: TrimTopicOptions): { runId: string; producedBefore: number | undefined } {
   if (typeof options !== 'object' || options === null || Array.isArray(options)) {
     const got = options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options
     throw argumentError(`trimTopic options must be an object with a runId, got ${got}`)
   }
+  let names: string[]
+  let read: { runId: string; producedBefore: number | Date | undefined }
   try {
-    const { runId, producedBefore } = options
-    // As typed for the caller; what a JavaScript caller really passed is checked natively.
-    return { runId, producedBefore: producedBefore instanceof Date ? producedBefore.getTime() : producedBefore }
+    names = Object.keys(options)
+    read = { runId: options.runId, producedBefore: options.producedBefore }
   } catch (err) {
     throw argumentError(`reading the trimTopic options threw: ${err instanceof Error ? err.message : String(err)}`, err)
   }
+  for (const name of names) {
+    if (name !== 'runId' && name !== 'producedBefore') {
+      throw argumentError(`unknown trimTopic option ${JSON.stringify(name)} (trimTopic takes runId and producedBefore)`)
+    }
+  }
+  // As typed for the caller; what a JavaScript caller really passed is checked natively.
+  const { runId, producedBefore } = read
+  return { runId, producedBefore: producedBefore instanceof Date ? producedBefore.getTime() : producedBefore }
 }
 
 /**

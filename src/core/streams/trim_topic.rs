@@ -10,8 +10,11 @@
 //!
 //! An entry belongs to the run when its event's `runId` (the field every Mastra event has) is
 //! the run's. With `producedBefore`, only entries whose `data.producedAt` is a number (epoch
-//! milliseconds, as Mastra stamps it) no later than it: an entry without one is not known to
-//! be old enough, and stays.
+//! milliseconds, as Mastra stamps it) no later than it, and whose `data.pinned` is not set
+//! (as JavaScript reads it: anything but `false`, `0`, `""` or `null`): an entry without a
+//! `producedAt` is not known to be old enough, and a pinned one (a run's start, its approval
+//! and suspension prompts) must outlive the trims made while its run goes on. Mastra's own
+//! backend picks the same entries.
 
 use serde_json::Value as Json;
 
@@ -59,14 +62,26 @@ impl RunEntries {
         if event.get("runId").and_then(Json::as_str) != Some(self.run_id.as_str()) {
             return false;
         }
-        match self.produced_before {
-            None => true,
-            Some(before) => event
-                .get("data")
-                .and_then(|data| data.get("producedAt"))
-                .and_then(Json::as_f64)
-                .is_some_and(|at| at <= before),
-        }
+        let Some(before) = self.produced_before else {
+            return true;
+        };
+        let data = event.get("data");
+        let field = |name| data.and_then(|data| data.get(name));
+        field("producedAt")
+            .and_then(Json::as_f64)
+            .is_some_and(|at| at <= before)
+            && !field("pinned").is_some_and(truthy)
+    }
+}
+
+/// Whether JavaScript counts the value as true (`if (value)`).
+fn truthy(value: &Json) -> bool {
+    match value {
+        Json::Null => false,
+        Json::Bool(b) => *b,
+        Json::Number(n) => n.as_f64().is_some_and(|n| n != 0.0),
+        Json::String(s) => !s.is_empty(),
+        Json::Array(_) | Json::Object(_) => true,
     }
 }
 
@@ -194,6 +209,25 @@ mod tests {
         assert!(!before.holds(br#"{"runId":"run-a","data":{"producedAt":1001}}"#));
         assert!(!before.holds(br#"{"runId":"run-a","data":{}}"#));
         assert!(!before.holds(br#"{"runId":"run-a","data":{"producedAt":"1970-01-01T00:00:00Z"}}"#));
+    }
+
+    #[test]
+    fn with_produced_before_a_pinned_entry_stays_as_javascript_reads_pinned() {
+        let before = run(Some(1_000.0));
+        let entry = |pinned: &str| {
+            format!(r#"{{"runId":"run-a","data":{{"producedAt":5,"pinned":{pinned}}}}}"#)
+        };
+        for pinned in ["true", "1", "-2.5", r#""yes""#, "{}", "[]"] {
+            assert!(!before.holds(entry(pinned).as_bytes()), "pinned: {pinned}");
+        }
+        for unpinned in ["false", "0", "0.0", r#""""#, "null"] {
+            assert!(
+                before.holds(entry(unpinned).as_bytes()),
+                "pinned: {unpinned}"
+            );
+        }
+        // Without producedBefore the whole run goes, pinned entries included.
+        assert!(run(None).holds(entry("true").as_bytes()));
     }
 
     #[test]
