@@ -6,6 +6,7 @@
 // a lease is the string `<keyPrefix>:lease:<key>` holding the owner, with a PX expiry.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
+import type { Event } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { startRedis, type RedisServer } from './helpers/redis-server.js'
@@ -151,6 +152,60 @@ describe('RedisStreamsPubSub', () => {
       await sleep(500)
       expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual([1, 2])
       expect(logger.warnings().filter((l) => /max delivery attempts/i.test(l.message))).toHaveLength(1)
+    })
+
+    it('a fan-out subscriber that nacks after its callback returned gets the event again with deliveryAttempt + 1, up to the cap', async () => {
+      const logger = recordingLogger()
+      const prefix = uniquePrefix('fanout-late-nack')
+      const pubsub = open({ keyPrefix: prefix, maxDeliveryAttempts: 3, logger })
+      const inbox = new Inbox((_event, _ack, nack) => {
+        // The callback returns first; the nack comes a little later.
+        setTimeout(() => void nack(), 20)
+      })
+      await pubsub.subscribe('news', inbox.cb)
+      await pubsub.publish('news', ev(1))
+      await inbox.count(3)
+      await sleep(300)
+      expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual([1, 2, 3])
+      expect(new Set(inbox.events.map((e) => e.id)).size).toBe(1)
+      expect(logger.warnings().filter((l) => /max delivery attempts/i.test(l.message))).toHaveLength(1)
+      expect(await redis.cli('XLEN', `${prefix}:news`)).toBe(3)
+    })
+
+    for (const when of ['inside their callbacks', 'after their callbacks returned'] as const) {
+      it(`fan-out subscribers of one process that all nack an event ${when} cause one redelivery, not one each`, async () => {
+        const prefix = uniquePrefix('fanout-nack-shared')
+        const pubsub = open({ keyPrefix: prefix })
+        const settle = (event: Event, ack: () => Promise<void>, nack: () => Promise<void>) => {
+          const how = () => void (event.deliveryAttempt === 1 ? nack() : ack())
+          if (when === 'inside their callbacks') how()
+          else setTimeout(how, 20)
+        }
+        const [a, b, c] = [new Inbox(settle), new Inbox(settle), new Inbox(settle)]
+        await pubsub.subscribe('news', a.cb)
+        await pubsub.subscribe('news', b.cb)
+        await pubsub.subscribe('news', c.cb)
+        await pubsub.publish('news', ev(1))
+        for (const inbox of [a, b, c]) await inbox.count(2)
+        await sleep(300)
+        for (const inbox of [a, b, c]) expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual([1, 2])
+        expect(await redis.cli('XLEN', `${prefix}:news`)).toBe(2)
+      })
+    }
+
+    it("a fan-out nack after the callback returned refreshes the stream's idle TTL, as Mastra's own test of a nack's republish asks", async () => {
+      const prefix = uniquePrefix('fanout-late-nack-ttl')
+      const pubsub = open({ keyPrefix: prefix, streamIdleTtlMs: 60_000, maxDeliveryAttempts: 3 })
+      const key = `${prefix}:news`
+      let attempts = 0
+      await pubsub.subscribe('news', (_event, ack, nack) => {
+        attempts += 1
+        if (attempts === 1) void redis.cli('PEXPIRE', key, 1_000).then(() => nack?.())
+        else void ack?.()
+      })
+      await pubsub.publish('news', ev(1))
+      await expect.poll(() => attempts, { timeout: 5_000 }).toBeGreaterThanOrEqual(2)
+      await expect.poll(async () => Number(await redis.cli('PTTL', key)), { timeout: 3_000 }).toBeGreaterThan(5_000)
     })
 
     it('ack then nack of one delivery: the first settlement counts, the event is not redelivered', async () => {

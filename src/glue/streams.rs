@@ -373,6 +373,27 @@ impl RedisStreamsTransport {
         )
     }
 
+    /// Nacks a fan-out event after its callback returned (see `returned`): `json` is the
+    /// event as it was delivered, appended again with `deliveryAttempt + 1` (once for all the
+    /// subscriptions of this transport that nack it), or dropped with a warning at
+    /// `maxDeliveryAttempts`. Never rejects, as `nack`.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn nack_returned<'env>(
+        &self,
+        env: &'env Env,
+        topic: String,
+        json: String,
+    ) -> Unknown<'env> {
+        let Some(open) = &self.open else {
+            return unknown(env, resolved(env.raw()));
+        };
+        let pubsub = Arc::clone(&open.pubsub);
+        let json: Arc<str> = json.into();
+        queued_settle(env, open, async move {
+            pubsub.nack_returned(&topic, json).await;
+        })
+    }
+
     /// The handler of a delivery is alive (the callback's `extend()`): its in-flight timeout
     /// counts from now, and a group's entry has its idle time reset in Redis if it is still
     /// this consumer's. Never rejects: a settled or unknown delivery, a closed transport, or
@@ -454,7 +475,8 @@ impl RedisStreamsTransport {
     }
 
     /// A fan-out subscription's callback has returned (or resolved) without settling the
-    /// delivery: it is done (see `Delivery::returned`). A group's delivery stays held.
+    /// delivery: it is done (see `Delivery::returned`); a later nack is `nackReturned`'s. A
+    /// group's delivery stays held.
     #[napi(catch_unwind)]
     pub fn returned(&self, delivery: f64) {
         if let Some((_, delivery)) = self.held(delivery) {
@@ -602,16 +624,9 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        let Settling { work, guard } = open.settling(work);
-        let work = async move {
-            let _ = guarded(async {
-                work(delivery).await;
-                Ok(())
-            })
-            .await;
-            drop(guard);
-        };
-        unknown(env, open.settles.push(raw, work.boxed()))
+        queued_settle(env, open, async move {
+            work(delivery).await;
+        })
     }
 
     /// The held delivery with this id, with the transport's state; `None` once closed, or
@@ -638,6 +653,26 @@ impl RedisStreamsTransport {
         };
         unknown(env, open.crossing.run(env.raw(), work(open.clone())))
     }
+}
+
+/// Queues a nack or extend to leave at the turn's end, holding `settling` until it is done,
+/// and answers its promise, resolved whatever happened: a panic is a bug, reported as one on
+/// stderr, and resolves too.
+fn queued_settle<'env>(
+    env: &'env Env,
+    open: &Arc<Open>,
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Unknown<'env> {
+    let Settling { work, guard } = open.settling(work);
+    let work = async move {
+        let _ = guarded(async {
+            work.await;
+            Ok(())
+        })
+        .await;
+        drop(guard);
+    };
+    unknown(env, open.settles.push(env.raw(), work.boxed()))
 }
 
 /// Throws `err` from a method that answers synchronously.

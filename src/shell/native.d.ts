@@ -150,6 +150,13 @@ export declare class RedisStreamsTransport {
    */
   nack(delivery: number): Promise<void>
   /**
+   * Nacks a fan-out event after its callback returned (see `returned`): `json` is the
+   * event as it was delivered, appended again with `deliveryAttempt + 1` (once for all the
+   * subscriptions of this transport that nack it), or dropped with a warning at
+   * `maxDeliveryAttempts`. Never rejects, as `nack`.
+   */
+  nackReturned(topic: string, json: string): Promise<void>
+  /**
    * The handler of a delivery is alive (the callback's `extend()`): its in-flight timeout
    * counts from now, and a group's entry has its idle time reset in Redis if it is still
    * this consumer's. Never rejects: a settled or unknown delivery, a closed transport, or
@@ -176,7 +183,8 @@ export declare class RedisStreamsTransport {
   localRedelivery(topic: string, group: string | undefined | null, subscription: number): number | null
   /**
    * A fan-out subscription's callback has returned (or resolved) without settling the
-   * delivery: it is done (see `Delivery::returned`). A group's delivery stays held.
+   * delivery: it is done (see `Delivery::returned`); a later nack is `nackReturned`'s. A
+   * group's delivery stays held.
    */
   returned(delivery: number): void
   /**

@@ -122,8 +122,8 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * `maxDeliveryAttempts`. A group's event stays claimed until it is acked or nacked,
    * however long after the callback returned that is, while this process lives (see
    * `inFlightTimeoutMs` for a handler that never settles); once the process is gone, a
-   * sibling reclaims it after `reclaimIdleMs`. A fan-out event is done when its callback
-   * returns.
+   * sibling reclaims it after `reclaimIdleMs`. A fan-out event gives its place back when
+   * its callback returns, and may still be nacked afterwards.
    *
    * `extend()` says the handler is alive: `inFlightTimeoutMs`, if set, counts again from
    * then, and a group's entry has its idle time in Redis reset if this consumer still owns
@@ -265,21 +265,31 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       return
     }
     let settled = false
+    let returned = false
     const settle = (how: 'ack' | 'nack') => (): Promise<void> => {
       if (settled) return Promise.resolve()
       settled = true
       const told = how === 'ack' ? ackChannel : nackChannel
       if (told.hasSubscribers) told.publish(delivered(topic, group, event, false))
-      return this.transport[how](delivery)
+      if (!returned) return this.transport[how](delivery)
+      // A fan-out event whose callback returned is no longer held: a late ack has nothing to
+      // do, and a late nack hands the event back as it came, to be appended again.
+      return how === 'nack' ? this.transport.nackReturned(topic, json) : Promise.resolve()
     }
-    const extend = (): Promise<void> => (settled ? Promise.resolve() : this.transport.extend(delivery))
+    const extend = (): Promise<void> => (settled || returned ? Promise.resolve() : this.transport.extend(delivery))
     // A group's event stays held (kept claimed) until it is acked or nacked, however long
     // after the callback returns that is: Mastra's workers return at once and ack when the
     // step ends. A fan-out event, which holds nothing in Redis, is done once its callback
-    // returned.
-    const returned = group === undefined ? () => settled || this.transport.returned(delivery) : undefined
+    // returned, and may still be nacked afterwards.
+    const done =
+      group === undefined
+        ? () => {
+            returned = true
+            if (!settled) this.transport.returned(delivery)
+          }
+        : undefined
     if (deliverChannel.hasSubscribers) deliverChannel.publish(delivered(topic, group, event, false))
-    invoke(cb, event, settle('ack'), settle('nack'), extend, returned)
+    invoke(cb, event, settle('ack'), settle('nack'), extend, done)
   }
 }
 

@@ -17,7 +17,7 @@
 //! until it lands, the entry kept claimed meanwhile; every way of settling is safe to run
 //! twice (an XACK, an ownership-checked script, an append that finds itself already done).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -169,13 +169,7 @@ pub(super) enum Origin {
     /// A consumer group: the entry is pending for this process's consumer until settled.
     Group(Arc<Consumer>),
     /// A fan-out read: nothing is held in Redis.
-    Fanout {
-        key: String,
-        topic: String,
-        /// Shared by the deliveries of one read entry to this process's fan-out subscribers
-        /// of its topic: the first nack redelivers it to all of them, later ones need not.
-        nacked: Arc<AtomicBool>,
-    },
+    Fanout { key: String, topic: String },
 }
 
 /// A delivery's state, shared by its handles, the registry of deliveries not yet settled,
@@ -286,6 +280,22 @@ pub(super) fn register(
     Some(Delivery {
         shared: Arc::clone(shared),
         state,
+    })
+}
+
+/// A delivery made only to be settled, never registered nor handed out: its event as the
+/// subscriber passes it back (its attempt read from it), its entry unknown.
+pub(super) fn settling(shared: &Arc<Shared>, origin: Origin, json: Arc<str>) -> Arc<State> {
+    let attempt = super::event::parse(json.as_bytes().to_vec()).map_or(1, |parsed| parsed.attempt);
+    Arc::new(State {
+        id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+        origin,
+        entry_id: String::new(),
+        json,
+        attempt,
+        phase: AtomicU8::new(SETTLING),
+        held_since: Mutex::new(None),
+        permit: Mutex::new(None),
     })
 }
 

@@ -12,7 +12,7 @@
 //! was fixed when it subscribed, so nothing is missed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::core::connection::{Link, Shard};
@@ -416,13 +416,11 @@ async fn deliver(shared: &Arc<Shared>, read: &Read, entries: Vec<Entry>) {
             continue;
         };
         let json: Arc<str> = Arc::from(parsed.json);
-        let nacked = Arc::new(AtomicBool::new(false));
         for member in takers {
             member.set_position(id);
             let origin = Origin::Fanout {
                 key: read.key.clone(),
                 topic: read.topic.clone(),
-                nacked: Arc::clone(&nacked),
             };
             let place = member
                 .room

@@ -51,7 +51,7 @@ mod subscription;
 mod trim;
 mod trim_topic;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
@@ -244,6 +244,7 @@ impl StreamsPubSub {
                 consumers: Mutex::new(HashMap::new()),
                 fanout: fanout::Fanouts::default(),
                 deliveries: Mutex::new(HashMap::new()),
+                fanout_nacks: Mutex::new(VecDeque::new()),
                 next_id: AtomicU64::new(1),
                 opening: Mutex::new(HashMap::new()),
                 trim: trim::Trimmer::default(),
@@ -486,6 +487,9 @@ pub(crate) struct Shared {
     pub fanout: fanout::Fanouts,
     /// Deliveries read and not yet settled, by id.
     deliveries: Mutex<HashMap<u64, Arc<delivery::State>>>,
+    /// The fan-out events this process redelivered lately, hashed with their attempt: a
+    /// nack of one by another subscriber here adds nothing (`settle.rs`).
+    fanout_nacks: Mutex<VecDeque<u64>>,
     /// Numbers subscriptions and deliveries.
     pub next_id: AtomicU64,
     /// Subscriptions numbered and not yet open, by id: their stream key and group. They take

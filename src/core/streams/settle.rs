@@ -4,6 +4,7 @@
 //! settling is safe to run twice: an XACK, an ownership-checked script (`settle.lua`), an
 //! append that first looks for itself.
 
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use serde_json::Value as Json;
 use super::delivery::{Delivery, Origin, Settled, State, DONE, HELD, RETRYING};
 use super::event::{self, EVENT_FIELD};
 use super::group::Consumer;
-use super::{publish, Shared};
+use super::{delivery, publish, Shared, StreamsPubSub};
 use crate::core::connection::parse;
 use crate::core::error::{Error, Result};
 use crate::core::lock;
@@ -51,11 +52,10 @@ pub(super) async fn settle(shared: &Arc<Shared>, state: &Arc<State>, outcome: Se
 /// failure hands it to the background. `close` waits for it either way.
 pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
     let on_its_way = OnItsWay::new(shared);
-    // Fan-out subscribers of this process share a read: once one of them redelivered the
-    // event, it reaches all of them again, so the others' nacks add nothing.
-    if let (Origin::Fanout { nacked, .. }, Settle::Nack | Settle::Expire) = (&state.origin, outcome)
-    {
-        if nacked.swap(true, Ordering::AcqRel) {
+    // Every fan-out subscriber of this process gets an event: once one of them redelivered
+    // it, it reaches all of them again, so the others' nacks of it add nothing.
+    if let (Origin::Fanout { key, .. }, Settle::Nack | Settle::Expire) = (&state.origin, outcome) {
+        if !shared.first_fanout_nack(key, state) {
             state.phase.store(DONE, Ordering::Release);
             finish(shared, state);
             return Settled::Redelivered {
@@ -373,8 +373,8 @@ impl Delivery {
 
     /// The subscriber's callback has returned (or resolved) without settling. A group's
     /// delivery stays held until it is settled; a fan-out delivery, which holds nothing in
-    /// Redis, is done: its place among `maxInFlight` is given back, and a later ack or nack
-    /// changes nothing.
+    /// Redis, is done: its place among `maxInFlight` is given back, a later ack changes
+    /// nothing, and a later nack comes through [`StreamsPubSub::nack_returned`].
     pub fn returned(&self) {
         let state = &self.state;
         if matches!(state.origin, Origin::Fanout { .. }) && state.advance(HELD, DONE) {
@@ -496,6 +496,58 @@ impl Delivery {
             }
         }
         answers
+    }
+}
+
+/// How many fan-out redeliveries this process remembers, so that its other subscribers'
+/// nacks of the same event add none. A nack of an event redelivered longer ago than that
+/// redelivers it again.
+const FANOUT_NACKS_KEPT: usize = 4096;
+
+impl Shared {
+    /// Whether this nack of a fan-out event is the first of this process: no fan-out
+    /// subscriber here redelivered the event (its `id`, at this attempt) yet. An event without
+    /// an `id` is told apart by its entry, when known.
+    fn first_fanout_nack(&self, key: &str, state: &State) -> bool {
+        let id = event::parse(state.json.as_bytes().to_vec())
+            .and_then(|parsed| parsed.id)
+            .or_else(|| (!state.entry_id.is_empty()).then(|| state.entry_id.clone()));
+        let Some(id) = id else {
+            return true;
+        };
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (key, id, state.attempt).hash(&mut hasher);
+        let nack = hasher.finish();
+        let mut nacks = lock(&self.fanout_nacks);
+        if nacks.contains(&nack) {
+            return false;
+        }
+        if nacks.len() == FANOUT_NACKS_KEPT {
+            nacks.pop_front();
+        }
+        nacks.push_back(nack);
+        true
+    }
+}
+
+impl StreamsPubSub {
+    /// Nacks a fan-out event after its subscriber's callback returned (it is no longer held:
+    /// see [`Delivery::returned`]). The subscriber kept the event's `json` as it was
+    /// delivered, and passes it back: appended again to the topic with `deliveryAttempt + 1`,
+    /// or dropped with a warning at `maxDeliveryAttempts`, as a nack made inside the callback
+    /// is, and once for all this process's fan-out subscribers that nack it. Retried in the
+    /// background when Redis cannot be reached; `close` waits for it.
+    pub async fn nack_returned(&self, topic: &str, json: Arc<str>) -> Settled {
+        let shared = &self.shared;
+        if shared.closed.load(Ordering::Acquire) {
+            return Settled::Closed;
+        }
+        let origin = Origin::Fanout {
+            key: shared.stream_key(topic),
+            topic: topic.to_owned(),
+        };
+        let state = delivery::settling(shared, origin, json);
+        conclude(shared, &state, Settle::Nack).await
     }
 }
 

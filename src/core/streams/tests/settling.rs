@@ -44,7 +44,7 @@ async fn nack_redelivers_with_the_next_attempt_and_drops_at_the_cap() {
 }
 
 #[tokio::test]
-async fn fan_out_subscribers_sharing_a_read_that_all_nack_it_cause_one_redelivery() {
+async fn fan_out_subscribers_that_all_nack_an_event_cause_one_redelivery() {
     let server = Server::start("streams-fanout-nack");
     let (ps, _) = pubsub(&server);
     let mut a = subscribe(&ps, "fn", fan_out(StartFrom::Earliest)).await;
@@ -60,6 +60,30 @@ async fn fan_out_subscribers_sharing_a_read_that_all_nack_it_cause_one_redeliver
         nothing_within(sub, 200).await;
     }
     assert_eq!(server.cli(&["XLEN", "t:fn"]), "2");
+}
+
+#[tokio::test]
+async fn fan_out_subscribers_that_nack_an_event_after_their_callbacks_returned_cause_one_redelivery(
+) {
+    let server = Server::start("streams-fanout-late-nack");
+    let (ps, _) = pubsub(&server);
+    let mut a = subscribe(&ps, "fl", fan_out(StartFrom::Earliest)).await;
+    let mut b = subscribe(&ps, "fl", fan_out(StartFrom::Earliest)).await;
+    publish(&ps, "fl", ev(1)).await;
+    let (da, db) = (next(&mut a).await, next(&mut b).await);
+    da.returned();
+    db.returned();
+    assert!(ps.delivery(da.id()).is_none(), "no longer held");
+    let nack = |d: &Delivery| ps.nack_returned("fl", d.shared_json());
+    assert_eq!(nack(&da).await, Settled::Redelivered { attempt: 2 });
+    assert_eq!(nack(&db).await, Settled::Redelivered { attempt: 2 });
+    for sub in [&mut a, &mut b] {
+        let again = next(sub).await;
+        assert_eq!((n(&again), again.delivery_attempt()), (1, 2));
+        again.ack().await;
+        nothing_within(sub, 200).await;
+    }
+    assert_eq!(server.cli(&["XLEN", "t:fl"]), "2");
 }
 
 #[tokio::test]
