@@ -162,6 +162,30 @@ describe('tokens against Redis itself', () => {
     expect((await p.getLease(key))!.token).toBe(d.token)
   })
 
+  for (const [who, released] of [
+    ["Mastra's own backend (the lease and metadata keys)", ['lease', 'lease-metadata']],
+    ["an operator's DEL (the lease key alone)", ['lease']],
+  ] as const) {
+    it(`a lease released by ${who} and claimed again by our plain acquireLease inherits neither the token nor the metadata of the grant before`, async () => {
+      const prefix = `fence-foreign-release:${RUN}`
+      const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: prefix }))
+      const key = uniqueKey()
+      const first = await p.acquireFencedLease(key, 'worker-A', 60_000, 'run-1')
+      expect(first).toStrictEqual({ acquired: true, owner: 'worker-A', token: expect.any(Number) })
+      for (const kind of released) await server.cli('DEL', `${prefix}:${kind}:${key}`)
+      expect(await p.acquireLease(key, 'worker-A', 60_000)).toStrictEqual({ acquired: true, owner: 'worker-A' })
+      expect(await p.getLease(key)).toEqual({ owner: 'worker-A', token: undefined, ttlMs: expect.any(Number) })
+      expect(await p.getLeaseRecord(key)).toEqual({ owner: 'worker-A' })
+      // The plain holder renews and releases as one: no leftover metadata stands in its way.
+      expect(await p.renewLease(key, 'worker-A', 60_000)).toBe(true)
+      const fenced = await p.acquireFencedLease(key, 'worker-A', 60_000)
+      expect(fenced.token).toBeGreaterThan(first.token!)
+      expect((await p.getLease(key))!.token).toBe(fenced.token)
+      await p.releaseLease(key, 'worker-A')
+      expect(await p.getLeaseOwner(key)).toBeUndefined()
+    })
+  }
+
   it.skipIf(EXTERNAL_REDIS)('tokens keep growing across a kill -9 and restart with appendonly yes and appendfsync always', async () => {
     const durable = stopLater(await startRedis({ args: ['--appendonly', 'yes', '--appendfsync', 'always'] }))
     const prefix = `fence-durable:${RUN}`
@@ -181,26 +205,28 @@ describe('tokens against Redis itself', () => {
 })
 
 describe('plain acquires (acquireLease) beside fenced ones', () => {
-  it.skipIf(EXTERNAL_REDIS)('a plain claim and a refusal are one plain SET each, and only a refresh runs the acquire script', async () => {
+  it.skipIf(EXTERNAL_REDIS)('a plain claim and a refusal are one plain SET each (with an EXISTS beside it), and only a refresh runs the acquire script', async () => {
     const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `plain:${RUN}` }))
     const key = uniqueKey()
     const scriptsAndSets = async () => {
       const calls = await server.commandCalls()
-      return { evalsha: calls.evalsha ?? 0, set: calls.set ?? 0 }
+      return { evalsha: calls.evalsha ?? 0, set: calls.set ?? 0, exists: calls.exists ?? 0 }
     }
     let before = await scriptsAndSets()
-    const step = async <T>(call: () => Promise<T>, expected: { evalsha: number; set: number }): Promise<T> => {
+    const step = async <T>(call: () => Promise<T>, expected: { evalsha: number; set: number; exists: number }): Promise<T> => {
       const answer = await call()
       const after = await scriptsAndSets()
-      expect({ evalsha: after.evalsha - before.evalsha, set: after.set - before.set }).toEqual(expected)
+      expect({ evalsha: after.evalsha - before.evalsha, set: after.set - before.set, exists: after.exists - before.exists }).toEqual(expected)
       before = after
       return answer
     }
-    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 0, set: 1 })).toStrictEqual({ acquired: true, owner: 'A' })
-    expect(await step(() => p.acquireLease(key, 'B', 60_000), { evalsha: 0, set: 1 })).toStrictEqual({ acquired: false, owner: 'A' })
+    // Beside each plain SET, an EXISTS of the lease's metadata and token keys (in the same
+    // pipeline): none is there, so no script runs.
+    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 0, set: 1, exists: 1 })).toStrictEqual({ acquired: true, owner: 'A' })
+    expect(await step(() => p.acquireLease(key, 'B', 60_000), { evalsha: 0, set: 1, exists: 1 })).toStrictEqual({ acquired: false, owner: 'A' })
     // The plain SET found A holding: the script refreshes (its SET NX GET counts as a set).
     await server.cli('PEXPIRE', `plain:${RUN}:lease:${key}`, 1_000)
-    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 1, set: 2 })).toStrictEqual({ acquired: true, owner: 'A' })
+    expect(await step(() => p.acquireLease(key, 'A', 60_000), { evalsha: 1, set: 2, exists: 1 })).toStrictEqual({ acquired: true, owner: 'A' })
     expect(Number(await server.cli('PTTL', `plain:${RUN}:lease:${key}`))).toBeGreaterThan(59_000)
     expect(await p.getLease(key)).toEqual({ owner: 'A', token: undefined, ttlMs: expect.any(Number) })
     // Nothing but the lease key: no metadata key, no token key, no counter.

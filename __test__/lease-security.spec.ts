@@ -9,6 +9,9 @@
 // (a /db path, unix sockets) are here too.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
+import { execFile } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import path from 'node:path'
 import { inspect } from 'node:util'
 
 import { afterEach, describe, expect, it } from 'vitest'
@@ -16,6 +19,7 @@ import { afterEach, describe, expect, it } from 'vitest'
 import { RedisLeaseProvider } from '../index.js'
 import { holdLease, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { CollectingLogger, errorCode, everyCall, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
+import { NODE } from './helpers/mastra-node.js'
 import { perTest } from './helpers/per-test.js'
 import { connectClient, EXTERNAL_REDIS, freePort, type RedisServer, type RedisTestClient } from './helpers/redis-server.js'
 
@@ -33,6 +37,29 @@ afterEach(() => {
 const serverWith = (policy: string, maxmemory = MAXMEMORY) =>
   ownServer({ args: ['--maxmemory', String(maxmemory), '--maxmemory-policy', policy] })
 
+
+/**
+ * The ACL lines of docs/security.md's least-privileged user, as arguments: the user's own, then
+ * the one that lets it wake waiters.
+ */
+function documentedAclLines(): [string[], string[]] {
+  const page = readFileSync(path.join(__dirname, '..', 'docs', 'security.md'), 'utf8')
+  const section = page.slice(page.indexOf('**The least-privileged user.**'))
+  const lines = [...section.matchAll(/^ {2}(ACL SETUSER mastra-lease .*)$/gm)].map((m) => m[1]!.split(' '))
+  if (lines.length < 2) throw new Error('docs/security.md no longer shows the two ACL lines of its least-privileged user')
+  return [lines[0]!, lines[1]!]
+}
+
+const INSPECTOR = path.join(__dirname, '..', 'bin', 'mastra-lease.mjs')
+
+/** Runs the `mastra-lease` command; its exit code, stdout and stderr. */
+function inspector(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    execFile(NODE, [INSPECTOR, ...args], { timeout: 20_000 }, (error, stdout, stderr) => {
+      resolve({ code: error ? Number((error as { code?: unknown }).code ?? 1) : 0, stdout, stderr })
+    })
+  })
+}
 
 /** Every method once on `key`, as the owner `A` (each resolves whatever the lease state). */
 async function everyMethod(p: LeaseApi, key: string): Promise<void> {
@@ -361,12 +388,15 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // The recommended ACL (docs/security.md): the lease keys, their metadata keys (every script
-    // reads a holder's metadata) and their fencing keys, the seven commands the scripts need,
-    // and for waiting (hold with wait) PTTL (getLease reads the holder's TTL) and the lease
-    // keys' shard channels with the three commands that publish and listen there.
-    const LEASE_COMMANDS = ['evalsha', 'script|load', 'get', 'set', 'pexpire', 'del', 'incr']
-    const WAIT_COMMANDS = ['pttl', 'spublish', 'ssubscribe', 'sunsubscribe']
+    // The recommended ACL, read from docs/security.md: the lease keys, their metadata keys
+    // (every script reads a holder's metadata) and their fencing keys, and the commands the
+    // scripts and plain calls need; then, for waking waiters, the lease keys' shard channels
+    // with the three commands that publish and listen there. Each line as documented, the
+    // user's name and password put in.
+    const [BASE_LINE, WAKE_LINE] = documentedAclLines()
+    const commandsOf = (line: string[]) => line.filter((arg) => arg.startsWith('+')).map((arg) => arg.slice(1))
+    const LEASE_COMMANDS = commandsOf(BASE_LINE)
+    const WAIT_COMMANDS = commandsOf(WAKE_LINE)
     const leaseUser = (name: string, password: string, commands = [...LEASE_COMMANDS, ...WAIT_COMMANDS], prefix = 'mastra:topic') => [
       'ACL',
       'SETUSER',
@@ -382,6 +412,9 @@ describe('RedisLeaseProvider', () => {
       '-@all',
       ...commands.map((c) => `+${c}`),
     ]
+    /** A documented line for user `name` with `password`. */
+    const asUser = (line: string[], name: string, password: string) =>
+      line.map((arg, i) => (i === 2 ? name : arg === '>PASSWORD' ? `>${password}` : arg))
 
     /**
      * The five methods through their whole life cycle, with a fenced grant and a holder with
@@ -403,42 +436,53 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBeUndefined()
     }
 
-    it('an ACL user confined to the lease, metadata and fencing keys and EVALSHA, SCRIPT LOAD, GET, SET, PEXPIRE, DEL, INCR can use all five methods; without any one of them it cannot; with PTTL, SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE it can wait', async () => {
+    it("the least-privileged ACL user of docs/security.md, made with the page's very lines, uses every documented feature: the five methods, a fenced grant, getLease, getLeaseRecord, hold (waiting until the holder's TTL, or woken with the second line) and `mastra-lease get`; without any one of its commands but EXISTS it cannot", async () => {
       const server = await ownServer()
       const secret = 'L3ase-only-pa55-Wv8'
-      await server.cli(...leaseUser('lease', secret))
+      const url = `redis://mastra-lease:${secret}@${hostPort(server)}`
+      await server.cli(...asUser(BASE_LINE, 'mastra-lease', secret))
       await server.cli('SCRIPT', 'FLUSH') // so SCRIPT LOAD is needed, as after a restart
       await server.cli('ACL', 'LOG', 'RESET')
       const logger = recorder()
-      const url = `redis://lease:${secret}@${hostPort(server)}`
       const p = provider({ url, logger })
       await lifeCycle(p, uniqueKey('acl-least'))
-      // With PTTL it reads a lease record too (getLeaseRecord runs the script getLease does).
       const recorded = uniqueKey('acl-record')
       await p.acquireLease(recorded, 'A', LONG, 'run-a')
       expect(await p.getLeaseRecord(recorded)).toStrictEqual({ owner: 'A', metadata: 'run-a' })
+      expect(await p.getLease(recorded)).toEqual({ owner: 'A', token: undefined, ttlMs: expect.any(Number) })
+      const got = await inspector('get', recorded, '--url', url)
+      expect(got, got.stderr).toMatchObject({ code: 0, stdout: expect.stringContaining('\tA\t') })
       await p.releaseLease(recorded, 'A', 'run-a')
-      // Nothing was denied, but the optional INFO of the eviction-policy check and the
-      // optional CLIENT SETNAME of the connection name.
-      const denied = ((await server.cli('ACL', 'LOG')) as unknown[][]).map((entry) => entry[entry.indexOf('object') + 1])
-      expect(denied.filter((object) => object !== 'info' && object !== 'client|setname')).toEqual([])
+      const held = await holdLease(p, uniqueKey('acl-hold'), 'A', { ttlMs: LONG })
+      await held.release()
+
+      // A waiter takes the lease once its holder's TTL runs out: no wake-up reaches it.
+      const key = uniqueKey('acl-wait-ttl')
+      const holder = provider({ url })
+      await holder.acquireLease(key, 'A', 800)
+      const startedAt = performance.now()
+      const waited = await settleWithin(holdLease(p, key, 'B', { ttlMs: LONG, wait: true }), 5_000)
+      expect(waited.status).toBe('fulfilled')
+      if (waited.status === 'fulfilled') await waited.value.release()
+      expect(performance.now() - startedAt).toBeGreaterThan(600)
+      // Denied: only the optional INFO of the eviction-policy check, the optional CLIENT
+      // SETNAME of the connection name, and the waking that the second line grants.
+      const optional = ['info', 'client|setname', 'spublish', 'publish', 'ssubscribe', 'subscribe']
+      const denied = ((await server.cli('ACL', 'LOG')) as unknown[][]).map((entry) => String(entry[entry.indexOf('object') + 1]))
+      expect(denied.filter((object) => !optional.includes(object) && !object.startsWith('mastra:topic:lease:'))).toEqual([])
       expectNoSecret(undefined, logger.lines, [secret])
 
-      // The same user waits for a lease and is woken by its release, long before its TTL.
-      const key = uniqueKey('acl-wait')
-      const holder = provider({ url })
-      await holder.acquireLease(key, 'A', LONG)
-      const waiting = holdLease(p, key, 'B', { ttlMs: LONG, wait: true })
+      // With the second line, the same user is woken by the release, long before the TTL.
+      await server.cli(...asUser(WAKE_LINE, 'mastra-lease', secret))
+      const woken = uniqueKey('acl-wait-woken')
+      const woke = provider({ url })
+      await holder.acquireLease(woken, 'A', LONG)
+      const waiting = holdLease(woke, woken, 'B', { ttlMs: LONG, wait: true })
       await sleep(200)
-      await holder.releaseLease(key, 'A')
+      await holder.releaseLease(woken, 'A')
       const lease = await settleWithin(waiting, 2_000)
       expect(lease.status).toBe('fulfilled')
       if (lease.status === 'fulfilled') await lease.value.release()
-
-      // Without the four waiting commands (the line before waiting existed) the five methods
-      // still work: the release's publish fails quietly inside the script.
-      await server.cli(...leaseUser('unwaiting', secret, LEASE_COMMANDS))
-      await lifeCycle(provider({ url: `redis://unwaiting:${secret}@${hostPort(server)}` }), uniqueKey('acl-unwaiting'))
 
       // The metadata keys are needed: every script names one, so without them every
       // scripted call is refused (NOPERM), even for a holder with no metadata.
@@ -449,17 +493,29 @@ describe('RedisLeaseProvider', () => {
       expect(refused.status).toBe('rejected')
       if (refused.status === 'rejected') expect(errorCode(refused.reason)).toBe('ERR_LEASE_AUTH')
 
-      // Each of the seven is needed: a user without it fails somewhere in the life cycle.
+      // Each command is needed but EXISTS: a user without it fails somewhere in the life
+      // cycle or in getLease. Without EXISTS, acquires go as the acquire script.
+      expect(LEASE_COMMANDS).toContain('exists')
       for (const missing of LEASE_COMMANDS) {
         await server.cli(...leaseUser('lacking', secret, LEASE_COMMANDS.filter((c) => c !== missing)))
         await server.cli('SCRIPT', 'FLUSH')
         const lacking = provider({ url: `redis://lacking:${secret}@${hostPort(server)}` })
-        const r = await settleWithin(lifeCycle(lacking, uniqueKey('acl-lacking')), 5_000)
+        const key = uniqueKey('acl-lacking')
+        const readBack = async () => {
+          await lifeCycle(lacking, key)
+          await lacking.acquireLease(key, 'A', LONG)
+          return lacking.getLease(key)
+        }
+        const r = await settleWithin(readBack(), 5_000)
+        if (missing === 'exists') {
+          expect(r.status, 'without exists').toBe('fulfilled')
+          continue
+        }
         expect(r.status, `without ${missing}`).toBe('rejected')
         if (r.status === 'rejected') {
           // Refused at the top (EVALSHA, SCRIPT LOAD, and SET: a plain acquire is one SET) it
           // is NOPERM; refused inside a script (where the life cycle first meets GET, PEXPIRE,
-          // DEL, INCR), a script error.
+          // DEL, INCR, and getLease PTTL), a script error.
           const expected = ['evalsha', 'script|load', 'set'].includes(missing) ? 'ERR_LEASE_AUTH' : 'ERR_LEASE_REDIS'
           expect(errorCode(r.reason), `without ${missing}`).toBe(expected)
         }

@@ -43,9 +43,10 @@ const load = async (scripts) =>
 const SHA = await load(OURS_LUA), MASTRA_SHA = await load(MASTRA_LUA);
 
 // ---------- contestants ---------------------------------------------------------------------
-// Peer 1: node-redis sending our commands, one per call: the plain `SET NX PX GET` of an
-// acquire (the acquire script for a refresh), EVALSHA of our scripts for the rest, GET for the
-// owner: the same round trips and the same work in Redis as ours. Its token keys share one
+// Peer 1: node-redis sending our commands, one round trip per call: the plain `SET NX PX GET`
+// of an acquire with the `EXISTS` of its companion keys beside it (the acquire script for a
+// refresh, or after a claim beside leftovers), EVALSHA of our scripts for the rest, GET for
+// the owner: the same round trips and the same work in Redis as ours. Its token keys share one
 // counter (`{0}`); ours use one per hash slot, which a single server does not tell apart.
 let transfers = 0;
 class NodeRedisOneRT {
@@ -54,10 +55,15 @@ class NodeRedisOneRT {
   }
   keys(key) { return [this.p + key, this.m + key, `${this.f}:${key}`, this.f]; }
   async acquireLease(key, owner, ttl) {
-    const holder = await this.c.set(this.p + key, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl }, GET: true });
-    if (holder === null) return { acquired: true, owner };
-    if (holder !== owner) return { acquired: false, owner: holder };
-    const [ok, cur] = await this.c.evalSha(SHA.acquire, { keys: this.keys(key), arguments: [owner, String(ttl), '', '0'] });
+    // Issued together, so node-redis writes them in one go: one round trip.
+    const [holder, leftovers] = await Promise.all([
+      this.c.set(this.p + key, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl }, GET: true }),
+      this.c.exists([this.m + key, `${this.f}:${key}`]),
+    ]);
+    if (holder === null && leftovers === 0) return { acquired: true, owner };
+    if (holder !== null && holder !== owner) return { acquired: false, owner: holder };
+    const how = holder === null ? 'claimed' : '0';
+    const [ok, cur] = await this.c.evalSha(SHA.acquire, { keys: this.keys(key), arguments: [owner, String(ttl), '', how] });
     return { acquired: ok === 1, owner: cur };
   }
   async acquireFencedLease(key, owner, ttl) {

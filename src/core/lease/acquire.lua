@@ -10,7 +10,11 @@
 -- ARGV[1]  owner
 -- ARGV[2]  ttl in milliseconds (validated by the caller: 1..maxTtlMs)
 -- ARGV[3]  metadata, "" for none (an empty metadata is refused before any I/O)
--- ARGV[4]  "1": a fenced acquire, whose grant carries a token; "0": none is taken
+-- ARGV[4]  "1": a fenced acquire, whose grant carries a token; "0": none is taken;
+--          "claimed": a plain acquire whose `SET NX` just claimed the key and found its
+--          metadata or token key there, leftovers of a grant another client released (Mastra's
+--          own backend, an operator's DEL): deleted while the key is still the caller's, so
+--          the new grant never inherits them; if it is not, the acquire runs as "0"
 -- Returns  {1, owner, token} when the caller holds the lease afterwards (token false when
 --          the lease has none), {0, owner, false} when another holder holds it: another
 --          owner, or this owner with other metadata.
@@ -20,6 +24,10 @@
 -- refresh keeps the lease's token, and a fenced refresh of a lease without one takes one. A
 -- token key naming another holder is a leftover of a grant written without it (by Mastra's
 -- own backend, which moves or frees the lease key alone): the lease then has no token.
+if ARGV[4] == 'claimed' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  return {1, ARGV[1], false}
+end
 local holder = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if type(holder) == 'table' then
   -- Before Redis 7.0, SET takes NX or GET, not both (any other error comes back below).

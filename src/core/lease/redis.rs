@@ -7,10 +7,12 @@
 //! again transparently when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //!
 //! An acquire that asks for no token and carries no metadata (Mastra's `acquireLease` today)
-//! is one plain `SET key owner NX PX ttl GET`, one command and no script for Redis to run;
-//! only when it finds the caller's owner already holding the lease (a refresh, whose metadata
-//! the script compares), or on a server that refuses the form (before 7.0), is the acquire
-//! script sent after it.
+//! is one plain `SET key owner NX PX ttl GET`, no script for Redis to run, with an `EXISTS` of
+//! its metadata and token keys beside it in the pipeline; only when it finds the caller's
+//! owner already holding the lease (a refresh, whose metadata the script compares), claims a
+//! key whose metadata or token key is still there (left by a grant another client released:
+//! the script deletes them, so the new grant inherits neither), or on a server that refuses
+//! the form (before 7.0), is the acquire script sent after it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -69,10 +71,12 @@ pub struct RedisStore {
     layout: Layout,
     limits: Limits,
     replication: Option<Replication>,
-    /// `false` once the server refused `SET NX GET` (before Redis 7.0): acquires then go as
-    /// the script.
+    /// `false` once the server refused `SET NX GET` (before Redis 7.0) or the `EXISTS` beside
+    /// it (an ACL user without it): acquires then go as the script.
     plain_acquire: AtomicBool,
-    /// Calls that failed in Redis or on the way, since the last warning about them.
+    /// Acquires that failed in Redis or on the way, since the last warning about them.
+    acquire_failures: Throttle,
+    /// The other calls that failed so.
     failures: Throttle,
     /// Set once the server refused `WAIT`: every grant under `minReplicas` is then refused
     /// so, before anything is sent.
@@ -125,6 +129,7 @@ impl RedisStore {
             replication: None,
             plain_acquire: AtomicBool::new(true),
             failures: Throttle::default(),
+            acquire_failures: Throttle::default(),
             no_wait: OnceLock::new(),
         })
     }
@@ -287,22 +292,33 @@ impl RedisStore {
     /// Tells the logger when calls failed in Redis or on the way: Mastra swallows those
     /// failures (a failed `acquireLease` counts as acquired), so without this nobody would
     /// know leases are failing open. A warning the first time and at most every 30 s (with
-    /// how many calls failed since), debug notes in between.
+    /// how many calls failed since), debug notes in between; failed acquires have warnings
+    /// of their own, which say what Mastra makes of them, and failed reads, renewals,
+    /// releases and transfers theirs, which do not.
     fn report_failures(&self, calls: &[Sent], answers: &[(usize, Result<Answer>)]) {
-        let mut failed = answers.iter().filter_map(|(i, answer)| match answer {
+        let failed = answers.iter().filter_map(|(i, answer)| match answer {
             Err(err) if err.is_unavailable() => Some((&calls[*i].call, err)),
             _ => None,
         });
-        let Some((call, err)) = failed.next() else {
+        let (acquires, others): (Vec<_>, Vec<_>) =
+            failed.partition(|(call, _)| matches!(call, Call::Acquire { .. }));
+        let acquires_failing = "mastra-lease: lease calls are failing, and Mastra counts a \
+                                failed acquireLease as acquired: until Redis answers again, \
+                                more than one process may run the same thread";
+        let calls_failing = "mastra-lease: lease calls are failing: until Redis answers again, \
+                             they reject";
+        self.report(&self.acquire_failures, &acquires, acquires_failing);
+        self.report(&self.failures, &others, calls_failing);
+    }
+
+    /// One notice about `failed` calls, `warning` when the throttle says it is time for one.
+    fn report(&self, throttle: &Throttle, failed: &[(&Call, &Error)], warning: &str) {
+        let Some((call, err)) = failed.first() else {
             return;
         };
-        let count = 1 + failed.count() as u64;
-        let (level, since) = self.failures.level_of(count);
+        let (level, since) = throttle.level_of(failed.len() as u64);
         let message = match level {
-            Level::Warn => {
-                "mastra-lease: lease calls are failing, and Mastra counts a failed acquireLease as \
-                 acquired: until Redis answers again, more than one process may run the same thread"
-            }
+            Level::Warn => warning,
             Level::Debug => "mastra-lease: lease calls failed",
         };
         self.connection.notice(Notice::new(
@@ -322,9 +338,10 @@ impl RedisStore {
     /// for another command goes again in a later pass, invisibly to callers: a script Redis
     /// does not know (NOSCRIPT, after a restart or SCRIPT FLUSH) is loaded first, with every
     /// other lease script (a flush forgot them all, so no later call finds one known and
-    /// another not), and a plain acquire that found its owner already holding the lease, or
-    /// that the server refused, goes as the acquire script. At most three passes (the script
-    /// sent in the second may itself be unknown).
+    /// another not), and a plain acquire that found its owner already holding the lease, that
+    /// claimed a key beside leftover companion keys, or that the server refused, goes as the
+    /// acquire script. At most three passes (the script sent in the second may itself be
+    /// unknown).
     ///
     /// Sending again must not reorder the calls on one key: a plain acquire is used only for
     /// a key with no other call in the pipeline; a script call on a key is unknown to Redis
@@ -340,9 +357,12 @@ impl RedisStore {
         let sent = &pipeline.sent;
         let mut replies: Vec<Value> = Vec::with_capacity(sent.len());
         // A key with several calls has its acquires sent as the script from the start.
-        let mut scripted = match pipeline.keys_repeat {
-            true => repeated_keys(calls, sent),
-            false => vec![false; sent.len()],
+        let mut how: Vec<How> = match pipeline.keys_repeat {
+            true => repeated_keys(calls, sent)
+                .into_iter()
+                .map(|repeated| if repeated { How::Script } else { How::Plain })
+                .collect(),
+            false => vec![How::Plain; sent.len()],
         };
         let mut plain = vec![false; sent.len()];
         let mut pending: Vec<usize> = (0..sent.len()).collect();
@@ -357,7 +377,7 @@ impl RedisStore {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
             }
             for &j in &pending {
-                plain[j] = self.encode(&calls[sent[j]], scripted[j], &mut pipe);
+                plain[j] = self.encode(&calls[sent[j]], how[j], &mut pipe);
             }
             let mut answers = link.send_packed_commands(&pipe, 0, pipe.len()).await?;
             // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
@@ -367,7 +387,14 @@ impl RedisStore {
                 .find(|reply| matches!(reply, Value::ServerError(_)));
             load = false;
             let mut again = Vec::new();
-            for (&j, mut reply) in pending.iter().zip(answers) {
+            let mut answers = answers.into_iter();
+            for &j in &pending {
+                let mut reply = answers.next().unwrap_or_default();
+                // A plain acquire's second reply: whether its companion keys are there.
+                let leftovers = match plain[j] {
+                    true => answers.next().unwrap_or_default(),
+                    false => Value::Nil,
+                };
                 let call = &calls[sent[j]].call;
                 if is_noscript(&reply) {
                     match (&refused, lua(call)) {
@@ -380,7 +407,15 @@ impl RedisStore {
                         (None, None) => {}
                     }
                 } else if plain[j] && self.acquire_again(call, &reply) {
-                    scripted[j] = true;
+                    how[j] = How::Script;
+                    again.push(j);
+                } else if plain[j] && reply == Value::Nil && leftovers != Value::Int(0) {
+                    // Claimed beside leftovers (or not knowing: the EXISTS was refused): the
+                    // script makes sure the new grant has none.
+                    if let Value::ServerError(err) = &leftovers {
+                        self.refused_exists(err);
+                    }
+                    how[j] = How::Claimed;
                     again.push(j);
                 }
                 if pass == 0 {
@@ -419,9 +454,23 @@ impl RedisStore {
         }
     }
 
-    /// Appends the one command that performs a call; `scripted`: a plain acquire goes as the
-    /// script all the same. `true` when it went as a plain acquire.
-    fn encode(&self, sent: &Sent, scripted: bool, pipe: &mut Pipeline) -> bool {
+    /// The server refused a plain acquire's `EXISTS` (an ACL without it): every later acquire
+    /// goes as the script, one round trip as before, which needs no `EXISTS`.
+    fn refused_exists(&self, err: &redis::ServerError) {
+        if self.plain_acquire.swap(false, Ordering::Relaxed) {
+            self.connection.notice(Notice::new(
+                Level::Debug,
+                "mastra-lease: the server refuses EXISTS; acquires go as the acquire script \
+                 (add +exists to the ACL user for the plain SET)",
+                &[("err", Json::from(err.to_string()))],
+            ));
+        }
+    }
+
+    /// Appends the command that performs a call, as `how` says for an acquire without token or
+    /// metadata. `true` when it went as a plain acquire: a `SET NX GET` and an `EXISTS` of its
+    /// companion keys, two replies.
+    fn encode(&self, sent: &Sent, how: How, pipe: &mut Pipeline) -> bool {
         let call = &sent.call;
         match call {
             Call::Owner { key } => {
@@ -443,15 +492,14 @@ impl RedisStore {
                 ttl_ms,
                 fenced: false,
             } if holder.metadata.is_none()
-                && !scripted
+                && how == How::Plain
                 && self.plain_acquire.load(Ordering::Relaxed) =>
             {
                 // Answers nil when it claimed the key, else the holder (and writes nothing).
-                let cmd = pipe
-                    .cmd("SET")
-                    .arg(self.layout.lease(key))
-                    .arg(&holder.owner);
+                let k = self.layout.keys(key);
+                let cmd = pipe.cmd("SET").arg(k.lease).arg(&holder.owner);
                 cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
+                pipe.cmd("EXISTS").arg(k.metadata).arg(k.token);
                 return true;
             }
             Call::Acquire {
@@ -466,8 +514,11 @@ impl RedisStore {
                     .evalsha(pipe, call, keys)
                     .arg(&holder.owner)
                     .arg(*ttl_ms);
-                cmd.arg(holder.metadata_arg())
-                    .arg(if *fenced { "1" } else { "0" });
+                cmd.arg(holder.metadata_arg()).arg(match (fenced, how) {
+                    (true, _) => "1",
+                    (false, How::Claimed) => "claimed",
+                    (false, _) => "0",
+                });
             }
             Call::Renew {
                 key,
@@ -522,6 +573,18 @@ impl RedisStore {
         }
         cmd
     }
+}
+
+/// How an acquire without token or metadata goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// A plain `SET NX GET`, beside an `EXISTS` of the lease's companion keys.
+    Plain,
+    /// The acquire script.
+    Script,
+    /// The acquire script, after the plain `SET NX GET` claimed the key beside leftover
+    /// companion keys: it deletes them while the key is still the caller's.
+    Claimed,
 }
 
 /// When a batch began, and when it must be answered by.
