@@ -206,6 +206,36 @@ describe('what an operator reads is what is there', () => {
     expect(lines.map((l) => columns(l)[1])).toContain('owner\\ntab\\x1b[0m')
   })
 
+  it('list --json writes bidi overrides, C1 controls and line separators as \\uHHHH escapes, which JSON reads back as the same text', async () => {
+    const keys = ['bidi\u202eevil', 'nel\u0085here', 'csi\u009b31m', 'ls\u2028ps\u2029', 'tag\u{e0041}']
+    const where = await populated('json-escape', (p) => Promise.all(keys.map((k) => p.acquireLease(k, `owner-${k}`, 600_000))))
+    const json = await cli('list', '--url', server.url, '--prefix', where, '--json')
+    expect(json.code).toBe(0)
+    // Nothing a terminal would act on or reorder: every such character is an escape.
+    expect(json.stdout).not.toMatch(/[\u0080-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]|\u{e0041}/u)
+    expect(json.stdout).toContain('bidi\\u202eevil')
+    expect(json.stdout).toContain('csi\\u009b31m')
+    const rows = json.stdout.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as { key: string; owner: string })
+    expect(rows.map((r) => r.key).sort()).toEqual([...keys].sort())
+    expect(rows.every((r) => r.owner === `owner-${r.key}`)).toBe(true)
+  })
+
+  it('an owner that is not UTF-8 (another client wrote it) shows its bytes as \\xHH, with rawOwner in --json; release refuses to name it, saying why', async () => {
+    const where = await populated('binary-owner', async () => {})
+    await server.cli('EVAL', "return redis.call('SET', KEYS[1], 'run' .. '\\255\\254', 'PX', 600000)", 1, `${where}:lease:thread`)
+    const listed = await cli('list', '--url', server.url, '--prefix', where)
+    expect(listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l).slice(0, 2))).toEqual([['thread', 'run\\xff\\xfe']])
+    const got = await cli('get', 'thread', '--url', server.url, '--prefix', where)
+    expect(got).toMatchObject({ code: 0, stdout: expect.stringMatching(/^thread\trun\\xff\\xfe\t/) })
+    const json = await cli('list', '--url', server.url, '--prefix', where, '--json')
+    expect(JSON.parse(json.stdout)).toMatchObject({ key: 'thread', owner: 'run\ufffd\ufffd', rawOwner: Buffer.from([0x72, 0x75, 0x6e, 0xff, 0xfe]).toString('base64') })
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: where }))
+    expect(await p.getLease('thread')).toEqual({ owner: 'run\ufffd\ufffd', token: undefined, ttlMs: expect.any(Number), rawOwner: Buffer.from([0x72, 0x75, 0x6e, 0xff, 0xfe]) })
+    const refused = await cli('release', 'thread', '--owner', 'run\\xff\\xfe', '--url', server.url, '--prefix', where)
+    expect(refused).toMatchObject({ code: 2, stderr: expect.stringMatching(/OWNER: \\xff is a byte that is not UTF-8 text, and no lease call can name it \(such a lease ends at its TTL, or when its key is deleted\)/) })
+    expect(await p.getLeaseOwner('thread')).toBe('run\ufffd\ufffd')
+  })
+
   it('list shows keys over maxKeyBytes and keys that are not UTF-8, escaped, instead of leaving them out', async () => {
     const long = 'L'.repeat(5_000)
     const where = await populated(

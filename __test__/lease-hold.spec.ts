@@ -75,7 +75,6 @@ describe.each(holders)('%s.hold', (_name, make) => {
     const key = newKey()
     await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, wiat: true } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
     await expectRejection(() => p.hold(key, 'A', { ttl: 1_000 } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
-    await expectRejection(() => p.hold(key, 'A', { ttlMs: 0.5 }), RangeError, 'ERR_LEASE_INVALID_OPTION')
     await expectRejection(() => p.hold(key, 'A', { ttlMs: 1_000, signal: {} as never }), TypeError, 'ERR_LEASE_INVALID_OPTION')
     const thrown = new Error('trapped')
     for (const trap of [new Proxy({ ttlMs: 1_000 }, { ownKeys: () => { throw thrown } }), new Proxy({ ttlMs: 1_000 }, { get: () => { throw thrown } })]) {
@@ -84,6 +83,23 @@ describe.each(holders)('%s.hold', (_name, make) => {
     }
     await expectRejection(() => p.hold('', 'A', { ttlMs: 1_000 }), RangeError, 'ERR_LEASE_INVALID_KEY')
     expect(await p.getLeaseOwner(key)).toBeUndefined()
+  })
+
+  it("refuses a ttlMs or metadata it cannot use with the code a lease method gives it (ERR_LEASE_INVALID_TTL, ERR_LEASE_INVALID_METADATA), waiting or not, and leaves what is held alone", async () => {
+    const p = closing(make())
+    const key = newKey()
+    const held = await p.hold(key, 'A', { ttlMs: 60_000 })
+    for (const wait of [false, true]) {
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 'soon' as never, wait }), TypeError, 'ERR_LEASE_INVALID_TTL')
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 0.5, wait }), RangeError, 'ERR_LEASE_INVALID_TTL')
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 2, wait }), RangeError, 'ERR_LEASE_INVALID_TTL')
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 1e12, wait }), RangeError, 'ERR_LEASE_INVALID_TTL')
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 1_000, metadata: 7 as never, wait }), TypeError, 'ERR_LEASE_INVALID_METADATA')
+      await expectRejection(() => p.hold(key, 'B', { ttlMs: 1_000, metadata: '', wait }), RangeError, 'ERR_LEASE_INVALID_METADATA')
+    }
+    expect(await p.getLeaseOwner(key)).toBe('A')
+    expect(held.signal.aborted).toBe(false)
+    await held.release()
   })
 
   it("the caller's signal ends the hold: the lease is released and its signal aborts with the caller's reason", async () => {
@@ -107,6 +123,15 @@ describe.each(holders)('%s.hold', (_name, make) => {
       expect(await p.getLeaseOwner(key)).toBe(lease.owner)
     }
     expect(await p.getLeaseOwner(key)).toBeUndefined()
+  })
+})
+
+describe('holdLease', () => {
+  it('refuses what is not a lease provider ({}, null, an object with some of the five methods) with ERR_LEASE_INVALID_ARGUMENT', async () => {
+    for (const leases of [{}, null, undefined, 'redis://', { acquireLease: async () => ({ acquired: true }), getLeaseOwner: async () => undefined }]) {
+      const error = await expectRejection(() => holdLease(leases as never, `hold-${randomUUID()}`, 'A', { ttlMs: 1_000 }), TypeError, 'ERR_LEASE_INVALID_ARGUMENT')
+      expect(error.message).toMatch(/^hold: leases must be a lease provider/)
+    }
   })
 })
 

@@ -17,13 +17,15 @@ const USAGE = String.raw`usage:
   --url       the Redis to read (default: $REDIS_URL, else redis://127.0.0.1:6379)
   --cluster   a seed node of a Redis Cluster, instead of --url (repeat for more)
   --prefix    the providers' keyPrefix (default mastra:topic)
-  --json      one JSON object per lease instead of tab-separated columns (with rawKey, the
-              key's bytes in base64, for a key that is not UTF-8)
+  --json      one JSON object per lease instead of tab-separated columns (with rawKey and
+              rawOwner, the bytes in base64, for a key or an owner that is not UTF-8), the
+              characters the columns escape written as \uHHHH there
 
 Keys and owners are shown escaped, so that each lease is one line of four columns: a
 backslash as \\, NUL as \0, tab, newline and CR as \t \n \r, other ASCII controls as \xHH,
-invisible, spacing and bidi characters (U+202E, ...) as \uHHHH, and the bytes of a key that
-are not UTF-8 as \xHH (80 to ff). Mastra's thread keys hold a NUL between resource and
+invisible, spacing and bidi characters (U+202E, ...) as \uHHHH, and the bytes of a key or an
+owner that are not UTF-8 as \xHH (80 to ff), which no lease call can name: such a lease
+ends at its TTL, or when its key is deleted. Mastra's thread keys hold a NUL between resource and
 thread: resource\0thread. A KEY or OWNER given to get and release is read the same way
 (quote it for the shell: 'resource\0thread'); any other escape is a usage error.`
 
@@ -55,7 +57,7 @@ const shown = (text) =>
   })
 
 const utf8 = new TextDecoder('utf-8', { fatal: true })
-/** A key that is not UTF-8 (`rawKey`), shown as `shown` shows text, each stray byte as \xHH. */
+/** A key or an owner that is not UTF-8 (`rawKey`, `rawOwner`), shown as `shown` shows text, each stray byte as \xHH. */
 function shownBytes(bytes) {
   let out = ''
   for (let i = 0; i < bytes.length; ) {
@@ -85,7 +87,9 @@ const typed = (text, what) =>
       return String.fromCodePoint(code)
     }
     if (two !== undefined) {
-      if (parseInt(two, 16) >= 0x80) fail(EXIT.usage, `${what}: \\x${two} is a byte that is not UTF-8 text, and no lease call can name such a key`)
+      if (parseInt(two, 16) >= 0x80) {
+        fail(EXIT.usage, `${what}: \\x${two} is a byte that is not UTF-8 text, and no lease call can name it (such a lease ends at its TTL, or when its key is deleted)`)
+      }
       return String.fromCharCode(parseInt(two, 16))
     }
     if (single in UNESCAPES) return UNESCAPES[single]
@@ -140,13 +144,31 @@ try {
 }
 
 /**
- * One lease as a line; `raw`: its key's bytes, for a key that is not UTF-8 (`rawKey`). A lease
- * without an expiry (another client's raw SET) has ttlMs null: "never" in a table.
+ * `value` as one line of JSON in which every character `shown` escapes (bidi overrides, C1
+ * controls, line and paragraph separators, ...) is written as \uHHHH: JSON reads them back the
+ * same, and a terminal shows them as text.
+ */
+const jsonLine = (value) =>
+  JSON.stringify(value).replace(/[\p{C}\p{Z}]/gu, (c) =>
+    c === ' ' ? c : Array.from({ length: c.length }, (_, i) => `\\u${hex(c.charCodeAt(i), 4)}`).join(''),
+  )
+
+/**
+ * One lease as a line; `raw`: its key's bytes, for a key that is not UTF-8 (`rawKey`), as the
+ * lease has its owner's (`rawOwner`). A lease without an expiry (another client's raw SET) has
+ * ttlMs null: "never" in a table.
  */
 const line = (k, lease, raw) =>
   values.json
-    ? JSON.stringify({ key: k, ...(raw ? { rawKey: raw.toString('base64') } : {}), owner: lease.owner, ttlMs: lease.ttlMs, token: lease.token ?? null })
-    : [raw ? shownBytes(raw) : shown(k), shown(lease.owner), lease.ttlMs ?? 'never', lease.token ?? ''].join('\t')
+    ? jsonLine({
+        key: k,
+        ...(raw ? { rawKey: raw.toString('base64') } : {}),
+        owner: lease.owner,
+        ...(lease.rawOwner ? { rawOwner: lease.rawOwner.toString('base64') } : {}),
+        ttlMs: lease.ttlMs,
+        token: lease.token ?? null,
+      })
+    : [raw ? shownBytes(raw) : shown(k), lease.rawOwner ? shownBytes(lease.rawOwner) : shown(lease.owner), lease.ttlMs ?? 'never', lease.token ?? ''].join('\t')
 
 let code = EXIT.done
 try {

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 
 use super::js::{self, Env, Persistent, Value};
-use crate::core::lease::{Holder, Page};
+use crate::core::lease::{Holder, Lease, Page};
 use crate::core::{Answer, Result};
 
 /// What a finished call hands back: a lease answer, or a plain value.
@@ -35,7 +35,7 @@ pub fn to_js(env: Env, outcome: Outcome) -> std::result::Result<Value, Value> {
             Ok(js::string_or_undefined(env, owner.as_deref()))
         }
         Ok(Reply::Answer(Answer::Lease(lease))) => Ok(match lease {
-            Some(lease) => self::lease(env, &lease.owner, lease.token, lease.ttl_ms),
+            Some(lease) => self::lease(env, &lease),
             None => js::undefined(env),
         }),
         Ok(Reply::Answer(Answer::Record(record))) => Ok(match record {
@@ -105,7 +105,7 @@ fn page(env: Env, page: &Page) -> Value {
         .leases
         .iter()
         .map(|(key, l)| {
-            let row = lease(env, &l.owner, l.token, l.ttl_ms);
+            let row = lease(env, l);
             match std::str::from_utf8(key) {
                 Ok(key) => js::set_property(env, row, c"key", js::string(env, key)),
                 // No string holds these bytes: the key as text shows U+FFFD for them, and
@@ -128,13 +128,19 @@ fn page(env: Env, page: &Page) -> Value {
 
 /// `{ owner, token, ttlMs }`, what `getLease` resolves to for a live lease; `ttlMs` is `null`
 /// for a key that never expires (the same in JavaScript and in JSON, where `Infinity` is not).
-fn lease(env: Env, owner: &str, token: Option<u64>, ttl_ms: Option<u64>) -> Value {
+fn lease(env: Env, lease: &Lease) -> Value {
     let out = js::object(env);
-    js::set_property(env, out, c"owner", js::string(env, owner));
+    js::set_property(env, out, c"owner", js::string(env, &lease.owner));
+    let token = lease.token;
     let token = token.map_or_else(|| js::undefined(env), |t| js::number_value(env, t as f64));
     js::set_property(env, out, c"token", token);
-    let ttl = ttl_ms.map_or_else(|| js::null(env), |t| js::number_value(env, t as f64));
+    let ttl = lease.ttl_ms;
+    let ttl = ttl.map_or_else(|| js::null(env), |t| js::number_value(env, t as f64));
     js::set_property(env, out, c"ttlMs", ttl);
+    // No string holds these bytes: `owner` shows U+FFFD for them.
+    if let Some(raw) = &lease.raw_owner {
+        js::set_property(env, out, c"rawOwner", js::buffer(env, raw));
+    }
     out
 }
 
@@ -192,6 +198,9 @@ pub struct LeaseState {
     /// without an expiry by another client, e.g. a raw `SET`), which only a release or a
     /// deletion ends.
     pub ttl_ms: napi::Either<f64, napi::bindgen_prelude::Null>,
+    /// The owner as Redis holds it, when that is not UTF-8 (another client wrote it): `owner`
+    /// shows U+FFFD for the bytes it cannot show. Absent otherwise.
+    pub raw_owner: Option<napi::bindgen_prelude::Buffer>,
 }
 
 /// Calls made per lease method.

@@ -2,7 +2,7 @@
 // Works over any LeaseProvider; the providers and pubsubs of this package have it as a method.
 import type { LeaseProvider } from '@mastra/core/events'
 
-import { coded } from './errors.js'
+import { coded, notLeaseProvider } from './errors.js'
 import { waitersOf, type Place } from './wait.js'
 
 /** Options of `hold(key, owner, options)` and `holdLease(leases, key, owner, options)`. */
@@ -68,7 +68,12 @@ export interface HeldLease {
 
 const HOLD_OPTIONS = new Set(['ttlMs', 'signal', 'wait', 'waitTimeoutMs', 'metadata'])
 
-/** Checks `options` before any I/O: unknown or unusable options throw ERR_LEASE_INVALID_OPTION. */
+/**
+ * Checks `options` before any I/O: unknown or unusable options throw ERR_LEASE_INVALID_OPTION;
+ * a `ttlMs` or `metadata` that is not one throws the code a lease method gives it
+ * (ERR_LEASE_INVALID_TTL, ERR_LEASE_INVALID_METADATA), as do their ranges, which the provider
+ * checks.
+ */
 function checked(options: HoldOptions): HoldOptions {
   if (options === null || typeof options !== 'object') {
     throw coded(new TypeError('hold: options must be an object with ttlMs'), 'ERR_LEASE_INVALID_OPTION')
@@ -94,9 +99,9 @@ function checked(options: HoldOptions): HoldOptions {
     }
   }
   const { ttlMs, signal, wait, waitTimeoutMs, metadata } = read
-  if (typeof ttlMs !== 'number') throw coded(new TypeError('hold: ttlMs must be a number'), 'ERR_LEASE_INVALID_OPTION')
+  if (typeof ttlMs !== 'number') throw coded(new TypeError('hold: ttlMs must be a number'), 'ERR_LEASE_INVALID_TTL')
   if (!Number.isSafeInteger(ttlMs) || ttlMs < 3) {
-    throw coded(new RangeError(`hold: ttlMs must be a whole number of milliseconds, at least 3; got ${ttlMs}`), 'ERR_LEASE_INVALID_OPTION')
+    throw coded(new RangeError(`hold: ttlMs must be a whole number of milliseconds, at least 3; got ${ttlMs}`), 'ERR_LEASE_INVALID_TTL')
   }
   if (signal !== undefined && !(signal instanceof AbortSignal)) {
     throw coded(new TypeError('hold: signal must be an AbortSignal'), 'ERR_LEASE_INVALID_OPTION')
@@ -117,7 +122,7 @@ function checked(options: HoldOptions): HoldOptions {
   }
   // Its size and content are the provider's to check, as for any metadata it is given.
   if (metadata !== undefined && typeof metadata !== 'string') {
-    throw coded(new TypeError('hold: metadata must be a string'), 'ERR_LEASE_INVALID_OPTION')
+    throw coded(new TypeError('hold: metadata must be a string'), 'ERR_LEASE_INVALID_METADATA')
   }
   return { ttlMs, signal, wait, waitTimeoutMs, metadata }
 }
@@ -196,6 +201,8 @@ async function acquireWaiting(
  * keep the process alive; a wait's do, as the caller awaits it.
  */
 export async function holdLease(leases: LeaseProvider, key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+  const notProvider = notLeaseProvider(leases, 'hold: leases')
+  if (notProvider) throw notProvider
   const checkedOptions = checked(options)
   const { ttlMs, signal, wait } = checkedOptions
   const waiters = wait === true ? waitersOf(leases) : undefined

@@ -1,6 +1,6 @@
 import type { Event, EventCallback, LeaseProvider, PubSub, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
 
-import { coded } from './errors.js'
+import { coded, described, missing, notLeaseProvider } from './errors.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 import type { TrimTopicOptions } from './redis-streams-pubsub.js'
 
@@ -101,35 +101,12 @@ export function withLeases(inner: PubSub, leases: LeaseProvider): LeasedPubSub {
   if (notPubSub.length > 0) {
     throw argumentError(`withLeases: the first argument must be a PubSub (with publish, subscribe, unsubscribe and flush methods), got ${described(inner, notPubSub)}`)
   }
-  // Structural, as Mastra's isLeaseProvider: a provider resolving another copy of
-  // @mastra/core will do.
-  const notProvider = missing(leases, LEASE_METHODS)
-  if (notProvider.length > 0) {
-    throw argumentError(
-      `withLeases: the second argument must be a lease provider (with acquireLease, getLeaseOwner, releaseLease, renewLease and transferLease methods), got ${described(leases, notProvider)}`,
-    )
-  }
+  const notProvider = notLeaseProvider(leases, 'withLeases: the second argument')
+  if (notProvider) throw notProvider
   return new LeasedPubSub(inner, leases)
 }
 
 const PUBSUB_METHODS = ['publish', 'subscribe', 'unsubscribe', 'flush'] as const
-const LEASE_METHODS = ['acquireLease', 'getLeaseOwner', 'releaseLease', 'renewLease', 'transferLease'] as const
-
-/** The methods of `names` that `value` lacks; a getter or a Proxy trap that throws counts as lacking. */
-function missing(value: unknown, names: readonly string[]): string[] {
-  return names.filter((name) => {
-    try {
-      return typeof value !== 'object' || value === null || typeof (value as Record<string, unknown>)[name] !== 'function'
-    } catch {
-      return true
-    }
-  })
-}
-
-function described(value: unknown, missing: string[]): string {
-  if (value === null) return 'null'
-  return typeof value === 'object' ? `an object without ${missing.join(', ')}` : typeof value
-}
 
 function argumentError(message: string): TypeError {
   return coded(new TypeError(message), 'ERR_LEASE_INVALID_ARGUMENT')

@@ -289,6 +289,11 @@ export interface LeaseState {
    * deletion ends.
    */
   ttlMs: number | null
+  /**
+   * The owner as Redis holds it, when that is not UTF-8 (another client wrote it): `owner`
+   * shows U+FFFD for the bytes it cannot show. Absent otherwise.
+   */
+  rawOwner?: Buffer
 }
 
 /** What `stats()` returns: a provider's lease calls since it was made. */

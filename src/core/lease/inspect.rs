@@ -296,6 +296,7 @@ mod tests {
                 owner: "run-1".into(),
                 token: Some(7),
                 ttl_ms: Some(5_000),
+                raw_owner: None,
             })
         );
         let plain = lease_of(replies(Value::Nil)).unwrap();

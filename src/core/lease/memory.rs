@@ -138,6 +138,7 @@ impl MemoryStore {
                 ttl_ms: Some(
                     u64::try_from(l.expires.duration_since(now).as_millis()).unwrap_or(u64::MAX),
                 ),
+                raw_owner: None,
             })),
             Call::Record { key } => Answer::Record(table.live(&key, now).map(|l| l.holder.clone())),
             Call::Release { key, holder } => Answer::Released(table.release(now, &key, &holder)),

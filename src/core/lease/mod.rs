@@ -83,6 +83,9 @@ pub struct Lease {
     /// Milliseconds left before it expires; `None` for a key with no expiry at all (written
     /// without `PX` by another client: a raw `SET`), which only a release or a `DEL` ends.
     pub ttl_ms: Option<u64>,
+    /// The owner as Redis holds it, when that is not UTF-8 (another client wrote it): `owner`
+    /// shows U+FFFD for the bytes it cannot show.
+    pub raw_owner: Option<Vec<u8>>,
 }
 
 /// One lease operation and its arguments. Calls are what stores execute, alone or in

@@ -147,6 +147,7 @@ impl Model {
                     owner: holder.owner.clone(),
                     token: *token,
                     ttl_ms: Some(expires - now),
+                    raw_owner: None,
                 }))
             }
             Call::Record { key } => Answer::Record(self.live(key, now).cloned()),

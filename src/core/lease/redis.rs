@@ -672,6 +672,7 @@ pub(super) fn decode(call: &Call, reply: Value) -> redis::RedisResult<Answer> {
 fn read_lease(reply: Value) -> redis::RedisResult<Option<Lease>> {
     let lease: Option<(Vec<u8>, i64, Option<u64>)> = parse(reply)?;
     Ok(lease.map(|(owner, pttl, token)| Lease {
+        raw_owner: std::str::from_utf8(&owner).is_err().then(|| owner.clone()),
         owner: text(owner),
         token,
         // -1: a key without an expiry, which our writes never leave but others' can.

@@ -226,7 +226,7 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     assert_eq!(run(renew).await.unwrap(), Answer::Renewed(true));
     let read = run(lease("k")).await.unwrap();
     assert!(
-        matches!(&read, Answer::Lease(Some(Lease { owner, token: Some(t), ttl_ms: Some(ttl) }))
+        matches!(&read, Answer::Lease(Some(Lease { owner, token: Some(t), ttl_ms: Some(ttl), .. }))
         if owner == "a" && *t == first && *ttl > 59_000 && *ttl <= 60_000),
         "{read:?}"
     );
