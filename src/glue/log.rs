@@ -77,6 +77,29 @@ impl JsLog {
     }
 }
 
+/// On Node's thread, at once: `logger.warn(message, fields)`, or without a logger
+/// `process.emitWarning(message, { code })`. For a warning a caller looks for as soon as the
+/// call that caused it returns (a constructor's: Mastra's own tests of its backend do).
+pub fn warn_now(env: Env, logger: Option<Value>, notice: Notice) {
+    type ToArgs = fn(Env, Notice) -> Vec<Value>;
+    let (this, method, to_args): (Option<Value>, &std::ffi::CStr, ToArgs) = match logger {
+        Some(logger) => (Some(logger), c"warn", message_and_fields),
+        None => {
+            let mut global = ptr::null_mut();
+            // SAFETY: a plain lookup on the JavaScript thread.
+            unsafe { sys::napi_get_global(env, &mut global) };
+            let process = js::property(env, global, c"process").ok();
+            (process, c"emitWarning", message_and_code)
+        }
+    };
+    let function = this
+        .filter(|this| js::type_of(env, *this) == ValueType::napi_object)
+        .and_then(|this| bound(env, js::property(env, this, method).ok()?, this));
+    if let Some(function) = function {
+        js::call(env, function, &to_args(env, notice));
+    }
+}
+
 /// `function.bind(this)`, so the callback keeps its object when called on its own.
 fn bound(env: Env, function: Value, this: Value) -> Option<Value> {
     if js::type_of(env, function) != ValueType::napi_function {

@@ -26,7 +26,7 @@ use super::redis::RedisLeaseProvider;
 use super::reply::Reply;
 use super::{runtime, unknown};
 use crate::core::lock;
-use crate::core::log::{Level, Logger, Notice};
+use crate::core::log::{Level, Notice};
 use crate::core::streams::{Delivery, RunEntries, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
 
@@ -197,12 +197,13 @@ impl RedisStreamsTransport {
                 let mut store =
                     RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
                 store.set_replication(replication);
-                if let (true, Some(log)) = (zero_attempts, &log) {
-                    log.log(Notice::new(
+                if zero_attempts {
+                    let warning = Notice::new(
                         Level::Warn,
                         super::options::ZERO_ATTEMPTS_WARNING,
                         &[("code", super::options::ZERO_ATTEMPTS_CODE.into())],
-                    ));
+                    );
+                    super::log::warn_now(raw, logger, warning);
                 }
                 Ok((pubsub, store, limits))
             },

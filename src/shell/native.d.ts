@@ -408,9 +408,9 @@ export interface RedisClientOptions {
    * `noDelay` (`TCP_NODELAY`, default true); `keepAlive` (TCP keepalive probes: `true`,
    * `false`, or node-redis 4's delay in milliseconds; default on after 5000 ms) and
    * `keepAliveInitialDelay` (node-redis 5's delay beside `keepAlive: true`).
-   * `reconnectStrategy` is refused: there is no reconnection loop to pace or stop (the
-   * next call opens a broken connection again; every call settles within
-   * `commandTimeoutMs`). Any other field is refused by name.
+   * `reconnectStrategy: false` is what this client does; a delay or a function is refused:
+   * there is no reconnection loop to pace (the next call opens a broken connection again;
+   * every call settles within `commandTimeoutMs`). Any other field is refused by name.
    */
   socket?: RedisSocketOptions
 }
@@ -531,6 +531,12 @@ export interface RedisSocketOptions {
   keepAlive?: boolean | number
   /** node-redis 5's delay beside `keepAlive: true`, in milliseconds. */
   keepAliveInitialDelay?: number
+  /**
+   * `false` only, what this client does: no reconnection loop runs in the background (the
+   * next call opens a broken connection again, and every call settles within
+   * `commandTimeoutMs`). A delay or a function, which would pace such a loop, is refused.
+   */
+  reconnectStrategy?: false
 }
 
 /**

@@ -111,9 +111,9 @@ pub struct Streams {
 
 /// Mastra's backend takes `maxDeliveryAttempts: 0` as `Infinity` and warns that it does (a
 /// 0 that meant "never redeliver" would otherwise redeliver forever unnoticed); so do we.
-pub const ZERO_ATTEMPTS_WARNING: &str = "mastra-lease streams: maxDeliveryAttempts 0 is taken \
-     as Infinity (no cap: a nacked event is redelivered forever), as Mastra's backend does; \
-     pass Infinity to disable the cap explicitly";
+pub const ZERO_ATTEMPTS_WARNING: &str = "mastra-lease streams: maxDeliveryAttempts=0 is \
+     treated as Infinity for back-compat (no cap: a nacked event is redelivered forever), as \
+     Mastra's backend does; pass Infinity to disable the cap explicitly";
 /// The code of [`ZERO_ATTEMPTS_WARNING`] (`process.emitWarning`'s, and the logger's `code`).
 pub const ZERO_ATTEMPTS_CODE: &str = "MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS";
 

@@ -228,15 +228,18 @@ impl Options {
                 "keepAliveInitialDelay" => {
                     initial_delay = Some(self.number_in(field, kind, &label, 1, MAX_TIMEOUT_MS)?)
                 }
+                // `false` (node-redis: never reconnect in the background) is what this client
+                // does: nothing reconnects between calls.
+                "reconnectStrategy" if kind == ValueType::napi_boolean && !flag()? => {}
                 "reconnectStrategy" => {
                     return Err(invalid(
                         InputErrorKind::Type,
                         format!(
-                            "{label} is not supported: this client has no reconnection loop to \
-                             pace or stop. When a connection breaks, the next call opens it again \
-                             (within connectTimeoutMs), and every call settles within \
-                             commandTimeoutMs, rejecting during an outage instead of waiting in a \
-                             queue. Remove it"
+                            "{label} is not supported but as false: this client has no \
+                             reconnection loop to pace. When a connection breaks, the next call \
+                             opens it again (within connectTimeoutMs), and every call settles \
+                             within commandTimeoutMs, rejecting during an outage instead of \
+                             waiting in a queue. Remove it, or pass false"
                         ),
                     ))
                 }
@@ -299,6 +302,7 @@ pub(super) const SOCKET: &[&str] = &[
     "noDelay",
     "keepAlive",
     "keepAliveInitialDelay",
+    "reconnectStrategy",
 ];
 /// `cluster.defaults`' fields (`NodeRedisClusterDefaults`).
 pub(super) const CLUSTER_DEFAULTS: &[&str] = &["username", "password"];

@@ -178,6 +178,7 @@ fn every_nested_options_object_declares_the_fields_its_reader_takes_and_no_other
             no_delay,
             keep_alive,
             keep_alive_initial_delay,
+            reconnect_strategy,
         }),
         table(SOCKET),
     );

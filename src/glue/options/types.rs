@@ -150,9 +150,9 @@ pub struct RedisClientOptions {
     /// `noDelay` (`TCP_NODELAY`, default true); `keepAlive` (TCP keepalive probes: `true`,
     /// `false`, or node-redis 4's delay in milliseconds; default on after 5000 ms) and
     /// `keepAliveInitialDelay` (node-redis 5's delay beside `keepAlive: true`).
-    /// `reconnectStrategy` is refused: there is no reconnection loop to pace or stop (the
-    /// next call opens a broken connection again; every call settles within
-    /// `commandTimeoutMs`). Any other field is refused by name.
+    /// `reconnectStrategy: false` is what this client does; a delay or a function is refused:
+    /// there is no reconnection loop to pace (the next call opens a broken connection again;
+    /// every call settles within `commandTimeoutMs`). Any other field is refused by name.
     #[napi(ts_type = "RedisSocketOptions")]
     pub socket: Option<RedisSocketOptions>,
 }
@@ -174,6 +174,11 @@ pub struct RedisSocketOptions {
     pub keep_alive: Option<Value>,
     /// node-redis 5's delay beside `keepAlive: true`, in milliseconds.
     pub keep_alive_initial_delay: Option<f64>,
+    /// `false` only, what this client does: no reconnection loop runs in the background (the
+    /// next call opens a broken connection again, and every call settles within
+    /// `commandTimeoutMs`). A delay or a function, which would pace such a loop, is refused.
+    #[napi(ts_type = "false")]
+    pub reconnect_strategy: Option<bool>,
 }
 
 /// `cluster`: a Redis Cluster, found through any of its nodes.
