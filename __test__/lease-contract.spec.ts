@@ -1,5 +1,5 @@
 // One contract, every provider: everything Mastra's LeaseProvider contract promises, and its
-// next core's LeaseRecordProvider (helpers/lease-contract.ts), must hold for the in-memory
+// lease records (helpers/lease-contract.ts), must hold for the in-memory
 // store and for Redis alike, and through withLeases, which passes every call on.
 import './helpers/mastra-node.js' // first: withLeases loads Mastra, which needs Node >= 22.13
 

@@ -1,4 +1,4 @@
-// Lease records with metadata, as Mastra's next core uses them: the holder is the owner with
+// Lease records with metadata (this package's; Mastra proposed them, unmerged): the holder is the owner with
 // its run's identity, so two runs under one owner id never both hold a key. Against Mastra's
 // own Redis layout both ways (its backend writes `<prefix>:lease:<key>` and
 // `<prefix>:lease-metadata:<key>` with raw commands; node-redis plays it here), and in a

@@ -82,7 +82,7 @@ class NodeRedisOneRT {
   async close() { await this.c.close(); }
 }
 // Ours again, as seen through a view: every acquire fenced (`acquireFencedLease`), or every
-// call carrying a run's metadata, the next Mastra's calls. The same provider class, its own
+// call carrying a run's metadata (this package's lease records). The same provider class, its own
 // key prefix.
 class Fenced {
   constructor(p) { this.p = p; }

@@ -56,7 +56,7 @@ console.log(`   after the follow-up releases, the owner is ${await leases.getLea
 const refused = await leases.acquireLease(thread, 'x', 0).catch((err) => err)
 console.log(`\n5. acquireLease with ttlMs 0 -> ${refused.name} ${refused.code}: ${refused.message}`)
 
-// 6. Mastra's next core names the run too: one worker id, two runs, two holders.
+// 6. A lease record names the run too: one worker id, two runs, two holders.
 const first = await leases.acquireLease(thread, 'worker-a', TTL_MS, 'run-1')
 const second = await leases.acquireLease(thread, 'worker-a', TTL_MS, 'run-2')
 console.log(`\n6. worker-a for run-1: ${first.acquired}; worker-a for run-2: ${second.acquired}`)

@@ -1,7 +1,7 @@
 // The lease contract as tests, for any provider: lease-contract.spec.ts runs it on the
 // in-memory store and one redis-server (each also through withLeases), lease-topologies.spec.ts
 // on a Redis Cluster and behind Sentinel (RedisLeaseProvider and RedisStreamsPubSub's leases).
-// Mastra's LeaseProvider, with its next core's metadata (LeaseRecordProvider), and this
+// Mastra's LeaseProvider, with this package's lease records (metadata), and this
 // package's fenced grants.
 import { randomUUID } from 'node:crypto'
 
@@ -127,7 +127,7 @@ function commandsBetween(before: Record<string, number>, after: Record<string, n
 
 /**
  * Everything Mastra's LeaseProvider contract promises (`@mastra/core`'s
- * `dist/events/pubsub.d.ts`), and its next core's LeaseRecordProvider (metadata with each
+ * `dist/events/pubsub.d.ts`), and this package's lease records (metadata with each
  * holder), as tests of the provider `makeProvider` makes.
  */
 export function describeLeaseContract(name: string, makeProvider: MakeProvider, { commandCalls }: ContractOptions = {}) {

@@ -13,14 +13,14 @@ export interface LeaseApi {
   close(): Promise<void>
 }
 
-/** Who holds a lease, as `getLeaseRecord` answers it (Mastra's `LeaseRecordProvider`). */
+/** Who holds a lease, as `getLeaseRecord` answers it (this package's lease record). */
 export interface LeaseRecordLike {
   owner: string
   metadata?: string
 }
 
 /**
- * The providers of this package: Mastra's five methods with the next core's metadata (the
+ * The providers of this package: Mastra's five methods with this package's metadata (the
  * holder is the owner and its metadata together), `getLeaseRecord`, fenced grants and
  * `getLease`. `acquireFencedLease` and `getLeaseRecord` are optional in the pubsubs' types:
  * they have them as own properties exactly when their lease provider has them.

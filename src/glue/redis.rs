@@ -256,7 +256,7 @@ impl RedisLeaseProvider {
     }
 }
 
-/// The five methods of Mastra's `LeaseProvider` (with the next Mastra's metadata), its
+/// The five methods of Mastra's `LeaseProvider` (with this package's lease records' metadata), its
 /// `getLeaseRecord`, then `acquireFencedLease`, `getLease` and `stats`: each checks its
 /// arguments (`args.rs`) and hands the call to `submit`.
 #[napi]
@@ -374,7 +374,7 @@ impl RedisLeaseProvider {
     }
 
     /// Who holds the live lease on `key`: `{ owner, metadata? }` (`metadata` absent for
-    /// none), or `undefined`. Mastra's `LeaseRecordProvider`.
+    /// none), or `undefined`: this package's lease record.
     #[napi(
         catch_unwind,
         ts_args_type = "key: string",

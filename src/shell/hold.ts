@@ -130,7 +130,7 @@ function checked(options: HoldOptions): HoldOptions {
 /** A grant as this package's providers answer it (a fenced one with its token). */
 type Grant = { acquired: boolean; owner?: string; token?: number }
 
-/** Mastra's lease methods as the next Mastra calls them, with each holder's metadata. */
+/** Mastra's lease methods, with each holder's metadata (this package's lease records). */
 type Holdable = LeaseProvider & {
   acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<Grant>
   acquireFencedLease?(key: string, owner: string, ttlMs: number, metadata?: string): Promise<Grant>

@@ -6,7 +6,7 @@ import type { TrimTopicOptions } from './redis-streams-pubsub.js'
 
 /** A PubSub that can be closed: Mastra's transports have `close()`, the base class does not. */
 type Closable = { close?: () => Promise<void> | void }
-/** A PubSub of Mastra's next core, or ours: `trimTopic` is not in the installed base class. */
+/** A PubSub of upstream Mastra's core (after 1.71), or ours: `trimTopic` is not in the installed base class. */
 type Trimmable = { trimTopic?: (topic: string, options: TrimTopicOptions) => Promise<void> }
 
 /**

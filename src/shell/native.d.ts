@@ -90,7 +90,7 @@ export declare class RedisLeaseProvider {
   transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number, fromMetadata?: string, toMetadata?: string): Promise<boolean>
   /**
    * Who holds the live lease on `key`: `{ owner, metadata? }` (`metadata` absent for
-   * none), or `undefined`. Mastra's `LeaseRecordProvider`.
+   * none), or `undefined`: this package's lease record.
    */
   getLeaseRecord(key: string): Promise<LeaseRecord | undefined>
   /**

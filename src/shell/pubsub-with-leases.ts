@@ -16,7 +16,7 @@ type FencingLeaseProvider = LeaseProvider & {
   ping(): Promise<number>
 }
 
-/** Mastra's five lease methods as the next Mastra calls them, with each holder's metadata. */
+/** Mastra's five lease methods, with each holder's metadata (this package's lease records). */
 type MetadataLeaseProvider = {
   acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant>
   releaseLease(key: string, owner: string, metadata?: string): Promise<void>
@@ -34,9 +34,9 @@ function unsupported(method: string): TypeError {
  * A Mastra `PubSub` that is also a `LeaseProvider`: the five lease methods (each holder's
  * metadata passed on), `getLease`, and `getLeaseProvider()` for wrappers such as Mastra's
  * `CachingPubSub`, all delegated to `leases`; `getLeaseRecord` and `acquireFencedLease` too
- * when `leases` has them, and only then, so that Mastra's structural detection takes it for a
- * `LeaseRecordProvider` exactly when its provider is one. Mastra's detection finds them
- * directly, through its `Proxy`, and through wrappers. Fields are TypeScript-private, not
+ * when `leases` has them, and only then, so that a structural detection (Mastra's, for the
+ * five methods) takes it for what its provider is. They are found directly, through Mastra's
+ * `Proxy`, and through wrappers. Fields are TypeScript-private, not
  * `#private`, so the object keeps working when called through a `Proxy`.
  *
  * Lease calls are traced on the `mastra-lease:lease` diagnostics channel, once: here, whatever
@@ -46,8 +46,8 @@ function unsupported(method: string): TypeError {
 export abstract class PubSubWithLeases extends PubSub implements LeaseProvider {
   protected readonly leases: LeaseProvider & MetadataLeaseProvider
   /**
-   * Who holds the live lease on `key`, `{ owner, metadata? }`, or `undefined` (Mastra's
-   * `LeaseRecordProvider`): present only when the lease provider has it.
+   * Who holds the live lease on `key`, `{ owner, metadata? }`, or `undefined` (this
+   * package's lease record): present only when the lease provider has it.
    */
   declare readonly getLeaseRecord?: (key: string) => Promise<LeaseRecord | undefined>
   /**

@@ -29,7 +29,7 @@ type Publishable = Omit<Event, 'id' | 'createdAt'>
 
 /**
  * A subscriber as `subscribe` calls it: `extend()` fourth, the heartbeat of a long handler
- * (Mastra's next core passes it; 1.71's `EventCallback` has three arguments, and a callback
+ * (upstream Mastra's core passes it; 1.71's `EventCallback` has three arguments, and a callback
  * of this type is one, so `subscribe` takes it as it is). `extend()` always resolves; see
  * `subscribe`.
  */
