@@ -149,7 +149,7 @@ describe('hold() with metadata', () => {
     expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-1', metadata: 'run-1' })
     await lease.release()
     expect(await leases.getLeaseRecord(key)).toBeUndefined()
-    await expect(leases.hold(key, 'worker-1', { ttlMs: 300, metadata: 7 as never })).rejects.toMatchObject({ code: 'ERR_LEASE_INVALID_OPTION' })
+    await expect(leases.hold(key, 'worker-1', { ttlMs: 300, metadata: 7 as never })).rejects.toMatchObject({ code: 'ERR_LEASE_INVALID_METADATA' })
   })
 })
 
