@@ -4,8 +4,7 @@
 //! class moves JSON text and delivery ids across, and passes on the core's answer to who
 //! gets a `localOnly` event; it decides nothing itself.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use napi::bindgen_prelude::{Env, Unknown};
 use napi::sys::ValueType;
@@ -13,12 +12,8 @@ use napi::JsValue;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
-use futures::future::BoxFuture;
-use futures::stream::{FuturesUnordered, StreamExt};
-use futures::FutureExt;
-
 use super::args;
-use super::crossing::{guarded, resolved, settled, Crossing, JsCallback, Queue};
+use super::crossing::{resolved, settled, JsCallback};
 use super::js::{self, Value};
 use super::log::JsLog;
 use super::options;
@@ -29,6 +24,9 @@ use crate::core::lock;
 use crate::core::log::{Level, Notice};
 use crate::core::streams::{Delivery, RunEntries, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
+use open::{queued_settle, Open, Publish, Running};
+
+mod open;
 
 /// Most deliveries handed to JavaScript in one call.
 const DELIVERY_BATCH: usize = 256;
@@ -40,124 +38,6 @@ pub struct RedisStreamsTransport {
     store: Arc<RedisStore>,
     /// Topic and group names obey the lease key limit.
     limits: Limits,
-}
-
-/// The transport while it is open; `close()` drops it.
-struct Open {
-    pubsub: Arc<StreamsPubSub>,
-    crossing: Arc<Crossing>,
-    /// Subscriptions from `subscribe` until `unsubscribe` (filed before they open, so an
-    /// unsubscribe made meanwhile stops them): the signal that stops each one's forwarding.
-    subscriptions: Mutex<HashMap<u64, Running>>,
-    /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
-    /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
-    /// for every publish made before them, whenever the runtime gets to run it.
-    publishes: Arc<tokio::sync::RwLock<()>>,
-    /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
-    /// write in call order (Mastra publishes without awaiting and relies on that order).
-    publishes_queued: Arc<Queue<Publish>>,
-    /// Each ack, nack and extend holds a read guard from the moment JavaScript makes it until
-    /// the core has sent it (or handed it to its background retries, which `close` waits
-    /// for in the core): `flush` and `close` take the write side, as for publishes.
-    settling: Arc<tokio::sync::RwLock<()>>,
-    /// Acks made in this turn of JavaScript: they leave together, one XACK per consumer.
-    acks: Arc<Queue<Settling<Delivery>>>,
-    /// Nacks and extends made in this turn of JavaScript: they leave together and run
-    /// concurrently, their commands sharing the connection's pipeline.
-    settles: Arc<Queue<BoxFuture<'static, ()>>>,
-}
-
-impl Open {
-    fn new(env: js::Env, pubsub: StreamsPubSub) -> napi::Result<Self> {
-        let pubsub = Arc::new(pubsub);
-        let crossing = Crossing::new(env)?;
-        let writer = pubsub.clone();
-        let publishes_queued = Queue::new(&crossing, move |batch: Vec<Publish>, answers| {
-            let pubsub = writer.clone();
-            async move {
-                let (guards, events): (Vec<_>, Vec<_>) = batch
-                    .into_iter()
-                    .map(|p| (p.guard, (p.topic, p.json)))
-                    .unzip();
-                let written = pubsub.publish_stamped_batch(events).await;
-                answers.answer_in_order(written.into_iter().map(|w| w.map(|_| Reply::Undefined)));
-                // The guards drop here, after the write: a flush waiting on them sees the
-                // publishes done.
-                drop(guards);
-            }
-        });
-        // Acks resolve whatever happened: one that could not land is retried in the
-        // background, and a panic is a bug, reported as one on stderr.
-        let acks = Queue::new(
-            &crossing,
-            |batch: Vec<Settling<Delivery>>, answers| async move {
-                let (deliveries, guards): (Vec<_>, Vec<_>) =
-                    batch.into_iter().map(|s| (s.work, s.guard)).unzip();
-                let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
-                answers.answer_in_order(deliveries.iter().map(|_| Ok(Reply::Undefined)));
-                drop(guards);
-            },
-        );
-        let settles = Queue::new(
-            &crossing,
-            |work: Vec<BoxFuture<'static, ()>>, answers| async move {
-                let mut running: FuturesUnordered<_> = work
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, work)| work.map(move |()| i))
-                    .collect();
-                while let Some(i) = running.next().await {
-                    answers.answer([(i, Ok(Reply::Undefined))]);
-                }
-            },
-        );
-        Ok(Self {
-            pubsub,
-            crossing,
-            subscriptions: Mutex::new(HashMap::new()),
-            publishes: Arc::new(tokio::sync::RwLock::new(())),
-            publishes_queued,
-            settling: Arc::new(tokio::sync::RwLock::new(())),
-            acks,
-            settles,
-        })
-    }
-}
-
-impl Open {
-    /// `work` with its hold on `settling`: unavailable only while a flush or close is
-    /// waiting, and a settle made after it need not be waited for.
-    fn settling<T>(&self, work: T) -> Settling<T> {
-        let guard = self.settling.clone().try_read_owned().ok();
-        Settling { work, guard }
-    }
-
-    /// Whether the subscription numbered `id` is still this transport's: subscribed, and
-    /// neither unsubscribed nor stopped by `close`.
-    fn serves(&self, id: u64) -> bool {
-        lock(&self.subscriptions).contains_key(&id)
-    }
-}
-
-/// A running subscription: the signal that stops its forwarding task, and the signal the
-/// task gives once its subscription is fully stopped (entries read handed back).
-struct Running {
-    stop: oneshot::Sender<()>,
-    done: oneshot::Receiver<()>,
-}
-
-/// An ack, nack or extend on its way, with its hold on `settling`.
-struct Settling<T> {
-    work: T,
-    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
-}
-
-/// A publish on its way: the topic, the stamped event, and its hold on `publishes`.
-struct Publish {
-    topic: String,
-    json: String,
-    /// Keeps a flush or close waiting until this publish was written.
-    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
 }
 
 #[napi]
@@ -654,26 +534,6 @@ impl RedisStreamsTransport {
         };
         unknown(env, open.crossing.run(env.raw(), work(open.clone())))
     }
-}
-
-/// Queues a nack or extend to leave at the turn's end, holding `settling` until it is done,
-/// and answers its promise, resolved whatever happened: a panic is a bug, reported as one on
-/// stderr, and resolves too.
-fn queued_settle<'env>(
-    env: &'env Env,
-    open: &Arc<Open>,
-    work: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Unknown<'env> {
-    let Settling { work, guard } = open.settling(work);
-    let work = async move {
-        let _ = guarded(async {
-            work.await;
-            Ok(())
-        })
-        .await;
-        drop(guard);
-    };
-    unknown(env, open.settles.push(env.raw(), work.boxed()))
 }
 
 /// Throws `err` from a method that answers synchronously.
