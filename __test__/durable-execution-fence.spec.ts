@@ -9,7 +9,6 @@
 // the verify's retry delay are Mastra's own.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
-import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import path from 'node:path'
 
@@ -20,7 +19,7 @@ import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub,
 import { ExecutionFence, executionKey, FenceError, SUPERSEDED, UNVERIFIED, type FenceTiming } from './fixtures/execution-fence.mjs'
 import { checkFenceHistory, figures, type FenceRecord } from './helpers/fence-history.js'
 import { sleep } from './helpers/lease.js'
-import { NODE } from './helpers/mastra-node.js'
+import { jsonLinesChild, type Line } from './helpers/json-lines-child.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
@@ -55,42 +54,30 @@ function leasesVia(via: Via, options: ConstructorParameters<typeof RedisLeasePro
 
 /** A fence process (fixtures/fence-process.mjs): its records as they come, its end, a kill. */
 function fenceProcess(config: { via: Via; connection: object; keyPrefix: string; key: string; mode: 'acquire' | 'takeover'; steps: number; stepMs: number; timing?: FenceTiming }) {
-  const child = spawn(NODE, [FENCE_PROCESS, JSON.stringify({ timing: TIMING, ...config })], { stdio: ['ignore', 'pipe', 'pipe'] })
   const records: FenceRecord[] = []
-  const said: Array<Record<string, unknown>> = []
-  let buffer = ''
-  let stderr = ''
-  child.stdout.on('data', (chunk: Buffer) => {
-    buffer += chunk.toString()
-    let i
-    while ((i = buffer.indexOf('\n')) >= 0) {
-      const line = JSON.parse(buffer.slice(0, i)) as Record<string, unknown>
-      buffer = buffer.slice(i + 1)
-      said.push(line)
-      if (['claim', 'takeover', 'verify', 'step', 'lost'].includes(line.type as string)) records.push(line as unknown as FenceRecord)
-    }
+  const child = jsonLinesChild(FENCE_PROCESS, { timing: TIMING, ...config }, (line) => {
+    if (['claim', 'takeover', 'verify', 'step', 'lost'].includes(line.type)) records.push(line as unknown as FenceRecord)
   })
-  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
+  const said = child.lines
   return {
     records,
     /** Resolves once a line of `type` (and passing `also`) came. */
-    async saw(type: string, also: (line: Record<string, unknown>) => boolean = () => true, ms = 10_000) {
+    async saw(type: string, also: (line: Line) => boolean = () => true, ms = 10_000) {
       const deadline = Date.now() + ms
       while (!said.some((l) => l.type === type && also(l))) {
-        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`the fence process never said ${type}; stderr: ${stderr}`)
+        if (Date.now() > deadline || child.child.exitCode !== null) throw new Error(`the fence process never said ${type}; stderr: ${child.stderr()}`)
         await sleep(10)
       }
     },
     /** How it ended: `done`'s outcome, or `killed`. */
     async outcome(): Promise<string> {
-      const code = await exited
+      const { code, signal } = await child.exited
       const done = said.find((l) => l.type === 'done')
       if (done) return done.outcome as string
-      if (code === null) return 'killed'
-      throw new Error(`the fence process exited ${code}; stderr: ${stderr}`)
+      if (signal === 'SIGKILL') return 'killed'
+      throw new Error(`the fence process exited ${code}; stderr: ${child.stderr()}`)
     },
-    kill: () => child.kill('SIGKILL'),
+    kill: child.kill,
   }
 }
 

@@ -6,13 +6,12 @@
 // SIGKILLed mid-run, history-checked.
 import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, before Mastra loads
 
-import { spawn } from 'node:child_process'
 import path from 'node:path'
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
-import { NODE } from './helpers/mastra-node.js'
+import { jsonLinesChild, type Line } from './helpers/json-lines-child.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { ev, Inbox, sleep, uniquePrefix } from './helpers/streams.js'
@@ -29,21 +28,13 @@ afterAll(async () => {
 })
 const { open } = streamsSuite(() => redis)
 
-/** Runs the invocation fixture to its end: its exit code, its JSON lines and its stderr. */
-function invocation(config: Record<string, unknown>, timeoutMs = 20_000) {
-  return new Promise<{ code: number | null; said: Array<Record<string, unknown>>; stderr: string }>((resolve) => {
-    const child = spawn(NODE, [INVOCATION, JSON.stringify(config)], { stdio: ['ignore', 'pipe', 'pipe'] })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()))
-    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
-    child.once('exit', (code) => {
-      clearTimeout(timer)
-      const said = stdout.split('\n').filter(Boolean).map((line) => JSON.parse(line) as Record<string, unknown>)
-      resolve({ code, said, stderr })
-    })
-  })
+/** Runs the invocation fixture to its end (killed after `timeoutMs`): its exit code, its lines and its stderr. */
+async function invocation(config: Record<string, unknown>, timeoutMs = 20_000) {
+  const child = jsonLinesChild(INVOCATION, config)
+  const timer = setTimeout(child.kill, timeoutMs)
+  const { code } = await child.exited
+  clearTimeout(timer)
+  return { code, said: child.lines, stderr: child.stderr() }
 }
 
 const JOBS = 5
@@ -176,8 +167,7 @@ describe.skipIf(EXTERNAL_REDIS)('invocations end to end: each takes the lease of
     const publisher = open({ keyPrefix: prefix })
     for (let n = 1; n <= JOBS_IN_ALL; n++) await publisher.publish('jobs', { type: 'job', runId: 'e2e', data: { n, thread: `thread-${n % THREADS}` } })
 
-    type Said = Record<string, unknown> & { type: string }
-    const lines: Array<Said & { invocation: string }> = []
+    const lines: Array<Line & { invocation: string }> = []
     const killedAt = new Map<string, bigint>()
     const clean = new Set<string>()
     const finished = () => {
@@ -185,36 +175,24 @@ describe.skipIf(EXTERNAL_REDIS)('invocations end to end: each takes the lease of
       return ended.size === JOBS_IN_ALL
     }
     let spawned = 0
-    const run = (invocation: string, kill: boolean) =>
-      new Promise<void>((resolve, reject) => {
-        const config = { mode: 'work', options, topic: 'jobs', group: 'workers', invocation, ttlMs: 1_000, jobs: 5, idleMs: 600, stepMs: 40 }
-        const child = spawn(NODE, [INVOCATION, JSON.stringify(config)], { stdio: ['ignore', 'pipe', 'pipe'] })
-        let buffer = ''
-        let stderr = ''
-        child.stdout.on('data', (chunk: Buffer) => {
-          buffer += chunk.toString()
-          let i
-          while ((i = buffer.indexOf('\n')) >= 0) {
-            const line = JSON.parse(buffer.slice(0, i)) as Said
-            buffer = buffer.slice(i + 1)
-            lines.push({ ...line, invocation })
-            // Killed in the middle of its second job (a step takes 40 ms).
-            if (kill && line.type === 'start' && lines.filter((l) => l.invocation === invocation && l.type === 'start').length === 2) {
-              setTimeout(() => {
-                killedAt.set(invocation, process.hrtime.bigint())
-                child.kill('SIGKILL')
-              }, 5 + Math.random() * 20)
-            }
-          }
-        })
-        child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
-        child.once('exit', (code, signal) => {
-          if (signal === 'SIGKILL') return resolve()
-          if (code !== 0) return reject(new Error(`invocation ${invocation} exited ${code}: ${stderr}`))
-          clean.add(invocation)
-          resolve()
-        })
+    const run = async (invocation: string, kill: boolean) => {
+      const config = { mode: 'work', options, topic: 'jobs', group: 'workers', invocation, ttlMs: 1_000, jobs: 5, idleMs: 600, stepMs: 40 }
+      let starts = 0
+      const child = jsonLinesChild(INVOCATION, config, (line) => {
+        lines.push({ ...line, invocation })
+        // Killed in the middle of its second job (a step takes 40 ms).
+        if (kill && line.type === 'start' && ++starts === 2) {
+          setTimeout(() => {
+            killedAt.set(invocation, process.hrtime.bigint())
+            child.kill()
+          }, 5 + Math.random() * 20)
+        }
       })
+      const { code, signal } = await child.exited
+      if (signal === 'SIGKILL') return
+      if (code !== 0) throw new Error(`invocation ${invocation} exited ${code}: ${child.stderr()}`)
+      clean.add(invocation)
+    }
     const deadline = Date.now() + 60_000
     const running = new Set<Promise<void>>()
     while (!(finished() && (await pendingCount(redis, key, 'workers')) === 0)) {
