@@ -286,7 +286,7 @@ pub(super) fn register(
 /// A delivery made only to be settled, never registered nor handed out: its event as the
 /// subscriber passes it back (its attempt read from it), its entry unknown.
 pub(super) fn settling(shared: &Arc<Shared>, origin: Origin, json: Arc<str>) -> Arc<State> {
-    let attempt = super::event::parse(json.as_bytes().to_vec()).map_or(1, |parsed| parsed.attempt);
+    let attempt = super::event::head(&json).map_or(1, |(_, attempt)| attempt);
     Arc::new(State {
         id: shared.next_id.fetch_add(1, Ordering::Relaxed),
         origin,

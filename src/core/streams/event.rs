@@ -269,23 +269,27 @@ fn delivery_attempt(value: Option<&Json>) -> u64 {
 /// handed to JavaScript as it is.
 pub(crate) fn parse(bytes: Vec<u8>) -> Option<Parsed> {
     let json = String::from_utf8(bytes).ok()?;
+    let (id, attempt) = head(&json)?;
+    Some(Parsed { json, id, attempt })
+}
+
+/// An event's `id` (when a string) and `deliveryAttempt`, read as [`parse`] reads them;
+/// `None` when the text is not a JSON object.
+pub(crate) fn head(json: &str) -> Option<(Option<String>, u64)> {
     // A struct also deserialises from a JSON array, field by position: rule that out first.
     if !json.trim_start().starts_with('{') {
         return None;
     }
-    let (id, attempt) = match serde_json::from_str::<Head>(&json) {
+    let (id, attempt) = match serde_json::from_str::<Head>(json) {
         Ok(head) => (head.id, head.delivery_attempt),
         // Repeated keys, which a struct refuses: read it whole, the last one wins.
         Err(_) => {
-            let mut fields = object(&json)?;
+            let mut fields = object(json)?;
             (fields.remove("id"), fields.remove("deliveryAttempt"))
         }
     };
-    Some(Parsed {
-        id: id.and_then(|id| id.as_str().map(str::to_owned)),
-        attempt: delivery_attempt(attempt.as_ref()),
-        json,
-    })
+    let id = id.and_then(|id| id.as_str().map(str::to_owned));
+    Some((id, delivery_attempt(attempt.as_ref())))
 }
 
 #[cfg(test)]

@@ -509,8 +509,8 @@ impl Shared {
     /// subscriber here redelivered the event (its `id`, at this attempt) yet. An event without
     /// an `id` is told apart by its entry, when known.
     fn first_fanout_nack(&self, key: &str, state: &State) -> bool {
-        let id = event::parse(state.json.as_bytes().to_vec())
-            .and_then(|parsed| parsed.id)
+        let id = event::head(&state.json)
+            .and_then(|(id, _)| id)
             .or_else(|| (!state.entry_id.is_empty()).then(|| state.entry_id.clone()));
         let Some(id) = id else {
             return true;
