@@ -206,13 +206,19 @@ describe.skipIf(EXTERNAL_REDIS)('lease providers behind a fault proxy', () => {
     const ran = (c: string) => (calls1[c] ?? 0) - (calls0[c] ?? 0)
     // (commandstats counts the commands inside the scripts too. The acquire goes as the script
     // (mid-0 has two calls in the turn), a refresh: its SET NX GET, then GETs of the metadata
-    // and the token keys. The renew GETs the lease, its metadata and its token; the transfer
-    // the same three on each run (the second finds its own id and answers true again); the
+    // and the token keys. The renew GETs the lease, and finds no companion key with one EXISTS,
+    // on each run; the transfer the same on its first run, and on its second, finding the new
+    // owner holding the lease, GETs the metadata and the token key, where its first run left
+    // its id (and answers true again); the
     // release the lease and its metadata, then on its second run the lease alone, gone; the
     // read one GET per run.)
-    const reads = { acquire: 2 * 2, renew: 2 * 3, transfer: 2 * 3, release: 2 + 1, getLeaseOwner: 2 * 1 }
+    const reads = { acquire: 2 * 2, renew: 2 * 1, transfer: 1 + 3, release: 2 + 1, getLeaseOwner: 2 * 1 }
     const allReads = Object.values(reads).reduce((a, b) => a + b)
-    expect({ scripts: ran('evalsha'), reads: ran('get') }).toEqual({ scripts: 2 * 4, reads: allReads })
+    expect({ scripts: ran('evalsha'), reads: ran('get'), exists: ran('exists') }).toEqual({
+      scripts: 2 * 4,
+      reads: allReads,
+      exists: 2 + 1,
+    })
     // The reset came after Redis ran them: the transfer and the release took effect.
     expect(await redis.cli('GET', `${prefix}:lease:mid-2`)).toBe('next')
     expect(await redis.cli('GET', `${prefix}:lease:mid-3`)).toBe(null)

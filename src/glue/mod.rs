@@ -14,21 +14,25 @@ pub mod streams;
 
 use std::sync::LazyLock;
 
-use tokio::runtime::{Builder, Runtime};
+use tokio::runtime::{Builder, Handle};
 
 use crate::core::Error;
 
-/// One Tokio runtime for every provider in the process. A single worker thread: the work
-/// per call is tiny, and Node's own thread needs the other core.
-static RUNTIME: LazyLock<std::io::Result<Runtime>> = LazyLock::new(|| {
-    Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("mastra-lease")
-        .enable_all()
-        .build()
+/// One Tokio runtime for every provider in the process, on a thread of its own. A single
+/// thread: the work per call is tiny, and Node's own thread needs the other core. A
+/// current-thread scheduler: work arriving from Node's thread wakes it through its I/O
+/// driver alone, where the multi-thread one with a single worker also paid about one `futex`
+/// call per lease call (`strace -c`, one call in flight; docs/benchmarks.md).
+static RUNTIME: LazyLock<std::io::Result<Handle>> = LazyLock::new(|| {
+    let runtime = Builder::new_current_thread().enable_all().build()?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("mastra-lease".into())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+    Ok(handle)
 });
 
-fn runtime() -> Result<&'static Runtime, Error> {
+fn runtime() -> Result<&'static Handle, Error> {
     RUNTIME
         .as_ref()
         .map_err(|err| Error::Internal(format!("could not start the Tokio runtime: {err}")))

@@ -14,6 +14,7 @@
 //!   (`WAIT`).
 //! - `slots.rs`: which master serves a cluster slot, for links to one node.
 //! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
+//! - `tick.rs`: a timer kept ahead of the calls' deadlines, so setting theirs wakes nothing.
 //! - `tls.rs`: TLS material for `rediss://`.
 
 mod address;
@@ -24,6 +25,7 @@ mod listener;
 mod sentinel;
 mod setup;
 mod slots;
+mod tick;
 mod tls;
 
 use std::future::Future;
@@ -225,9 +227,12 @@ impl Connection {
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
         let target = Target::new(options, Protocol::AsTheUrlSays)?;
         let tls = address::asks_tls(options);
+        // No response timeout of redis-rs' own on the shared link: every use of it is bounded
+        // by `run_within`, which forgets a link that timed out. A second timer per command
+        // would wake the runtime's thread once more per call for nothing.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.command_timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
@@ -399,6 +404,7 @@ impl Connection {
         F: FnOnce(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        tick::keep();
         let deadline = tokio::time::Instant::now() + budget;
         let (number, connection) = match tokio::time::timeout(budget, self.get()).await {
             Ok(Ok(got)) => got,

@@ -3,7 +3,7 @@
 -- KEYS[2]  the lease's metadata key
 -- KEYS[3]  the lease's token key
 -- ARGV[1]  owner
--- ARGV[2]  metadata, "" for none
+-- ARGV[2]  metadata; absent for none
 -- Returns  1 when the lease was deleted, 0 when the holder did not hold it (a no-op).
 -- A release publishes "released" on the lease key's name (a shard channel, so on a cluster
 -- it stays in the key's shard), waking processes that wait for the key (watch.rs); where
@@ -12,13 +12,13 @@
 -- Atomically: the check of the holder and the delete are one step, so a lease another
 -- holder acquired or renewed in between is never deleted. The slot's counter stays: the
 -- next fenced claim's token is still greater.
-if redis.call('GET', KEYS[1]) == ARGV[1] and (redis.call('GET', KEYS[2]) or '') == ARGV[2] then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-  -- pcall: a publish that fails (SPUBLISH came with Redis 7.0; a service or an ACL may refuse
-  -- both) must not fail the release; waiters then wake at the lease's TTL.
-  if type(redis.pcall('SPUBLISH', KEYS[1], 'released')) == 'table' then
-    redis.pcall('PUBLISH', KEYS[1], 'released')
-  end
-  return 1
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or (redis.call('GET', KEYS[2]) or '') ~= (ARGV[2] or '') then
+  return 0
 end
-return 0
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+-- pcall: a publish that fails (SPUBLISH came with Redis 7.0; a service or an ACL may refuse
+-- both) must not fail the release; waiters then wake at the lease's TTL.
+if type(redis.pcall('SPUBLISH', KEYS[1], 'released')) == 'table' then
+  redis.pcall('PUBLISH', KEYS[1], 'released')
+end
+return 1

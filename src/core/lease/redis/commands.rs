@@ -112,13 +112,18 @@ impl RedisStore {
                     .evalsha(pipe, call, keys)
                     .arg(&holder.owner)
                     .arg(*ttl_ms);
-                cmd.arg(holder.metadata_arg());
+                // Every argument costs Redis to hand the script: none stands for no metadata.
+                if let Some(metadata) = &holder.metadata {
+                    cmd.arg(metadata);
+                }
             }
             Call::Release { key, holder } => {
                 let k = self.layout.keys(key);
                 let keys = [k.lease, k.metadata, k.token];
                 let cmd = self.evalsha(pipe, call, keys).arg(&holder.owner);
-                cmd.arg(holder.metadata_arg());
+                if let Some(metadata) = &holder.metadata {
+                    cmd.arg(metadata);
+                }
             }
             Call::Transfer {
                 key,
@@ -132,8 +137,15 @@ impl RedisStore {
                     .evalsha(pipe, call, keys)
                     .arg(&from.owner)
                     .arg(&to.owner);
-                cmd.arg(*ttl_ms).arg(&sent.id);
-                cmd.arg(from.metadata_arg()).arg(to.metadata_arg());
+                // The id matters while the transfer may be sent again: within its timeout.
+                let resend_ms = u64::try_from(self.connection.timeout().as_millis());
+                let id_ttl_ms = resend_ms.unwrap_or(u64::MAX).min(*ttl_ms);
+                cmd.arg(*ttl_ms).arg(&sent.id).arg(id_ttl_ms);
+                match (&from.metadata, &to.metadata) {
+                    (from, Some(to)) => cmd.arg(from.as_deref().unwrap_or("")).arg(to),
+                    (Some(from), None) => cmd.arg(from),
+                    (None, None) => cmd,
+                };
             }
         }
         false

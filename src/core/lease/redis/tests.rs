@@ -191,7 +191,7 @@ async fn the_same_transfer_run_twice_answers_true_twice_and_another_finding_the_
     let run = |id: &str| {
         let keys = ["t:lease:k", &metadata, &token, &counter];
         let args = [
-            "EVAL", script, "4", keys[0], keys[1], keys[2], keys[3], "a", "b", "5000", id, "", "",
+            "EVAL", script, "4", keys[0], keys[1], keys[2], keys[3], "a", "b", "5000", id, "2000",
         ];
         (server.cli(&args), server.cli(&["GET", "t:lease:k"]))
     };
@@ -205,6 +205,63 @@ async fn the_same_transfer_run_twice_answers_true_twice_and_another_finding_the_
     // A third owner holding the lease is never taken over.
     server.cli(&["SET", "t:lease:k", "c", "PX", "60000"]);
     assert_eq!(run("t1"), ("0".into(), "c".into()));
+}
+
+#[tokio::test]
+async fn a_transfer_id_without_a_token_outlives_its_resending_not_the_lease() {
+    let server = Server::start("lease-transfer-id-life");
+    let store = store(&server, Duration::from_millis(1500));
+    let run = |call: Call| store.execute_one(call);
+    let [_, token_key, _] = companions("k");
+    let pttl = |key: &str| server.cli(&["PTTL", key]).parse::<i64>().unwrap();
+    let transfer = |key: &str, from: &str, to: &str| Call::Transfer {
+        key: key.into(),
+        from: Holder::new(from),
+        to: Holder::new(to),
+        ttl_ms: 60_000,
+    };
+    let renew = |owner: &str| Call::Renew {
+        key: "k".into(),
+        holder: Holder::new(owner),
+        ttl_ms: 60_000,
+    };
+    // A plain lease handed over: its id lives while the transfer may be sent again (the
+    // command timeout), and a renewal of the lease does not keep it alive.
+    assert_eq!(
+        run(plain("k", Holder::new("a"), 60_000)).await.unwrap(),
+        plain_grant(true, "a")
+    );
+    assert_eq!(
+        run(transfer("k", "a", "b")).await.unwrap(),
+        Answer::Transferred(true)
+    );
+    assert!(
+        (1..=1500).contains(&pttl(&token_key)),
+        "{}",
+        pttl(&token_key)
+    );
+    assert_eq!(run(renew("b")).await.unwrap(), Answer::Renewed(true));
+    assert!(
+        (1..=1500).contains(&pttl(&token_key)),
+        "{}",
+        pttl(&token_key)
+    );
+    assert!(pttl("t:lease:k") > 59_000);
+    // Once it is gone, the lease is one key, as Mastra's own backend writes it.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(server.cli(&["EXISTS", &token_key]), "0");
+    assert_eq!(run(renew("b")).await.unwrap(), Answer::Renewed(true));
+    // A fenced lease's token key lives as long as the lease, through transfers and renewals.
+    let Answer::Grant(Grant { token: Some(_), .. }) = run(acquire("f", "a", 60_000)).await.unwrap()
+    else {
+        panic!("no token")
+    };
+    let [_, fence_key, _] = companions("f");
+    assert_eq!(
+        run(transfer("f", "a", "b")).await.unwrap(),
+        Answer::Transferred(true)
+    );
+    assert!(pttl(&fence_key) > 59_000, "{}", pttl(&fence_key));
 }
 
 #[tokio::test]
