@@ -14,6 +14,7 @@ import IORedis from 'ioredis';
 import { GlideClient } from '@valkey/valkey-glide';
 import { EventEmitterPubSub } from '@mastra/core/events';
 import { hr, SCALE, setupRedis, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
+import { MASTRA_LUA } from './mastra-scripts.mjs';
 
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
 const TTL = 60_000; // longer than any run, so nothing expires mid-workload
@@ -27,36 +28,6 @@ const { ownServer, port, url, admin, cleanup, shutdown, version: redisVersion } 
 // Ours, as the addon sends them: the peer running the same commands.
 const OURS_LUA = Object.fromEntries(['acquire', 'renew', 'release', 'transfer'].map((name) =>
   [name, readFileSync(new URL(`../src/core/lease/${name}.lua`, import.meta.url), 'utf8')]));
-// One-key scripts in the shape of Mastra's own backend (`pubsub/redis-streams`): each reads the
-// key and acts only for its owner. That backend sends them with node-redis' `eval`, the
-// script's whole text on every call (Redis hashes it each time to find the compiled script),
-// so Mastra's peer below does too; the script-acquire peer sends its script by SHA.
-const MASTRA_LUA = {
-  renew: `
-    if redis.call("GET", KEYS[1]) == ARGV[1] then
-      return redis.call("PEXPIRE", KEYS[1], ARGV[2])
-    end
-    return 0
-  `,
-  release: `
-    if redis.call("GET", KEYS[1]) == ARGV[1] then
-      return redis.call("DEL", KEYS[1])
-    end
-    return 0
-  `,
-  transfer: `
-    if redis.call("GET", KEYS[1]) == ARGV[1] then
-      redis.call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
-      return 1
-    end
-    return 0
-  `,
-  // A one-key acquire as a script: claim when free, refresh for the same owner, else the holder.
-  acquire: `local cur = redis.call('GET', KEYS[1])
-if cur == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return {1, ARGV[1]} end
-if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, cur} end
-return {0, cur}`,
-};
 const load = async (scripts) =>
   Object.fromEntries(await Promise.all(Object.entries(scripts).map(async ([k, src]) => [k, await admin.scriptLoad(src)])));
 const SHA = await load(OURS_LUA), MASTRA_SHA = await load(MASTRA_LUA);

@@ -1,0 +1,94 @@
+// What each call of Mastra's lease lifecycle costs redis-server, counted in instructions by
+// valgrind's callgrind, ours against Mastra's own backend's commands: a count that stays put
+// whatever else the machine does, where Redis's CPU counters in bench/lease.mjs move by a
+// third between runs on a noisy VM. redis-server runs under callgrind; for each command kind,
+// N calls on fresh keys (or on keys held as the lifecycle would hold them) go 64 to a pipeline
+// between a zeroing and a dump of the counters, so only that command's work is counted.
+//
+//   node bench/redis-instructions.mjs       (needs valgrind and redis-server; about 2 minutes)
+//
+// The commands are the ones each side sends: ours from src/core/lease/*.lua (passed the
+// arguments the Rust encoder passes, src/core/lease/redis/commands.rs), Mastra's as its
+// backend sends them (bench/lease.mjs's peer).
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createClient } from 'redis';
+import { MASTRA_LUA } from './mastra-scripts.mjs';
+
+const N = Number(process.env.N ?? 4000);
+const out = mkdtempSync(join(tmpdir(), 'redis-instructions-'));
+const port = await new Promise((res) => { const s = createServer().listen(0, '127.0.0.1', () => { const { port: p } = s.address(); s.close(() => res(p)); }); });
+const server = spawn('valgrind', ['--tool=callgrind', `--callgrind-out-file=${out}/cg.out`,
+  'redis-server', '--port', String(port), '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+const stop = () => { server.kill(); rmSync(out, { recursive: true, force: true }); };
+process.on('exit', stop);
+const admin = createClient({ url: `redis://127.0.0.1:${port}` });
+admin.on('error', () => {});
+for (let tries = 0; ; tries++) {
+  try { await admin.connect(); break; } catch (e) { if (tries > 100) throw e; await sleep(300); }
+}
+const control = (flag) => execFileSync('callgrind_control', [flag, String(server.pid)], { stdio: 'ignore' });
+/** Instructions counted since the last zeroing. */
+async function dump() {
+  const before = new Set(readdirSync(out));
+  control('-d');
+  for (;;) {
+    const fresh = readdirSync(out).filter((f) => !before.has(f));
+    if (fresh.length) {
+      await sleep(300); // let callgrind finish writing it
+      return Number(/^(?:summary|totals): (\d+)/m.exec(readFileSync(join(out, fresh[0]), 'utf8'))[1]);
+    }
+    await sleep(100);
+  }
+}
+
+const lua = (name) => readFileSync(new URL(`../src/core/lease/${name}.lua`, import.meta.url), 'utf8');
+const P = 'p:lease:', MD = 'p:lease-metadata:', F = 'p:fence:{0}';
+const keys = (k) => [P + k, MD + k, `${F}:${k}`, F];
+const held = (m, k) => m.set(P + k, 'a', { PX: 60_000 });
+// Held by b after a transfer: the token key holds the transfer's id.
+const handedOver = (m, k) => { m.set(P + k, 'b', { PX: 60_000 }); m.set(`${F}:${k}`, `:t${k}:b`, { PX: 2000 }); };
+const sha = {};
+for (const name of ['renew', 'release', 'transfer']) sha[name] = await admin.scriptLoad(lua(name));
+const ours = (name, n, args) => (m, k) => m.sendCommand(['EVALSHA', sha[name], String(n), ...keys(k).slice(0, n), ...args(k)]);
+const mastra = (name, args) => (m, k) => m.sendCommand(['EVAL', MASTRA_LUA[name], '1', P + k, ...args(k)]);
+// [call, Mastra's command, ours, the state each call finds]
+const CALLS = [
+  ['acquire (a free key)', (m, k) => m.sendCommand(['SET', P + k, 'a', 'NX', 'PX', '60000']),
+    (m, k) => { m.sendCommand(['SET', P + k, 'a', 'NX', 'PX', '60000', 'GET']); m.sendCommand(['EXISTS', MD + k, `${F}:${k}`]); }, null],
+  ['renewLease', mastra('renew', () => ['a', '60000']), ours('renew', 3, () => ['a', '60000']), held],
+  ['getLeaseOwner', (m, k) => m.get(P + k), (m, k) => m.get(P + k), held],
+  ['transferLease', mastra('transfer', () => ['a', 'b', '60000']), ours('transfer', 4, (k) => ['a', 'b', '60000', `t${k}`, '2000']), held],
+  ['releaseLease (after a transfer)', mastra('release', () => ['b']), ours('release', 3, () => ['b']), handedOver],
+];
+async function count(send, prepare) {
+  await admin.flushAll();
+  for (let i = 0; prepare && i < N; i += 1000) {
+    const m = admin.multi();
+    for (let k = i; k < Math.min(i + 1000, N); k++) prepare(m, k);
+    await m.execAsPipeline();
+  }
+  control('-z');
+  for (let i = 0; i < N; i += 64) {
+    const m = admin.multi();
+    for (let k = i; k < Math.min(i + 64, N); k++) send(m, k);
+    await m.execAsPipeline();
+  }
+  return (await dump()) / N;
+}
+const total = { mastra: 0, ours: 0 };
+console.log(`${'call'.padEnd(34)}${"Mastra's".padStart(10)}${'ours'.padStart(10)}${'ours / Mastra'.padStart(16)}   (instructions per call)`);
+for (const [call, theirs, mine, prepare] of CALLS) {
+  await count(theirs, prepare); // warm-up: scripts compiled, allocator settled
+  const m = await count(theirs, prepare), o = await count(mine, prepare);
+  total.mastra += m; total.ours += o;
+  console.log(`${call.padEnd(34)}${Math.round(m).toLocaleString('en-US').padStart(10)}${Math.round(o).toLocaleString('en-US').padStart(10)}${`${(o / m).toFixed(2)}x`.padStart(16)}`);
+}
+console.log(`${'the lifecycle'.padEnd(34)}${Math.round(total.mastra).toLocaleString('en-US').padStart(10)}${Math.round(total.ours).toLocaleString('en-US').padStart(10)}${`${(total.ours / total.mastra).toFixed(2)}x`.padStart(16)}`);
+await admin.close();
+stop();
+process.exit(0);
