@@ -1,12 +1,12 @@
 // What the RedisStreamsPubSub suites share: pubsubs and servers closed after each test, a
 // child process that holds events (killed at the end), and reading a stream's state back.
-import { spawn, type ChildProcess } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import path from 'node:path'
 
 import { afterAll, afterEach } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../../dist/esm/index.js'
-import { NODE } from './mastra-node.js'
+import { jsonLinesChild } from './json-lines-child.js'
 import { startRedis, type RedisServer, type RespValue } from './redis-server.js'
 import { ev, sleep } from './streams.js'
 
@@ -50,28 +50,16 @@ export function streamsSuite(server: () => RedisServer) {
 
   /** Spawns the fixture in `hold` mode; resolves with its stdout lines as they come. */
   function holdingChild(config: Record<string, unknown>) {
-    const child = spawn(NODE, [FIXTURE, JSON.stringify({ mode: 'hold', ...config })], { stdio: ['ignore', 'pipe', 'pipe'] })
+    const { child, lines: said, stderr } = jsonLinesChild(FIXTURE, { mode: 'hold', ...config })
     children.add(child)
     child.once('exit', () => children.delete(child))
-    const said: Array<Record<string, unknown>> = []
-    let stderr = ''
-    let buffer = ''
-    child.stdout.on('data', (chunk: Buffer) => {
-      buffer += chunk.toString()
-      let i
-      while ((i = buffer.indexOf('\n')) >= 0) {
-        said.push(JSON.parse(buffer.slice(0, i)) as Record<string, unknown>)
-        buffer = buffer.slice(i + 1)
-      }
-    })
-    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
     /** The first line of `type`, once it came. */
     const line = async (type: string, ms: number) => {
       const deadline = Date.now() + ms
       for (;;) {
         const found = said.find((l) => l.type === type)
         if (found) return found
-        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`child never said ${type}; stderr: ${stderr}`)
+        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`child never said ${type}; stderr: ${stderr()}`)
         await sleep(20)
       }
     }
@@ -79,7 +67,7 @@ export function streamsSuite(server: () => RedisServer) {
     const events = async (n: number, ms: number) => {
       const deadline = Date.now() + ms
       while (said.filter((l) => l.type === 'event').length < n) {
-        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`child reported fewer than ${n} events; stderr: ${stderr}`)
+        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`child reported fewer than ${n} events; stderr: ${stderr()}`)
         await sleep(20)
       }
     }
