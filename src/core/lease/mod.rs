@@ -42,8 +42,9 @@ impl Holder {
         }
     }
 
-    /// The metadata as the Redis scripts take it: empty for none (an empty metadata is
-    /// refused before any I/O, so the two never meet).
+    /// The metadata as a Redis script takes it where another argument follows: empty for
+    /// none (an empty metadata is refused before any I/O, so the two never meet). Last in
+    /// line, none is left out instead.
     pub fn metadata_arg(&self) -> &str {
         self.metadata.as_deref().unwrap_or("")
     }

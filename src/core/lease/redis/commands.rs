@@ -142,8 +142,8 @@ impl RedisStore {
                 let id_ttl_ms = resend_ms.unwrap_or(u64::MAX).min(*ttl_ms);
                 cmd.arg(*ttl_ms).arg(&sent.id).arg(id_ttl_ms);
                 match (&from.metadata, &to.metadata) {
-                    (from, Some(to)) => cmd.arg(from.as_deref().unwrap_or("")).arg(to),
-                    (Some(from), None) => cmd.arg(from),
+                    (_, Some(to_metadata)) => cmd.arg(from.metadata_arg()).arg(to_metadata),
+                    (Some(from_metadata), None) => cmd.arg(from_metadata),
                     (None, None) => cmd,
                 };
             }
