@@ -160,8 +160,9 @@ pub struct LeaseGrant {
     /// `true` when the caller holds the lease after the call.
     pub acquired: bool,
     /// The holder: the caller when `acquired`, otherwise the owner to route work to (which
-    /// may be the caller's own owner id, holding with other metadata).
-    pub owner: Option<String>,
+    /// may be the caller's own owner id, holding with other metadata). Always there:
+    /// Mastra's type has it optional, and this is assignable to it.
+    pub owner: String,
 }
 
 /// What `acquireFencedLease` resolves to.
@@ -170,7 +171,7 @@ pub struct FencedLeaseGrant {
     /// `true` when the caller holds the lease after the call.
     pub acquired: bool,
     /// The holder: the caller when `acquired`, otherwise the owner to route work to.
-    pub owner: Option<String>,
+    pub owner: String,
     /// When `acquired`: the lease's fencing token, a safe integer greater than every token
     /// granted before for the key (a refresh by the holder keeps it). Hand it to the
     /// resource the lease guards, which refuses writes carrying a lower one.

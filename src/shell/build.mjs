@@ -18,6 +18,14 @@ const ESM_COMPILE = 'target/shell-esm'
 
 for (const dir of ['dist', ESM_COMPILE]) rmSync(dir, { recursive: true, force: true })
 
+// Every optional property of the binding's types takes `undefined` too, as the addon does, so
+// `{ url: process.env.REDIS_URL }` type-checks under `exactOptionalPropertyTypes` (on in
+// `tsc --init`'s strict defaults). napi-rs writes `name?: T`; a function type is wrapped first.
+const BINDING_TYPES = 'src/shell/native.d.ts'
+const optional = /^(\s+\w+\?: )(.+)$/gm
+writeFileSync(BINDING_TYPES, readFileSync(BINDING_TYPES, 'utf8').replace(optional, (whole, name, type) =>
+  type.endsWith(' | undefined') ? whole : `${name}${type.includes('=>') ? `(${type})` : type} | undefined`))
+
 compile('src/shell/tsconfig.json')
 // Each folder marked with its module type, so Node and TypeScript read every file as it is.
 writeFileSync('dist/cjs/package.json', JSON.stringify({ type: 'commonjs' }) + '\n')

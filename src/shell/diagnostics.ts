@@ -23,14 +23,14 @@ export interface LeaseCallContext {
   operation: LeaseOperation
   key: string
   /** The owner the call is made for (`fromOwner` of a transfer); absent for reads. */
-  owner?: string
+  owner?: string | undefined
   /** The owner a transfer hands the lease to. */
-  toOwner?: string
+  toOwner?: string | undefined
   /** The metadata the owner holds with (`fromMetadata` of a transfer), when given. */
-  metadata?: string
+  metadata?: string | undefined
   /** The metadata a transfer stores with the new owner, when given. */
-  toMetadata?: string
-  ttlMs?: number
+  toMetadata?: string | undefined
+  ttlMs?: number | undefined
   result?: unknown
   error?: unknown
 }

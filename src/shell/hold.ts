@@ -14,7 +14,7 @@ export interface HoldOptions {
    * released and `lease.signal` aborts with it. A release that cannot reach Redis is tried
    * again until it lands or the TTL could have run out; `lease.release()` tells how it went.
    */
-  signal?: AbortSignal
+  signal?: AbortSignal | undefined
   /**
    * When another owner holds the lease, wait for it instead of rejecting: woken when it is
    * released or transferred (a Redis publish, or in memory the call itself), and at the
@@ -23,15 +23,15 @@ export interface HoldOptions {
    * `PEXPIRE` by that client publishes nothing. Waiters in one process take turns in arrival
    * order. Default `false`.
    */
-  wait?: boolean
+  wait?: boolean | undefined
   /** With `wait`: reject with `ERR_LEASE_HELD` when still held after this many milliseconds. Default: no limit. */
-  waitTimeoutMs?: number
+  waitTimeoutMs?: number | undefined
   /**
    * The metadata to hold the lease with (Mastra passes a run's identity): the holder is the
    * owner with it, so the same owner id holding for another run is another holder. Every
    * acquire, renewal and release of the hold carries it. Default: none.
    */
-  metadata?: string
+  metadata?: string | undefined
 }
 
 /** A held lease: renewed in the background until released, lost, or the caller's signal aborts. */

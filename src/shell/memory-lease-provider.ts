@@ -37,11 +37,9 @@ function sweepEvery(table: Table): ReturnType<typeof setInterval> {
  * token) or refused (the holder's owner): the one place the shell makes one. A fenced grant
  * always has `token`, a plain one never.
  */
-function grant(answer: boolean | number | string | undefined, owner: string, fenced: boolean): FencedLeaseGrant {
-  const acquired = answer === true || typeof answer === 'number'
-  const holder = acquired ? owner : (answer as string | undefined)
-  if (!fenced) return { acquired, owner: holder }
-  return { acquired, owner: holder, token: acquired ? (answer as number) : undefined }
+function grant(answer: true | number | string, owner: string, fenced: boolean): FencedLeaseGrant {
+  if (typeof answer === 'string') return fenced ? { acquired: false, owner: answer, token: undefined } : { acquired: false, owner: answer }
+  return fenced ? { acquired: true, owner, token: answer as number } : { acquired: true, owner }
 }
 
 function acquire(this: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {

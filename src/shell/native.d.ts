@@ -224,9 +224,9 @@ export interface ClusterOptions {
    */
   nodes: Array<string>
   /** The ACL user of the nodes, in place of one in the URLs. */
-  username?: string
+  username?: string | undefined
   /** The nodes' password, in place of one in the URLs. */
-  password?: string
+  password?: string | undefined
 }
 
 /** What `acquireFencedLease` resolves to. */
@@ -234,13 +234,13 @@ export interface FencedLeaseGrant {
   /** `true` when the caller holds the lease after the call. */
   acquired: boolean
   /** The holder: the caller when `acquired`, otherwise the owner to route work to. */
-  owner?: string
+  owner: string
   /**
    * When `acquired`: the lease's fencing token, a safe integer greater than every token
    * granted before for the key (a refresh by the holder keeps it). Hand it to the
    * resource the lease guards, which refuses writes carrying a lower one.
    */
-  token?: number
+  token?: number | undefined
 }
 
 /** Calls made per lease method. */
@@ -261,9 +261,10 @@ export interface LeaseGrant {
   acquired: boolean
   /**
    * The holder: the caller when `acquired`, otherwise the owner to route work to (which
-   * may be the caller's own owner id, holding with other metadata).
+   * may be the caller's own owner id, holding with other metadata). Always there:
+   * Mastra's type has it optional, and this is assignable to it.
    */
-  owner?: string
+  owner: string
 }
 
 /** What `getLeaseRecord` resolves to for a live lease: who holds it. */
@@ -271,7 +272,7 @@ export interface LeaseRecord {
   /** The owner. */
   owner: string
   /** The metadata it holds the lease with; absent for none. */
-  metadata?: string
+  metadata?: string | undefined
 }
 
 /** What `getLease` resolves to for a live lease. */
@@ -282,7 +283,7 @@ export interface LeaseState {
    * Its fencing token (absent for a lease no fenced call granted: one `acquireLease` took,
    * or another client wrote, until its holder calls `acquireFencedLease`).
    */
-  token?: number
+  token?: number | undefined
   /**
    * Milliseconds left before it expires; `null` for a key that never expires (one written
    * without an expiry by another client, e.g. a raw `SET`), which only a release or a
@@ -293,7 +294,7 @@ export interface LeaseState {
    * The owner as Redis holds it, when that is not UTF-8 (another client wrote it): `owner`
    * shows U+FFFD for the bytes it cannot show. Absent otherwise.
    */
-  rawOwner?: Buffer
+  rawOwner?: Buffer | undefined
 }
 
 /** What `stats()` returns: a provider's lease calls since it was made. */
@@ -313,9 +314,9 @@ export interface LeaseStats {
 /** Options of `listLeases(options?)`. */
 export interface ListLeasesOptions {
   /** Where to go on from: the `cursor` of the page before. Default: the first page. */
-  cursor?: string
+  cursor?: string | undefined
   /** About how many keys a page scans (1 to 100 000). Default 1000. */
-  count?: number
+  count?: number | undefined
 }
 
 /** Options of `new MemoryLeaseProvider(options?)`. */
@@ -324,16 +325,16 @@ export interface MemoryLeaseProviderOptions {
    * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
    * also the longest topic or group name). Default 4096.
    */
-  maxKeyBytes?: number
+  maxKeyBytes?: number | undefined
   /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
-  maxOwnerBytes?: number
+  maxOwnerBytes?: number | undefined
   /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
-  maxMetadataBytes?: number
+  maxMetadataBytes?: number | undefined
   /**
    * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
    * day).
    */
-  maxTtlMs?: number
+  maxTtlMs?: number | undefined
 }
 
 /**
@@ -361,9 +362,9 @@ export declare function memoryLeaseTable(options?: MemoryLeaseProviderOptions | 
 /** `cluster.defaults`: what every node of the cluster takes. */
 export interface NodeRedisClusterDefaults {
   /** The nodes' ACL user, as `ClusterOptions.username`. */
-  username?: string
+  username?: string | undefined
   /** The nodes' password, as `ClusterOptions.password`. */
-  password?: string
+  password?: string | undefined
 }
 
 /**
@@ -375,9 +376,9 @@ export interface NodeRedisClusterOptions {
   /** The seed nodes, `[{ url }]`, as `ClusterOptions.nodes`. */
   rootNodes: Array<NodeRedisRootNode>
   /** Every node's ACL user and password, as `ClusterOptions.username` and `password`. */
-  defaults?: NodeRedisClusterDefaults
+  defaults?: NodeRedisClusterDefaults | undefined
   /** `false` only: every call goes to the masters. */
-  useReplicas?: false
+  useReplicas?: false | undefined
 }
 
 /** A seed node of `cluster.rootNodes`: its URL, as `ClusterOptions.nodes` takes it. */
@@ -393,15 +394,15 @@ export interface NodeRedisRootNode {
  */
 export interface RedisClientOptions {
   /** As `url`; give one of the two (the same URL in both is accepted). */
-  url?: string
+  url?: string | undefined
   /** The ACL user, in place of one in the URL. */
-  username?: string
+  username?: string | undefined
   /** The password, in place of one in the URL. */
-  password?: string
+  password?: string | undefined
   /** The database number, in place of one in the URL. */
-  database?: number
+  database?: number | undefined
   /** The connection name, as `connectionName`. */
-  name?: string
+  name?: string | undefined
   /**
    * node-redis' socket options: `tls: true` for TLS with a `redis://` URL (as
    * `rediss://`); `connectTimeout`, as `connectTimeoutMs` (both given must agree);
@@ -412,7 +413,7 @@ export interface RedisClientOptions {
    * there is no reconnection loop to pace (the next call opens a broken connection again;
    * every call settles within `commandTimeoutMs`). Any other field is refused by name.
    */
-  socket?: RedisSocketOptions
+  socket?: RedisSocketOptions | undefined
 }
 
 /** Options of `new RedisLeaseProvider(options?)`. */
@@ -422,14 +423,14 @@ export interface RedisLeaseProviderOptions {
    * `redis+unix:///path/to.sock` (also `unix:///path`). Default
    * `redis://127.0.0.1:6379`.
    */
-  url?: string
+  url?: string | undefined
   /**
    * node-redis client options, as Mastra's backend takes them: `url`,
    * `username`, `password`, `database`, `name`, and in `socket` `tls`,
    * `connectTimeout`, `noDelay`, `keepAlive`, `keepAliveInitialDelay`. Any
    * other field throws.
    */
-  redisOptions?: RedisClientOptions
+  redisOptions?: RedisClientOptions | undefined
   /**
    * A Redis Cluster instead of one server: `{ nodes, username?, password?
    * }`, seed node URLs (`redis://host:port`, `rediss://` with `tls`), or
@@ -437,7 +438,7 @@ export interface RedisLeaseProviderOptions {
    * each topic's stream are spread over the masters by hash slot. Not with
    * `url`.
    */
-  cluster?: ClusterOptions | NodeRedisClusterOptions
+  cluster?: ClusterOptions | NodeRedisClusterOptions | undefined
   /**
    * The master behind Redis Sentinel instead of one server: `{ nodes,
    * masterName, username?, password?, database? }`: the sentinels' URLs
@@ -445,7 +446,7 @@ export interface RedisLeaseProviderOptions {
    * the master), the name they monitor the master by, and the master's
    * credentials. A failover is followed without a restart. Not with `url`.
    */
-  sentinel?: SentinelOptions
+  sentinel?: SentinelOptions | undefined
   /**
    * Failover-safe grants: a lease write that grants or moves a lease
    * (acquire, renew, transfer) is answered only once this many replicas
@@ -453,61 +454,61 @@ export interface RedisLeaseProviderOptions {
    * for it); fewer within `replicaTimeoutMs` reject it with
    * `ERR_LEASE_REPLICATION`. Default 0 (off).
    */
-  minReplicas?: number
+  minReplicas?: number | undefined
   /**
    * How long to wait for `minReplicas` confirmations, in milliseconds;
    * shorter than `commandTimeoutMs`. Default 1000, or half
    * `commandTimeoutMs` when that is shorter.
    */
-  replicaTimeoutMs?: number
+  replicaTimeoutMs?: number | undefined
   /**
    * CA, client certificate and key for a `rediss://` URL, for every
    * connection. Default: none (the platform's roots).
    */
-  tls?: TlsOptions
+  tls?: TlsOptions | undefined
   /**
    * The name every connection gets (`CLIENT SETNAME`), to find them in
    * `CLIENT LIST`. Default `mastra-lease`.
    */
-  connectionName?: string
+  connectionName?: string | undefined
   /**
    * Bound on one attempt to open a connection, in milliseconds (node-redis'
    * `redisOptions.socket.connectTimeout`). Default 2000.
    */
-  connectTimeoutMs?: number
+  connectTimeoutMs?: number | undefined
   /**
    * Bound on every command but the streams' blocking reads (every lease
    * call, publish, ack), connecting included, in milliseconds: each settles
    * within it whatever Redis does. Default 2000 (well under Mastra's 5 s
    * renewal interval).
    */
-  commandTimeoutMs?: number
+  commandTimeoutMs?: number | undefined
   /**
    * Leases live at `<keyPrefix>:lease:<key>`. Default `mastra:topic`, as in Mastra's
    * own Redis backend, so both can share a fleet's leases.
    */
-  keyPrefix?: string
+  keyPrefix?: string | undefined
   /**
    * Gets the warning when the server's eviction policy could evict leases (any
    * policy but `noeviction` with `maxmemory` set), once per policy, and debug notes
    * when it has `debug`. Default: none, and the warning goes to
    * `process.emitWarning` with code `MASTRA_LEASE_EVICTION_POLICY`.
    */
-  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void } | undefined
   /**
    * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
    * also the longest topic or group name). Default 4096.
    */
-  maxKeyBytes?: number
+  maxKeyBytes?: number | undefined
   /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
-  maxOwnerBytes?: number
+  maxOwnerBytes?: number | undefined
   /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
-  maxMetadataBytes?: number
+  maxMetadataBytes?: number | undefined
   /**
    * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
    * day).
    */
-  maxTtlMs?: number
+  maxTtlMs?: number | undefined
 }
 
 /**
@@ -519,24 +520,24 @@ export interface RedisSocketOptions {
    * `true` for TLS with a `redis://` URL (as `rediss://`); the certificates go in the
    * `tls` option.
    */
-  tls?: boolean
+  tls?: boolean | undefined
   /** As `connectTimeoutMs` (both given must agree). */
-  connectTimeout?: number
+  connectTimeout?: number | undefined
   /** `TCP_NODELAY`. Default true. */
-  noDelay?: boolean
+  noDelay?: boolean | undefined
   /**
    * TCP keepalive probes: `true`, `false`, or node-redis 4's delay in milliseconds.
    * Default on after 5000 ms.
    */
-  keepAlive?: boolean | number
+  keepAlive?: boolean | number | undefined
   /** node-redis 5's delay beside `keepAlive: true`, in milliseconds. */
-  keepAliveInitialDelay?: number
+  keepAliveInitialDelay?: number | undefined
   /**
    * `false` only, what this client does: no reconnection loop runs in the background (the
    * next call opens a broken connection again, and every call settles within
    * `commandTimeoutMs`). A delay or a function, which would pace such a loop, is refused.
    */
-  reconnectStrategy?: false
+  reconnectStrategy?: false | undefined
 }
 
 /**
@@ -549,14 +550,14 @@ export interface RedisStreamsOptions {
    * `redis+unix:///path/to.sock` (also `unix:///path`). Default
    * `redis://127.0.0.1:6379`.
    */
-  url?: string
+  url?: string | undefined
   /**
    * node-redis client options, as Mastra's backend takes them: `url`,
    * `username`, `password`, `database`, `name`, and in `socket` `tls`,
    * `connectTimeout`, `noDelay`, `keepAlive`, `keepAliveInitialDelay`. Any
    * other field throws.
    */
-  redisOptions?: RedisClientOptions
+  redisOptions?: RedisClientOptions | undefined
   /**
    * A Redis Cluster instead of one server: `{ nodes, username?, password?
    * }`, seed node URLs (`redis://host:port`, `rediss://` with `tls`), or
@@ -564,7 +565,7 @@ export interface RedisStreamsOptions {
    * each topic's stream are spread over the masters by hash slot. Not with
    * `url`.
    */
-  cluster?: ClusterOptions | NodeRedisClusterOptions
+  cluster?: ClusterOptions | NodeRedisClusterOptions | undefined
   /**
    * The master behind Redis Sentinel instead of one server: `{ nodes,
    * masterName, username?, password?, database? }`: the sentinels' URLs
@@ -572,7 +573,7 @@ export interface RedisStreamsOptions {
    * the master), the name they monitor the master by, and the master's
    * credentials. A failover is followed without a restart. Not with `url`.
    */
-  sentinel?: SentinelOptions
+  sentinel?: SentinelOptions | undefined
   /**
    * Failover-safe grants: a lease write that grants or moves a lease
    * (acquire, renew, transfer) is answered only once this many replicas
@@ -580,113 +581,113 @@ export interface RedisStreamsOptions {
    * for it); fewer within `replicaTimeoutMs` reject it with
    * `ERR_LEASE_REPLICATION`. Default 0 (off).
    */
-  minReplicas?: number
+  minReplicas?: number | undefined
   /**
    * How long to wait for `minReplicas` confirmations, in milliseconds;
    * shorter than `commandTimeoutMs`. Default 1000, or half
    * `commandTimeoutMs` when that is shorter.
    */
-  replicaTimeoutMs?: number
+  replicaTimeoutMs?: number | undefined
   /**
    * CA, client certificate and key for a `rediss://` URL, for every
    * connection. Default: none (the platform's roots).
    */
-  tls?: TlsOptions
+  tls?: TlsOptions | undefined
   /**
    * The name every connection gets (`CLIENT SETNAME`), to find them in
    * `CLIENT LIST`. Default `mastra-lease`.
    */
-  connectionName?: string
+  connectionName?: string | undefined
   /**
    * Bound on one attempt to open a connection, in milliseconds (node-redis'
    * `redisOptions.socket.connectTimeout`). Default 2000.
    */
-  connectTimeoutMs?: number
+  connectTimeoutMs?: number | undefined
   /**
    * Bound on every command but the streams' blocking reads (every lease
    * call, publish, ack), connecting included, in milliseconds: each settles
    * within it whatever Redis does. Default 2000 (well under Mastra's 5 s
    * renewal interval).
    */
-  commandTimeoutMs?: number
+  commandTimeoutMs?: number | undefined
   /**
    * A topic's stream is `<keyPrefix>:<topic>`, a lease `<keyPrefix>:lease:<key>`.
    * Default `mastra:topic`, Mastra's own layout.
    */
-  keyPrefix?: string
+  keyPrefix?: string | undefined
   /** How long one blocking read waits for new entries, in milliseconds. Default 1000. */
-  blockMs?: number
+  blockMs?: number | undefined
   /** Most entries one read returns. Default 10. */
-  batchCount?: number
+  batchCount?: number | undefined
   /**
    * Streams are trimmed to about this many entries, never cutting one a consumer
    * group has not settled; 0 disables trimming. Default 10000.
    */
-  maxStreamLength?: number
+  maxStreamLength?: number | undefined
   /**
    * Past this many entries trimming cuts unsettled entries after all, each one lost
    * counted in a warning; 0 never does. Default 10 × `maxStreamLength`.
    */
-  hardMaxStreamLength?: number
+  hardMaxStreamLength?: number | undefined
   /**
    * A stream idle this long expires; 0 (the default) never. Every append (publish,
    * redelivery) and every stream a subscribe makes (again after `clearTopic` too)
    * sets it again.
    */
-  streamIdleTtlMs?: number
+  streamIdleTtlMs?: number | undefined
   /**
    * A nacked or reclaimed event is delivered again until its `deliveryAttempt`
    * reaches this, then dropped with a warning; `Infinity` redelivers forever, and so
    * does 0 (as Mastra's backend takes it), with a warning once per instance (code
    * `MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS`). Default 5.
    */
-  maxDeliveryAttempts?: number
+  maxDeliveryAttempts?: number | undefined
   /**
    * Most events a consumer holds unsettled (this process's consumer of a group on a
    * topic, or one fan-out subscription); at the limit it reads no more, and the rest
    * of a backlog stays for the group's other consumers. 0 or `Infinity` set no
    * limit. Default 1000.
    */
-  maxInFlight?: number
+  maxInFlight?: number | undefined
   /**
    * An event held unsettled this long (its callback neither acked nor nacked it) is
    * nacked on its behalf, with a warning: Mastra's `inFlightTimeoutMs`. The
    * callback's `extend()` makes it count again from then. 0 (the default) holds it
    * until it is settled or the process ends.
    */
-  inFlightTimeoutMs?: number
+  inFlightTimeoutMs?: number | undefined
   /**
    * How often a consumer group looks for entries a dead consumer never settled
    * (XAUTOCLAIM), in milliseconds; 0 disables it. Default 30000.
    */
-  reclaimIntervalMs?: number
+  reclaimIntervalMs?: number | undefined
   /**
    * How long a dead consumer's entry sits unclaimed before it is reclaimed, in
    * milliseconds. Default 60000. A live process keeps the entries it holds claimed,
    * however long their handlers run.
    */
-  reclaimIdleMs?: number
+  reclaimIdleMs?: number | undefined
   /**
    * Gets dropped-event warnings, connection trouble (at most once per 30 s), events
    * held unusually long, the eviction-policy warning, the `maxDeliveryAttempts: 0`
    * warning, and debug notes when it has `debug`. Without it, the eviction-policy
    * and `maxDeliveryAttempts: 0` warnings go to `process.emitWarning`.
    */
-  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void }
+  logger?: { warn(message: string, fields?: Record<string, unknown>): void; debug?(message: string, fields?: Record<string, unknown>): void } | undefined
   /**
    * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
    * also the longest topic or group name). Default 4096.
    */
-  maxKeyBytes?: number
+  maxKeyBytes?: number | undefined
   /** Longest lease owner accepted, in UTF-8 bytes. Default 1024. */
-  maxOwnerBytes?: number
+  maxOwnerBytes?: number | undefined
   /** Longest lease metadata accepted, in UTF-8 bytes. Default 4096. */
-  maxMetadataBytes?: number
+  maxMetadataBytes?: number | undefined
   /**
    * Longest lease TTL accepted, in milliseconds. Default 86 400 000 (one
    * day).
    */
-  maxTtlMs?: number
+  maxTtlMs?: number | undefined
 }
 
 /** `sentinel`: the master that Redis Sentinel monitors under `masterName`. */
@@ -699,11 +700,11 @@ export interface SentinelOptions {
   /** The name the sentinels monitor the master by. */
   masterName: string
   /** The master's ACL user. */
-  username?: string
+  username?: string | undefined
   /** The master's password. */
-  password?: string
+  password?: string | undefined
   /** The master's database number. Default 0. */
-  database?: number
+  database?: number | undefined
 }
 
 /**
@@ -723,12 +724,12 @@ export interface TlsOptions {
    * The CA certificates (PEM, one or more) trusted to sign the server's certificate, in
    * place of the platform's roots.
    */
-  ca?: string | Buffer
+  ca?: string | Buffer | undefined
   /**
    * The client certificate (PEM, the chain leaf first) for servers with
    * `tls-auth-clients yes`. Give `key` with it.
    */
-  cert?: string | Buffer
+  cert?: string | Buffer | undefined
   /** The private key of `cert` (PEM: PKCS#8, PKCS#1 or SEC1, unencrypted). */
-  key?: string | Buffer
+  key?: string | Buffer | undefined
 }

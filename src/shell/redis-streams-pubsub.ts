@@ -22,7 +22,7 @@ export interface RedisStreamsPubSubOptions extends Omit<RedisStreamsOptions, 'lo
    * policy); debug notes when it has `debug`. Without it, the eviction-policy warning goes to
    * `process.emitWarning` (code `MASTRA_LEASE_EVICTION_POLICY`).
    */
-  logger?: StreamsLogger
+  logger?: StreamsLogger | undefined
 }
 
 type Publishable = Omit<Event, 'id' | 'createdAt'>
@@ -404,7 +404,7 @@ export interface TrimTopicOptions {
   /** The run whose entries are removed (each event's `runId`). */
   runId: string
   /** Only entries whose `data.producedAt` (epoch milliseconds) is no later than this. */
-  producedBefore?: number | Date
+  producedBefore?: number | Date | undefined
 }
 
 /**

@@ -129,8 +129,13 @@ impl Options {
         })?;
         for name in names {
             let label = format!("redisOptions.{}", name.escape_debug());
-            let field = self.field(value, &name, &label)?;
-            let Some((field, kind)) = field else { continue };
+            // Undefined is "not given" for a field it takes; a name it does not take is
+            // refused whatever its value, as at the top level.
+            let (field, kind) = match self.field(value, &name, &label)? {
+                Some(found) => found,
+                None if REDIS_OPTIONS.contains(&name.as_str()) => continue,
+                None => (js::undefined(self.env), ValueType::napi_undefined),
+            };
             let text = || self.text(field, kind, &label);
             match name.as_str() {
                 "url" => out.url = Some(text()?),
@@ -186,8 +191,10 @@ impl Options {
         let (mut keep_alive, mut delay, mut initial_delay) = (None, None, None);
         for name in names {
             let label = format!("redisOptions.socket.{}", name.escape_debug());
-            let Some((field, kind)) = self.field(value, &name, &label)? else {
-                continue;
+            let (field, kind) = match self.field(value, &name, &label)? {
+                Some(found) => found,
+                None if SOCKET.contains(&name.as_str()) => continue,
+                None => (js::undefined(self.env), ValueType::napi_undefined),
             };
             let flag = || -> Read<bool> {
                 match kind {
