@@ -160,7 +160,7 @@ impl Connection {
 
     /// The cluster master serving `key`'s slot: as last read, or read now on the shared link.
     async fn master_of(&self, key: &[u8]) -> Result<Node> {
-        let slot = crate::core::lease::keys::slot(key);
+        let slot = super::slot(key);
         if let Some(node) = self.exclusive.master_of(slot) {
             return Ok(node);
         }

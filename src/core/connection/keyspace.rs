@@ -1,10 +1,68 @@
 //! How the deployment spreads its keys over nodes, told to the callers that lay keys out,
 //! group them into requests, or walk every master, so none of them asks which kind of
 //! deployment it is: [`Keyspace`], [`Shard`], [`Connection::by_shard`] and
-//! [`Connection::masters`].
+//! [`Connection::masters`]; and Redis Cluster's hash slots themselves ([`slot`], [`slot_tag`],
+//! [`in_slot`]), which the connection routes by and the lease layout names keys with.
+
+use std::sync::LazyLock;
 
 use super::{parse, slots, Connection};
 use crate::core::error::Result;
+
+/// The hash slots of a Redis Cluster.
+pub const SLOTS: u16 = 16_384;
+
+/// The hash slot of a key, as Redis Cluster computes it: CRC16 (XMODEM) of the key, or of
+/// its hash tag (what lies between the first `{` and the next `}`, when not empty).
+pub fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// A key's hash tag: what lies between its first `{` and the next `}`, when not empty.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+    let tag = &key[open + 1..open + 1 + close];
+    (!tag.is_empty()).then_some(tag)
+}
+
+/// For every slot, the shortest alphanumeric string hashing to it (the first found).
+static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
+    let mut missing = usize::from(SLOTS);
+    let mut candidate: Vec<u8> = Vec::new();
+    'lengths: for length in 1..=4 {
+        candidate.resize(length, 0);
+        let count = ALPHABET.len().pow(length as u32);
+        for n in 0..count {
+            let mut rest = n;
+            for byte in candidate.iter_mut() {
+                *byte = ALPHABET[rest % ALPHABET.len()];
+                rest /= ALPHABET.len();
+            }
+            let entry = &mut tags[usize::from(slot(&candidate))];
+            if entry.is_none() {
+                *entry = Some(String::from_utf8_lossy(&candidate).into_owned());
+                missing -= 1;
+                if missing == 0 {
+                    break 'lengths;
+                }
+            }
+        }
+    }
+    tags.into_iter().map(Option::unwrap_or_default).collect()
+});
+
+/// A short alphanumeric string in hash slot `slot`: `{<it>}` in a key puts the key there.
+pub fn slot_tag(slot: u16) -> &'static str {
+    &TAGS[usize::from(slot % SLOTS)]
+}
+
+/// A key in hash slot `slot` (`{<tag>}`), to route a keyless command to the slot's master.
+pub fn in_slot(slot: u16) -> Vec<u8> {
+    format!("{{{}}}", slot_tag(slot)).into_bytes()
+}
 
 /// How a deployment's keys are spread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +91,7 @@ impl Connection {
     /// The shard of `key`.
     pub fn shard(&self, key: &[u8]) -> Shard {
         match self.keyspace() {
-            Keyspace::Slotted => Shard(crate::core::lease::keys::slot(key)),
+            Keyspace::Slotted => Shard(slot(key)),
             Keyspace::Single => Shard(0),
         }
     }
@@ -83,5 +141,32 @@ impl Connection {
             .and_then(slots::read_slot_map)
             .map_err(|err| self.classify_reply(err))?;
         Ok(slots::first_slots(&map).into_iter().map(Some).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_those_redis_computes() {
+        // Known values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot(b"123456789"), 12_739);
+        assert_eq!(slot(b"foo"), 12_182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_that_hashes_to_it() {
+        assert_eq!(TAGS.len(), usize::from(SLOTS));
+        for (n, tag) in TAGS.iter().enumerate() {
+            assert!(!tag.is_empty() && tag.len() <= 4, "slot {n}: {tag:?}");
+            assert!(tag.bytes().all(|b| b.is_ascii_alphanumeric()));
+            assert_eq!(usize::from(slot(tag.as_bytes())), n);
+        }
+        assert_eq!(slot(&in_slot(12_182)), 12_182);
     }
 }

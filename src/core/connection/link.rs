@@ -233,7 +233,7 @@ impl Link {
     pub async fn on_node_of(&mut self, key: &[u8], cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Self::Cluster(cluster) => {
-                let slot = crate::core::lease::keys::slot(key);
+                let slot = super::slot(key);
                 let route = Route::new(slot, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 cluster.route_command(cmd.clone(), routing).await

@@ -14,7 +14,7 @@ pub(super) type SlotMap = Vec<(u16, u16, Node)>;
 
 /// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
 pub(super) async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
-    let slot = crate::core::lease::keys::slot(key);
+    let slot = super::slot(key);
     master_in(&slot_map(cluster).await?, slot).ok_or_else(no_master)
 }
 

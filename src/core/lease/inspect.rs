@@ -12,7 +12,7 @@ use redis::{Pipeline, Value};
 
 use super::redis::{decode, RedisStore};
 use super::{keys, Answer, Call, Lease};
-use crate::core::connection::{parse, Keyspace};
+use crate::core::connection::{in_slot, parse, Keyspace, SLOTS};
 use crate::core::error::{Error, InputErrorKind, Result};
 
 /// One page of a listing: the live leases found, each with its key as Redis holds it (after
@@ -42,7 +42,7 @@ impl Position {
             .split(',')
             .map(|node| match (keyspace, node.split_once('.')) {
                 (Keyspace::Slotted, Some((slot, cursor))) => {
-                    let slot = slot.parse::<u16>().ok().filter(|s| *s < keys::SLOTS);
+                    let slot = slot.parse::<u16>().ok().filter(|s| *s < SLOTS);
                     Some((Some(slot?), cursor.parse().ok()?))
                 }
                 (Keyspace::Single, None) => Some((None, node.parse().ok()?)),
@@ -166,7 +166,7 @@ impl RedisStore {
             .arg(count);
         // Only strings: a topic's stream may be named like a lease.
         cmd.arg("TYPE").arg("string");
-        let route = keys::in_slot(slot.unwrap_or(0));
+        let route = in_slot(slot.unwrap_or(0));
         let connection = self.connection();
         let reply = connection
             .run(|mut link| async move { link.on_node_of(&route, &cmd).await })

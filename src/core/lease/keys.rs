@@ -17,59 +17,8 @@
 //! when the slot migrates), whatever characters the key holds. There is one counter per slot
 //! in use: at most 16,384 per key prefix, however many keys were ever leased.
 
-use std::sync::LazyLock;
-
-use crate::core::connection::Keyspace;
+use crate::core::connection::{hash_tag, slot, slot_tag, Keyspace};
 use crate::core::error::{Error, InputErrorKind, Result};
-
-/// The hash slots of a Redis Cluster.
-pub const SLOTS: u16 = 16_384;
-
-/// The hash slot of a key, as Redis Cluster computes it: CRC16 (XMODEM) of the key, or of
-/// its hash tag (what lies between the first `{` and the next `}`, when not empty).
-pub fn slot(key: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % SLOTS
-}
-
-fn hash_tag(key: &[u8]) -> Option<&[u8]> {
-    let open = key.iter().position(|&b| b == b'{')?;
-    let close = key[open + 1..].iter().position(|&b| b == b'}')?;
-    let tag = &key[open + 1..open + 1 + close];
-    (!tag.is_empty()).then_some(tag)
-}
-
-/// For every slot, the shortest alphanumeric string hashing to it (the first found).
-static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
-    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
-    let mut missing = usize::from(SLOTS);
-    let mut candidate: Vec<u8> = Vec::new();
-    'lengths: for length in 1..=4 {
-        candidate.resize(length, 0);
-        let count = ALPHABET.len().pow(length as u32);
-        for n in 0..count {
-            let mut rest = n;
-            for byte in candidate.iter_mut() {
-                *byte = ALPHABET[rest % ALPHABET.len()];
-                rest /= ALPHABET.len();
-            }
-            let entry = &mut tags[usize::from(slot(&candidate))];
-            if entry.is_none() {
-                *entry = Some(String::from_utf8_lossy(&candidate).into_owned());
-                missing -= 1;
-                if missing == 0 {
-                    break 'lengths;
-                }
-            }
-        }
-    }
-    tags.into_iter().map(Option::unwrap_or_default).collect()
-});
-
-/// A key in hash slot `slot` (`{<tag>}`), to route a keyless command to the slot's master.
-pub fn in_slot(slot: u16) -> Vec<u8> {
-    format!("{{{}}}", TAGS[usize::from(slot % SLOTS)]).into_bytes()
-}
 
 /// The Redis keys of one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +94,7 @@ impl Layout {
     /// another client wrote (not UTF-8, or longer than the limits take).
     pub fn keys_of(&self, key: &[u8]) -> LeaseKeys {
         let lease = [&self.lease_prefix[..], key].concat();
-        let tag = TAGS[usize::from(slot(&lease))].as_bytes();
+        let tag = slot_tag(slot(&lease)).as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
         let token = [&counter[..], b":", key].concat();
         let metadata = match self.keyspace {
@@ -164,27 +113,6 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_are_those_redis_computes() {
-        // Known values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(slot(b"123456789"), 12_739);
-        assert_eq!(slot(b"foo"), 12_182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
-        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
-        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
-    }
-
-    #[test]
-    fn every_slot_has_a_tag_that_hashes_to_it() {
-        assert_eq!(TAGS.len(), usize::from(SLOTS));
-        for (n, tag) in TAGS.iter().enumerate() {
-            assert!(!tag.is_empty() && tag.len() <= 4, "slot {n}: {tag:?}");
-            assert!(tag.bytes().all(|b| b.is_ascii_alphanumeric()));
-            assert_eq!(usize::from(slot(tag.as_bytes())), n);
-        }
-    }
 
     #[test]
     fn the_four_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {

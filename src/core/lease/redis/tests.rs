@@ -355,7 +355,7 @@ async fn leases_that_came_and_went_leave_only_one_counter_per_slot_behind() {
         token_of(answer.unwrap());
     }
     let slots: std::collections::HashSet<u16> = (0..3_000)
-        .map(|n| crate::core::lease::keys::slot(format!("t:lease:k{n}").as_bytes()))
+        .map(|n| crate::core::connection::slot(format!("t:lease:k{n}").as_bytes()))
         .collect();
     // Expired keys linger until Redis' expiry cycle samples them: within seconds.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -371,7 +371,7 @@ async fn leases_that_came_and_went_leave_only_one_counter_per_slot_behind() {
         slots.len(),
         "one counter per slot used, no lease or token key"
     );
-    assert!(left <= usize::from(crate::core::lease::keys::SLOTS));
+    assert!(left <= usize::from(crate::core::connection::SLOTS));
 }
 
 /// A store whose grants wait for one replica's confirmation, `replica_timeout` at most.
