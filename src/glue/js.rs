@@ -219,8 +219,6 @@ pub fn uint8_bytes(env: Env, value: Value) -> Option<Vec<u8>> {
     Some(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
 }
 
-/// The items of an array, or `None` when `value` is not one; `Err` with what reading an
-/// item threw (a getter, a Proxy's trap).
 /// Whether `value` is an array (`Array.isArray`).
 pub fn is_array(env: Env, value: Value) -> bool {
     let mut is_array = false;
@@ -229,6 +227,8 @@ pub fn is_array(env: Env, value: Value) -> bool {
     is_array
 }
 
+/// The items of an array, or `None` when `value` is not one; `Err` with what reading an
+/// item threw (a getter, a Proxy's trap).
 pub fn array_items(env: Env, value: Value) -> Result<Option<Vec<Value>>, Value> {
     if !is_array(env, value) {
         return Ok(None);
@@ -313,6 +313,21 @@ pub fn object(env: Env) -> Value {
 pub fn set_property(env: Env, object: Value, name: &std::ffi::CStr, value: Value) {
     // SAFETY: object and value are live values of this environment; name is NUL-terminated.
     unsafe { sys::napi_set_named_property(env, object, name.as_ptr(), value) };
+}
+
+/// Sets `object[name] = value`, for a name known only at run time.
+pub fn set_key(env: Env, object: Value, name: &str, value: Value) {
+    let name = string(env, name);
+    // SAFETY: object, name and value are live values of this environment.
+    unsafe { sys::napi_set_property(env, object, name, value) };
+}
+
+/// The global object (`globalThis`).
+pub fn global(env: Env) -> Value {
+    let mut out = ptr::null_mut();
+    // SAFETY: a plain lookup on the JavaScript thread.
+    unsafe { sys::napi_get_global(env, &mut out) };
+    out
 }
 
 /// A JavaScript array holding `items`.
@@ -432,37 +447,40 @@ impl Persistent {
     }
 }
 
+/// A strong reference to `value`, kept for the environment's life.
+pub fn persist(env: Env, value: Value) -> Option<Persistent> {
+    let mut reference = ptr::null_mut();
+    // SAFETY: a strong reference to a live value of this environment, never deleted.
+    let status = unsafe { sys::napi_create_reference(env, value, 1, &mut reference) };
+    (status == sys::Status::napi_ok).then_some(Persistent(reference))
+}
+
 /// Compiles and runs `source`, a constant expression, and keeps what it evaluates to.
 pub fn compile(env: Env, source: &str) -> Option<Persistent> {
     let source = string(env, source);
     let mut value = ptr::null_mut();
-    let mut reference = ptr::null_mut();
-    // SAFETY: runs a script of this environment and keeps a strong reference to its value.
-    let ok = unsafe {
-        sys::napi_run_script(env, source, &mut value) == sys::Status::napi_ok
-            && sys::napi_create_reference(env, value, 1, &mut reference) == sys::Status::napi_ok
-    };
-    if !ok {
+    // SAFETY: runs a script of this environment.
+    let ran = unsafe { sys::napi_run_script(env, source, &mut value) } == sys::Status::napi_ok;
+    let kept = ran.then(|| persist(env, value)).flatten();
+    if kept.is_none() {
         clear_exception(env);
-        return None;
     }
-    Some(Persistent(reference))
+    kept
 }
 
 /// `function(...args)` with `this` undefined: what it returned, or `None` when it threw
 /// (the exception cleared).
 pub fn call(env: Env, function: Value, args: &[Value]) -> Option<Value> {
+    call_on(env, undefined(env), function, args)
+}
+
+/// `function.call(this, ...args)`: what it returned, or `None` when it threw (the exception
+/// cleared).
+pub fn call_on(env: Env, this: Value, function: Value, args: &[Value]) -> Option<Value> {
     let mut out = ptr::null_mut();
     // SAFETY: a call of a live function of this environment with values made in it.
     let status = unsafe {
-        sys::napi_call_function(
-            env,
-            undefined(env),
-            function,
-            args.len(),
-            args.as_ptr(),
-            &mut out,
-        )
+        sys::napi_call_function(env, this, function, args.len(), args.as_ptr(), &mut out)
     };
     if status != sys::Status::napi_ok || out.is_null() {
         clear_exception(env);

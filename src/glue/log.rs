@@ -1,9 +1,7 @@
 //! Where the core's notices go in Node: a logger's `warn` and `debug` (Mastra's logger
 //! fits; `debug` is optional), or, without one, `process.emitWarning` for the warnings.
 
-use std::ptr;
-
-use napi::sys::{self, ValueType};
+use napi::sys::ValueType;
 use serde_json::{Map, Value as Json};
 
 use super::crossing::JsCallback;
@@ -51,10 +49,7 @@ impl JsLog {
 
     /// `process.emitWarning(message, { code })` for warnings; debug notes are dropped.
     pub fn process(env: Env) -> Result<Self> {
-        let mut global = ptr::null_mut();
-        // SAFETY: a plain lookup on the JavaScript thread.
-        unsafe { sys::napi_get_global(env, &mut global) };
-        let process = js::property(env, global, c"process").ok();
+        let process = js::property(env, js::global(env), c"process").ok();
         let emit = process
             .filter(|process| js::type_of(env, *process) == ValueType::napi_object)
             .and_then(|process| {
@@ -85,10 +80,7 @@ pub fn warn_now(env: Env, logger: Option<Value>, notice: Notice) {
     let (this, method, to_args): (Option<Value>, &std::ffi::CStr, ToArgs) = match logger {
         Some(logger) => (Some(logger), c"warn", message_and_fields),
         None => {
-            let mut global = ptr::null_mut();
-            // SAFETY: a plain lookup on the JavaScript thread.
-            unsafe { sys::napi_get_global(env, &mut global) };
-            let process = js::property(env, global, c"process").ok();
+            let process = js::property(env, js::global(env), c"process").ok();
             (process, c"emitWarning", message_and_code)
         }
     };
@@ -109,14 +101,7 @@ fn bound(env: Env, function: Value, this: Value) -> Option<Value> {
     if js::type_of(env, bind) != ValueType::napi_function {
         return None;
     }
-    let mut out = ptr::null_mut();
-    // SAFETY: live functions of this environment, called on its thread with one argument.
-    let status = unsafe { sys::napi_call_function(env, function, bind, 1, &this, &mut out) };
-    if status != sys::Status::napi_ok || out.is_null() {
-        js::clear_exception(env);
-        return None;
-    }
-    Some(out)
+    js::call_on(env, function, bind, &[this])
 }
 
 fn message_and_fields(env: Env, notice: Notice) -> Vec<Value> {
@@ -140,19 +125,15 @@ fn message_and_code(env: Env, notice: Notice) -> Vec<Value> {
 /// A flat object of the fields: strings, numbers and booleans as themselves, anything else
 /// as its JSON text.
 fn object(env: Env, fields: &Map<String, Json>) -> Value {
-    let mut out = ptr::null_mut();
-    // SAFETY: plain object creation and property writes on the JavaScript thread.
-    unsafe {
-        sys::napi_create_object(env, &mut out);
-        for (name, value) in fields {
-            let value = match value {
-                Json::String(text) => js::string(env, text),
-                Json::Number(n) => js::number_value(env, n.as_f64().unwrap_or(f64::NAN)),
-                Json::Bool(b) => js::boolean(env, *b),
-                other => js::string(env, &other.to_string()),
-            };
-            sys::napi_set_property(env, out, js::string(env, name), value);
-        }
+    let out = js::object(env);
+    for (name, value) in fields {
+        let value = match value {
+            Json::String(text) => js::string(env, text),
+            Json::Number(n) => js::number_value(env, n.as_f64().unwrap_or(f64::NAN)),
+            Json::Bool(b) => js::boolean(env, *b),
+            other => js::string(env, &other.to_string()),
+        };
+        js::set_key(env, out, name, value);
     }
     out
 }

@@ -244,7 +244,9 @@ unsafe extern "C" fn run<const N: usize>(env: js::Env, info: sys::napi_callback_
 /// Frees what `bind` gave a function, once the function is collected.
 unsafe extern "C" fn free<const N: usize>(_env: js::Env, data: *mut c_void, _hint: *mut c_void) {
     // SAFETY: `data` is the `Bound<N>` `bind` leaked for this function, freed once.
-    drop(unsafe { Box::from_raw(data.cast::<Bound<N>>()) });
+    let bound = unsafe { Box::from_raw(data.cast::<Bound<N>>()) };
+    // A panic must not unwind into Node; dropping the table does not panic, but be sure.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(bound)));
 }
 
 /// One lease call on the table, its arguments read into `call`: counted, then answered as

@@ -3,6 +3,8 @@
 //! outcome is decided here.
 
 mod args;
+#[cfg(test)]
+mod conventions;
 mod crossing;
 mod js;
 mod log;

@@ -80,6 +80,7 @@ impl RedisLeaseProvider {
     /// could evict leases.
     #[napi(
         constructor,
+        catch_unwind,
         ts_args_type = "options?: RedisLeaseProviderOptions | undefined | null"
     )]
     pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {

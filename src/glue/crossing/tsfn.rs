@@ -31,6 +31,7 @@ pub struct Tsfn {
 // SAFETY: N-API thread-safe functions are made to be called and released from any thread;
 // the lock orders every such call before Node's finalizer.
 unsafe impl Send for Tsfn {}
+// SAFETY: as for `Send`: every use through a shared reference takes the lock first.
 unsafe impl Sync for Tsfn {}
 
 impl Tsfn {
@@ -123,7 +124,10 @@ impl Drop for Tsfn {
 unsafe extern "C" fn on_finalize(_env: Env, data: *mut c_void, _hint: *mut c_void) {
     // SAFETY: `Tsfn::new` leaked this `Arc` for the finalizer alone.
     let finalized = unsafe { Arc::from_raw(data as *const RwLock<bool>) };
-    *finalized.write().unwrap_or_else(|e| e.into_inner()) = true;
+    // A panic must not unwind into Node; this cannot panic, but be sure.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        *finalized.write().unwrap_or_else(|e| e.into_inner()) = true;
+    }));
 }
 
 /// A JavaScript function the runtime calls with values of type `T`, converted to arguments
@@ -179,19 +183,7 @@ unsafe extern "C" fn call_function<T>(
     // SAFETY: the context is the `ToArgs<T>` `JsCallback::new` stored, a plain fn pointer.
     let to_args: ToArgs<T> = unsafe { std::mem::transmute::<*mut c_void, ToArgs<T>>(context) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let args = to_args(env, *value);
-        let mut ignored = ptr::null_mut();
-        // SAFETY: a call of a live function on its own thread with values made there.
-        unsafe {
-            sys::napi_call_function(
-                env,
-                js::undefined(env),
-                function,
-                args.len(),
-                args.as_ptr(),
-                &mut ignored,
-            )
-        };
-        js::clear_exception(env);
+        // What it throws is cleared there.
+        js::call(env, function, &to_args(env, *value));
     }));
 }

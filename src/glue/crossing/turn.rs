@@ -8,7 +8,7 @@ use std::ptr;
 
 use napi::sys;
 
-use crate::glue::js::{self, Env, Value};
+use crate::glue::js::{self, Env, Persistent, Value};
 
 /// Work for the end of the turn.
 pub type Job = Box<dyn FnOnce()>;
@@ -17,8 +17,8 @@ pub type Job = Box<dyn FnOnce()>;
 /// end. Each Node environment (main thread or worker) runs on its own thread.
 struct Turn {
     env: Env,
-    run_jobs: sys::napi_ref,
-    queue_microtask: sys::napi_ref,
+    run_jobs: Persistent,
+    queue_microtask: Persistent,
     jobs: Vec<Job>,
 }
 
@@ -55,26 +55,15 @@ pub fn at_end(env: Env, job: Job) {
 impl Turn {
     fn new(env: Env) -> Option<Self> {
         let function = js::function(env, c"mastraLeaseEndOfTurn", run, ptr::null_mut(), None)?;
-        let mut global = ptr::null_mut();
-        let mut queue = ptr::null_mut();
-        let mut run_jobs = ptr::null_mut();
-        let mut queue_microtask = ptr::null_mut();
-        // SAFETY: a global lookup and two strong references, all on this environment's
-        // thread. The references live as long as the environment.
-        let ok = unsafe {
-            sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
-                && sys::napi_get_named_property(env, global, c"queueMicrotask".as_ptr(), &mut queue)
-                    == sys::Status::napi_ok
-                && js::type_of(env, queue) == sys::ValueType::napi_function
-                && sys::napi_create_reference(env, function, 1, &mut run_jobs)
-                    == sys::Status::napi_ok
-                && sys::napi_create_reference(env, queue, 1, &mut queue_microtask)
-                    == sys::Status::napi_ok
+        let queue = match js::property(env, js::global(env), c"queueMicrotask") {
+            Ok(queue) if js::type_of(env, queue) == sys::ValueType::napi_function => queue,
+            _ => return None,
         };
-        ok.then_some(Self {
+        // Both live as long as the environment.
+        Some(Self {
             env,
-            run_jobs,
-            queue_microtask,
+            run_jobs: js::persist(env, function)?,
+            queue_microtask: js::persist(env, queue)?,
             jobs: Vec::new(),
         })
     }
@@ -82,25 +71,12 @@ impl Turn {
     /// Queues the microtask that runs the jobs.
     fn schedule(&self) -> bool {
         let env = self.env;
-        let (mut function, mut queue, mut global, mut ignored) = (
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-        );
-        // SAFETY: both references were made in this environment and are still held.
-        let ok = unsafe {
-            sys::napi_get_reference_value(env, self.run_jobs, &mut function) == sys::Status::napi_ok
-                && sys::napi_get_reference_value(env, self.queue_microtask, &mut queue)
-                    == sys::Status::napi_ok
-                && sys::napi_get_global(env, &mut global) == sys::Status::napi_ok
-                && sys::napi_call_function(env, global, queue, 1, &function, &mut ignored)
-                    == sys::Status::napi_ok
-        };
-        if !ok {
-            js::clear_exception(env);
+        match (self.run_jobs.value(env), self.queue_microtask.value(env)) {
+            (Some(function), Some(queue)) => {
+                js::call_on(env, js::global(env), queue, &[function]).is_some()
+            }
+            _ => false,
         }
-        ok
     }
 }
 
