@@ -1,19 +1,20 @@
 //! The core's one error type. Each variant has a stable `code` that the Node glue puts on
-//! the JavaScript error, and a kind that chooses between `TypeError`, `RangeError` and
-//! `Error`.
+//! the JavaScript error (a bad lease argument one per argument: key, owner, metadata, TTL),
+//! and a kind that chooses between `TypeError`, `RangeError` and `Error`.
 
 use std::time::Duration;
 
 /// Everything a call into the core can fail with: a lease operation, a publish, a subscribe.
 ///
 /// "Not the owner" is never an error: it is a result (`false`, `{ acquired: false }`).
-/// These are the failures: bad input, a closed object, or Redis not answering.
+/// These are the failures: bad input, a closed object, Redis not answering or refusing
+/// (credentials, a command it lacks, too few replicas confirming a grant), or a bug here.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// An argument of a lease call is unusable; nothing was sent anywhere.
     #[error("{message}")]
     InvalidArgument {
-        /// Which argument: `key`, `owner` or `ttlMs`.
+        /// Which argument: `key`, an owner, a holder's metadata or `ttlMs`.
         argument: Argument,
         /// `TypeError` when the value has the wrong type, `RangeError` when it is out of range.
         kind: InputErrorKind,

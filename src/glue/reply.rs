@@ -1,5 +1,5 @@
 //! What a finished call hands back to JavaScript: the shape of every answer, and the
-//! declared types of those shapes (for `index.d.ts`).
+//! declared types of those shapes (for `src/shell/native.d.ts`).
 
 use std::cell::Cell;
 

@@ -8,6 +8,7 @@
 //! its handler may say it is still alive ([`Delivery::extend`]).
 //!
 //! The files, by concept:
+//! - `event.rs`: events on the wire: reading entries back, the fields delivery needs.
 //! - `publish.rs`: appends, and the second send of appends a broken connection cut off.
 //! - `subscription.rs`: subscribing and unsubscribing; which reader serves a subscription.
 //! - `group.rs`: this process's consumer of a group on a topic: what it holds, its places,
@@ -29,6 +30,11 @@
 //! - `trim.rs`: trimming streams without cutting entries a group has not settled.
 //! - `trim_topic.rs`: `trimTopic`, removing one run's entries from a shared topic, in pages,
 //!   sparing those a group has not settled.
+//! - `*.lua`: the scripts the files above run, registered in `core/scripts.rs`:
+//!   `append_again.lua` (`publish.rs`), `settle.lua` (`settle.rs`), `reclaim.lua` and
+//!   `keep.lua` (`reclaim.rs`), `trim.lua` and `trim_topic.lua` (theirs).
+//! - `tests/`: against real `redis-server` processes, a file per what they prove
+//!   (`delivery.rs`, `local.rs`, `recovery.rs`, `settling.rs`); `mod.rs` what they share.
 //!
 //! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL, the
 //! scripts) multiplexes over one connection, shared with the lease store. Blocking reads

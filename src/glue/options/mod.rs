@@ -2,7 +2,7 @@
 //! `TypeError`/`RangeError`, an option this class does not know is an error naming it (a
 //! typo must not quietly connect somewhere else), and an option whose getter throws
 //! surfaces with what it threw as `cause`. The `#[napi(object)]` structs in `types.rs` only
-//! give `index.d.ts` its documented interfaces; `tests.rs` checks that each names the
+//! give `src/shell/native.d.ts` its documented interfaces; `tests.rs` checks that each names the
 //! options its reader reads, no more and no fewer.
 
 mod connection;

@@ -1,6 +1,6 @@
-//! The option interfaces `index.d.ts` documents, each declared once. These structs exist
-//! only for napi-rs to write them out (the options are read by hand, in `reader.rs`); the
-//! option-set test in `mod.rs` holds each one's fields against what the reader reads.
+//! The option interfaces `src/shell/native.d.ts` documents, each declared once. These structs
+//! exist only for napi-rs to write them out (the options are read by hand, in `reader.rs`);
+//! the option-set test in `tests.rs` holds each one's fields against what the reader reads.
 
 use napi_derive::napi;
 
