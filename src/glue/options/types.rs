@@ -7,11 +7,11 @@ use napi_derive::napi;
 use crate::glue::js::Value;
 
 /// Declares an options interface: the `#[napi(object)]` struct napi-rs writes into
-/// `index.d.ts`, never converted (the reader reads the raw object). `with connection` puts
+/// `src/shell/native.d.ts`, never converted (the reader reads the raw object). `with connection` puts
 /// the connection block first and `with limits` the lease limits last, so the options
 /// several classes share are written, and documented, once. Docs inside it are spelt
 /// `#[doc = "..."]`: a `///` comment that goes through `macro_rules!` reaches napi-rs as a
-/// raw string, which it copies into `index.d.ts` with its `r"`.
+/// raw string, which it copies into `native.d.ts` with its `r"`.
 macro_rules! options {
     (
         $(#[$($attr:tt)*])*
