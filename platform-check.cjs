@@ -27,14 +27,27 @@ if (!found) {
   }
 }
 if (!found) {
-  const supported = PUBLISHED.includes(name)
-  const err = new Error(
-    supported
-      ? `mastra-lease: the package with its binary for ${name} (mastra-lease-${name}) is not installed. It is an optional dependency: ` +
-          'install again without --no-optional/--omit=optional, and on the machine (or with --os/--cpu/--libc for the platform) it runs on.'
-      : `mastra-lease has no binary for ${name}. Binaries exist for ${PUBLISHED.join(', ')}. ` +
-          'To build one: clone the repository, install Rust, then `npm install && npm run build` (see DEVELOPING.md).',
-  )
+  const binary = `mastra-lease-${name}`
+  const { optionalDependencies = {} } = require('./package.json')
+  let message
+  if (existsSync(path.join(__dirname, 'Cargo.toml'))) {
+    // The repository itself, not an installed package.
+    message = `mastra-lease: this clone has no addon built for ${name}: run \`npm run build\` (it needs Rust; DEVELOPING.md).`
+  } else if (!PUBLISHED.includes(name)) {
+    message =
+      `mastra-lease has no binary for ${name}. Binaries exist for ${PUBLISHED.join(', ')}. To build one: clone the repository, ` +
+      'install Rust, run `npm install && npm run pack:local` there, and install the two tarballs it names (docs/platforms.md).'
+  } else if (!(binary in optionalDependencies)) {
+    // Packed from a clone: platform packages become optional dependencies only at release.
+    message =
+      `mastra-lease: the package with its binary for ${name} (${binary}) is not installed. This mastra-lease was packed from ` +
+      `a clone, so nothing installs ${binary} for it: \`npm run pack:local\` in the clone packs both and prints the one npm install of the two.`
+  } else {
+    message =
+      `mastra-lease: the package with its binary for ${name} (${binary}) is not installed. It is an optional dependency: ` +
+      'install again without --no-optional/--omit=optional, and on the machine (or with --os/--cpu/--libc for the platform) it runs on.'
+  }
+  const err = new Error(message)
   err.code = 'ERR_LEASE_NO_BINARY'
   throw err
 }

@@ -3,7 +3,7 @@
 // which the loader finds as `mastra-lease-linux-x64-gnu`. Installed together they must load
 // without a Rust toolchain, from both ESM and CommonJS.
 import { execFileSync } from 'node:child_process'
-import { copyFileSync, cpSync, mkdirSync, mkdtempSync, readdirSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -38,19 +38,20 @@ function run(file: string, code: string): string {
 describe('the npm package', () => {
   beforeAll(() => {
     project = mkdtempSync(path.join(os.tmpdir(), 'mastra-lease-pack-'))
-    const pack = (cwd: string) =>
-      execFileSync('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', project], { cwd, encoding: 'utf8' }).trim().split('\n').pop()!
-    const tarball = pack(root)
-    // The platform package with the addon this run built (build:platforms puts it there too).
-    const platform = path.join(project, 'platform')
-    cpSync(path.join(root, 'npm', 'linux-x64-gnu'), platform, { recursive: true })
-    copyFileSync(path.join(root, 'mastra-lease.linux-x64-gnu.node'), path.join(platform, 'mastra-lease.linux-x64-gnu.node'))
-    const platformTarball = pack(platform)
+    // The README's install from a clone: `npm run pack:local` (its build already ran) packs the
+    // main package and the platform package with the addon this run built, and prints the
+    // one `npm install` of the two.
+    const printed = execFileSync(process.execPath, [path.join(root, 'scripts', 'pack-local.mjs')], { cwd: root, encoding: 'utf8' })
+    const install = /^ {2}npm install (\S+) (\S+)$/m.exec(printed)
+    if (install === null) throw new Error(`pack:local printed no npm install line:\n${printed}`)
+    const [tarball, platformTarball] = [install[1]!, install[2]!]
+    expect(path.basename(platformTarball)).toMatch(/^mastra-lease-linux-x64-gnu-/)
+    for (const file of [tarball, platformTarball]) copyFileSync(file, path.join(project, path.basename(file)))
     writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true }))
     // The peer @mastra/core is the user's own install; here it is this repository's copy
     // (linked in, so its dependencies resolve where they live), since an offline npm may
     // hold its tarball but not its registry metadata.
-    execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', path.join(project, tarball), path.join(project, platformTarball)], {
+    execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', '--ignore-scripts', tarball, platformTarball], {
       cwd: project,
       env: { ...process.env, PATH: [path.dirname(process.execPath), pathWithoutRust()].join(path.delimiter) },
       stdio: 'pipe',
@@ -114,9 +115,29 @@ describe('the npm package', () => {
         writeFileSync(path.join(bare, file), code)
         const out = execFileSync(process.execPath, [file], { cwd: bare, encoding: 'utf8' })
         expect(out, file).toMatch(/^ERR_LEASE_NO_BINARY mastra-lease: the package with its binary for linux-x64-gnu \(mastra-lease-linux-x64-gnu\) is not installed/)
+        // Packed from a clone, it lists no platform package: the advice is the clone's.
+        expect(out, file).toContain('packed from a clone')
+        expect(out, file).toContain('npm run pack:local')
       }
+      // Installed from the registry, the platform packages are its optional dependencies.
+      const installed = path.join(bare, 'node_modules', 'mastra-lease', 'package.json')
+      const manifest = JSON.parse(readFileSync(installed, 'utf8')) as Record<string, unknown>
+      writeFileSync(installed, JSON.stringify({ ...manifest, optionalDependencies: { 'mastra-lease-linux-x64-gnu': '0.1.0' } }))
+      const out = execFileSync(process.execPath, ['check.cjs'], { cwd: bare, encoding: 'utf8' })
+      expect(out).toMatch(/^ERR_LEASE_NO_BINARY mastra-lease: the package with its binary for linux-x64-gnu \(mastra-lease-linux-x64-gnu\) is not installed\. It is an optional dependency: install again without --no-optional/)
     } finally {
       rmSync(bare, { recursive: true, force: true })
+    }
+  })
+
+  it('in a clone without a build, says to run npm run build, from either entry', () => {
+    const clone = mkdtempSync(path.join(os.tmpdir(), 'mastra-lease-clone-'))
+    try {
+      for (const file of ['package.json', 'Cargo.toml', 'index.js', 'platform-check.cjs']) copyFileSync(path.join(root, file), path.join(clone, file))
+      const out = execFileSync(process.execPath, ['-e', `try { require('./index.js') } catch (e) { console.log(e.code, e.message) }`], { cwd: clone, encoding: 'utf8' })
+      expect(out).toMatch(/^ERR_LEASE_NO_BINARY mastra-lease: this clone has no addon built for linux-x64-gnu: run `npm run build`/)
+    } finally {
+      rmSync(clone, { recursive: true, force: true })
     }
   })
 
