@@ -12,6 +12,7 @@ import net from 'node:net'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../index.js'
 import { errorCode, expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { Inbox, recordingLogger } from './helpers/streams.js'
@@ -59,11 +60,16 @@ describe('unknown options', () => {
     expect(err.message).toMatch(/unknown option inFlightTimeoutMz; did you mean inFlightTimeoutMs\?/)
   })
 
-  it("a ready-made client (Mastra's backend takes one) is refused with what to give instead", () => {
+  it("a client that is not node-redis' (Mastra's backend takes one of those) is refused with what it must be", () => {
     for (const make of [classes.RedisLeaseProvider, classes.RedisStreamsPubSub]) {
       const err = expectThrow(() => make({ client: {} }), TypeError, 'ERR_LEASE_INVALID_OPTION')
-      expect(err.message).toMatch(/unknown option client; a ready-made client cannot be used.*url \(or redisOptions\)/)
+      expect(err.message).toMatch(/client: it must be a node-redis client or cluster/)
     }
+  })
+
+  it('the raw binding (mastra-lease/native) refuses client, naming the classes that read one', () => {
+    const err = expectThrow(() => new NativeRedisLeaseProvider({ client: {} } as never), TypeError, 'ERR_LEASE_INVALID_OPTION')
+    expect(err.message).toMatch(/unknown option client; the classes of mastra-lease read a node-redis client's configuration.*url \(or redisOptions\)/)
   })
 
   it('an option that belongs to RedisStreamsPubSub given to RedisLeaseProvider says so', () => {

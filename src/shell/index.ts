@@ -6,6 +6,8 @@
 import '../../platform-check.cjs'
 export { MemoryLeaseProvider } from './memory-lease-provider.js'
 export { RedisLeaseProvider } from './redis-lease-provider.js'
+export type { RedisLeaseProviderOptions } from './redis-lease-provider.js'
+export type { ClientOption, NodeRedisClient } from './node-redis-client.js'
 export { ackChannel, deliverChannel, leaseChannel, nackChannel, publishChannel } from './diagnostics.js'
 export { holdLease } from './hold.js'
 export { recordLeaseMetrics } from './metrics.js'
@@ -19,7 +21,6 @@ export type {
   LeaseState,
   LeaseStats,
   MemoryLeaseProviderOptions,
-  RedisLeaseProviderOptions,
   RedisStreamsOptions,
   TlsOptions,
 } from './native.js'

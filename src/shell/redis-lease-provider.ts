@@ -1,7 +1,11 @@
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from './native.js'
-import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState } from './native.js'
+import type { FencedLeaseGrant, LeaseGrant, LeaseRecord, LeaseState, RedisLeaseProviderOptions as NativeOptions } from './native.js'
+import { readClient, type ClientOption } from './node-redis-client.js'
 import { traced } from './diagnostics.js'
 import { holdLease, type HeldLease, type HoldOptions } from './hold.js'
+
+/** Options of `new RedisLeaseProvider(options?)`: the binding's, and `client`. */
+export interface RedisLeaseProviderOptions extends NativeOptions, ClientOption {}
 
 /** The binding's methods, which a traced call runs with the provider as `this`. */
 const native = NativeRedisLeaseProvider.prototype
@@ -11,6 +15,11 @@ const native = NativeRedisLeaseProvider.prototype
  * lease call traced on the `mastra-lease:lease` diagnostics channel.
  */
 export class RedisLeaseProvider extends NativeRedisLeaseProvider {
+  /** Throws a `TypeError`/`RangeError` with code `ERR_LEASE_INVALID_OPTION` for bad options. */
+  constructor(options?: RedisLeaseProviderOptions | null) {
+    super(readClient(options))
+  }
+
   override acquireLease(key: string, owner: string, ttlMs: number, metadata?: string): Promise<LeaseGrant> {
     return traced.acquireLease(native.acquireLease, this, key, owner, ttlMs, metadata)
   }

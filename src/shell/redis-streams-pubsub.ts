@@ -6,6 +6,7 @@ import { RedisStreamsTransport } from './native.js'
 import type { RedisLeaseProvider, RedisStreamsOptions } from './native.js'
 import { ackChannel, deliverChannel, nackChannel, publishChannel, type DeliveryMessage } from './diagnostics.js'
 import { coded } from './errors.js'
+import { readClient, type ClientOption } from './node-redis-client.js'
 import { PubSubWithLeases } from './pubsub-with-leases.js'
 
 /** A logger: `warn` for warnings and, if it has one, `debug` for notes (Mastra's logger fits). */
@@ -15,7 +16,7 @@ export interface StreamsLogger {
 }
 
 /** Options of `new RedisStreamsPubSub(options?)`; every field has a default. */
-export interface RedisStreamsPubSubOptions extends Omit<RedisStreamsOptions, 'logger'> {
+export interface RedisStreamsPubSubOptions extends Omit<RedisStreamsOptions, 'logger'>, ClientOption {
   /**
    * Receives dropped-event warnings, connection trouble (at most once per 30 s), events held
    * unusually long, and the warning when Redis's eviction policy could evict leases (once per
@@ -60,7 +61,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
 
   constructor(options: RedisStreamsPubSubOptions | null = {}) {
     // Every option, the logger included, is checked natively: a bad or unknown one throws.
-    const transport = new RedisStreamsTransport(options)
+    const transport = new RedisStreamsTransport(readClient(options))
     const leases = transport.leaseProvider()
     super(leases)
     this.transport = transport

@@ -71,8 +71,9 @@ impl Options {
                 continue;
             }
             let hint = match name.as_str() {
-                "client" => "; a ready-made client cannot be used: this class makes its own \
-                             connections in Rust. Give url (or redisOptions) instead"
+                "client" => "; the classes of mastra-lease read a node-redis client's \
+                             configuration, this raw binding does not: give url (or \
+                             redisOptions) instead"
                     .to_owned(),
                 "inFlightTimeoutMs" | "hardMaxStreamLength" | "blockMs" | "maxStreamLength" => {
                     "; it is an option of RedisStreamsPubSub".to_owned()
