@@ -18,10 +18,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases } from '../dist/esm/index.js'
 import { ExecutionFence, executionKey, FenceError, SUPERSEDED, UNVERIFIED, type FenceTiming } from './fixtures/execution-fence.mjs'
 import { checkFenceHistory, figures, type FenceRecord } from './helpers/fence-history.js'
-import { sleep } from './helpers/lease.js'
+import { leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { jsonLinesChild, type Line } from './helpers/json-lines-child.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
+
+// A frozen or killed server fails lease calls, which warn through process.emitWarning (no logger here).
+leaseFailureWarnings()
 
 const FENCE_PROCESS = path.join(__dirname, 'fixtures', 'fence-process.mjs')
 const TIMING: FenceTiming = { ttlMs: 1_200, heartbeatMs: 400, pollMs: 100, claimWaitMs: 5_000, verifyRetryMs: 250, takeoverTries: 3 }

@@ -14,7 +14,7 @@ import { describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/index.js'
 import { RedisLeaseProvider, type RedisLeaseProviderOptions } from '../index.js'
-import { errorCode, sleep } from './helpers/lease.js'
+import { errorCode, leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, describeOverlaps, monotonicNow, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { leaseStorm, unprotectedWithoutPause, type StormResult } from './helpers/lease-storm.js'
 import { closing, leaseSuite, msBetween, msToNs } from './helpers/lease-runs.js'
@@ -23,6 +23,8 @@ import { startCluster, type ClusterNode, type RedisCluster } from './helpers/red
 import { startSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
+// Calls failing across a failover warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 const COMMAND_TIMEOUT = 1_500
 /** What a call may reject with while a master is down or being replaced. */
@@ -354,6 +356,7 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
         const during = await Promise.allSettled([leases.acquireLease('during', 'a', 60_000), leases.renewLease('before', 'a', 60_000)])
         expect(during.map((r) => (r.status === 'rejected' ? errorCode(r.reason) : r.value))).toEqual(['ERR_LEASE_CONNECTION', 'ERR_LEASE_CONNECTION'])
         expect(await master.cli('EXISTS', `${prefix}:lease:during`)).toBe(0)
+        await leaseWarnings.warned('ERR_LEASE_CONNECTION')
       } finally {
         await master.cli('REPLICAOF', 'NO', 'ONE')
         await elsewhere.stop()
@@ -422,6 +425,7 @@ describe.skipIf(EXTERNAL_REDIS)('ERR_LEASE_REPLICATION', () => {
           expect(await b.acquireLease(key, 'b', 60_000)).toStrictEqual({ acquired: false, owner: 'a' })
           // Renewing it is a grant: unconfirmed, it rejects too.
           await expect(a.renewLease(key, 'a', 60_000)).rejects.toMatchObject({ code: 'ERR_LEASE_REPLICATION' })
+          await leaseWarnings.warned('ERR_LEASE_REPLICATION')
         } finally {
           replica.thaw()
         }

@@ -18,9 +18,12 @@ import { afterEach, describe, expect, it } from 'vitest'
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
 import { startFaultProxy, type FaultProxy } from './helpers/fault-proxy.js'
-import { errorCode, settleWithin, sleep } from './helpers/lease.js'
+import { errorCode, leaseFailureWarnings, settleWithin, sleep } from './helpers/lease.js'
 import { checkLeaseHistory, recordLeases, type LeaseOperation, type RecordedLeases } from './helpers/lease-history.js'
 import { connectClient, EXTERNAL_REDIS, startRedis, type RedisServer, type RedisServerOptions } from './helpers/redis-server.js'
+
+// The faults fail lease calls, which warn through process.emitWarning (no logger here).
+leaseFailureWarnings()
 
 /** Short timeouts keep the file fast; the margin is generous for a loaded 2-core machine. */
 const TIMEOUT = 400

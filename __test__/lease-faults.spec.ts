@@ -15,7 +15,7 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import { errorCode, everyCall, expectRejection, settleWithin, sleep, uniqueKey } from './helpers/lease.js'
+import { errorCode, everyCall, expectRejection, leaseFailureWarnings, settleWithin, sleep, uniqueKey } from './helpers/lease.js'
 import { checkCounter, checkLeaseHistory, describeOverlaps, recordLeases, type LeaseOperation } from './helpers/lease-history.js'
 import { leaseStorm, unprotectedWithoutPause, type StormConfig, type StormResult } from './helpers/lease-storm.js'
 import { perTest } from './helpers/per-test.js'
@@ -29,6 +29,9 @@ afterAll(async () => {
 })
 
 const { provider, ownServer } = perTest()
+
+// The faults fail lease calls, which warn through process.emitWarning (no logger here).
+leaseFailureWarnings()
 
 /**
  * Runs `script` in a child Node process; answers its stdout. The child must exit by itself,

@@ -10,13 +10,15 @@ import { EventEmitterPubSub } from '@mastra/core/events'
 import { beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type LeaseStats } from '../dist/esm/index.js'
-import { expectRejection } from './helpers/lease.js'
+import { expectRejection, leaseFailureWarnings } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { startCluster } from './helpers/redis-cluster.js'
 import { recordingLogger } from './helpers/streams.js'
 
 leaseSuite()
+// A frozen server fails lease calls, which warn through process.emitWarning (no logger here).
+leaseFailureWarnings()
 
 let server: RedisServer
 beforeAll(async () => {

@@ -13,12 +13,14 @@ import { EventEmitterPubSub } from '@mastra/core/events'
 import { beforeAll, describe, expect, it } from 'vitest'
 
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
-import { expectRejection, sleep } from './helpers/lease.js'
+import { expectRejection, leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { NODE } from './helpers/mastra-node.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 leaseSuite()
+// A frozen server fails lease calls, which warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 let server: RedisServer
 beforeAll(async () => {
@@ -200,6 +202,8 @@ describe.skipIf(EXTERNAL_REDIS)('releasing through an outage', () => {
         (err: unknown) => err,
       )
       expect(error).toMatchObject({ code: expect.stringMatching(/^ERR_LEASE_(TIMEOUT|CONNECTION)$/) })
+      // The failed release was reported, with its code.
+      await leaseWarnings.warned((error as { code: string }).code)
     } finally {
       own.thaw()
     }

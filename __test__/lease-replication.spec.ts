@@ -8,13 +8,15 @@ import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, whi
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { errorCode, sleep } from './helpers/lease.js'
+import { errorCode, leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
+// Grants refused for want of a replica warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 const REPLICA_TIMEOUT = 300
 const COMMAND_TIMEOUT = 2_000
@@ -233,6 +235,7 @@ describe.skipIf(EXTERNAL_REDIS)('minReplicas with the replica killed', () => {
       const later = await paced(p, 'killed-paced', held, 60, 10)
       await annotate(`replica killed: one turn: ${summary(outcomes)}; a call every 10 ms: ${summary(later)}`)
       judge([...outcomes, ...later], ['grant'])
+      await leaseWarnings.warned('ERR_LEASE_REPLICATION')
     } finally {
       await replica.stop()
       await master.stop()
@@ -354,6 +357,7 @@ describe.skipIf(EXTERNAL_REDIS)('minReplicas on a server that does not run WAIT'
         expect(await p.getLeaseOwner(key)).toBe('me')
         await p.releaseLease(key, 'me')
         expect(await p.getLeaseOwner(key)).toBeUndefined()
+        await leaseWarnings.warned('ERR_LEASE_UNSUPPORTED_COMMAND')
       } finally {
         await server.stop()
       }

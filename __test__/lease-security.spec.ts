@@ -18,7 +18,7 @@ import { afterEach, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
 import { holdLease, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { CollectingLogger, errorCode, everyCall, expectThrow, settleWithin, sleep, uniqueKey, type LeaseApi } from './helpers/lease.js'
+import { CollectingLogger, errorCode, everyCall, expectThrow, leaseFailureWarnings, settleWithin, sleep, uniqueKey, unprintedWarnings, type LeaseApi } from './helpers/lease.js'
 import { NODE } from './helpers/mastra-node.js'
 import { perTest } from './helpers/per-test.js'
 import { connectClient, EXTERNAL_REDIS, freePort, type RedisServer, type RedisTestClient } from './helpers/redis-server.js'
@@ -28,6 +28,8 @@ const CODE = 'MASTRA_LEASE_EVICTION_POLICY'
 const MAXMEMORY = 64 * 1024 * 1024
 
 const { provider, ownServer, providers } = perTest()
+// Calls refused by ACLs or for a password fail, and warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 const extraClients: RedisTestClient[] = []
 afterEach(() => {
   for (const c of extraClients.splice(0)) c.destroy()
@@ -226,17 +228,19 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     const listen = (w: Error) => {
       if ((w as Error & { code?: unknown }).code === CODE) seen.push(w)
     }
-    process.on('warning', listen)
-    try {
-      const p = provider({ url: server.url })
-      const key = uniqueKey('evict-process')
-      await everyMethod(p, key)
-      await until('the process warning', () => seen.length > 0)
-      await Promise.all(Array.from({ length: 20 }, (_, i) => everyMethod(p, `${key}:${i}`)))
-      await sleep(200)
-    } finally {
-      process.off('warning', listen)
-    }
+    await unprintedWarnings(async () => {
+      process.on('warning', listen)
+      try {
+        const p = provider({ url: server.url })
+        const key = uniqueKey('evict-process')
+        await everyMethod(p, key)
+        await until('the process warning', () => seen.length > 0)
+        await Promise.all(Array.from({ length: 20 }, (_, i) => everyMethod(p, `${key}:${i}`)))
+        await sleep(200)
+      } finally {
+        process.off('warning', listen)
+      }
+    })
     expect(seen).toHaveLength(1)
     expect(seen[0]!.name).toBe('Warning')
     expect(seen[0]!.message).toContain('allkeys-lfu')
@@ -492,6 +496,7 @@ describe('RedisLeaseProvider', () => {
       const refused = await settleWithin(lifeCycle(keyless, uniqueKey('acl-no-metadata')), 5_000)
       expect(refused.status).toBe('rejected')
       if (refused.status === 'rejected') expect(errorCode(refused.reason)).toBe('ERR_LEASE_AUTH')
+      await leaseWarnings.warned('ERR_LEASE_AUTH')
 
       // Each command is needed but EXISTS: a user without it fails somewhere in the life
       // cycle or in getLease. Without EXISTS, acquires go as the acquire script.

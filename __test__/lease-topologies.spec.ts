@@ -13,10 +13,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
 import { describeLeaseContract } from './helpers/lease-contract.js'
-import { expectRejection } from './helpers/lease.js'
+import { expectRejection, leaseFailureWarnings } from './helpers/lease.js'
 import { EXTERNAL_REDIS } from './helpers/redis-server.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
+
+// A wrong password fails lease calls, which warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
   let cluster: RedisCluster
@@ -137,6 +140,7 @@ describe.skipIf(EXTERNAL_REDIS)('with passwords', () => {
       try {
         const err = await expectRejection(() => wrong.acquireLease('k', 'b', 10_000), Error, 'ERR_LEASE_AUTH')
         expect(`${err.message} ${err.stack} ${String((err as { cause?: unknown }).cause)}`).not.toContain('not-the-secret')
+        await leaseWarnings.warned('ERR_LEASE_AUTH')
       } finally {
         await wrong.close()
       }
@@ -160,6 +164,7 @@ describe.skipIf(EXTERNAL_REDIS)('with passwords', () => {
       try {
         const err = await expectRejection(() => wrong.acquireLease('k', 'b', 10_000), Error, 'ERR_LEASE_AUTH')
         expect(`${err.message} ${err.stack} ${String((err as { cause?: unknown }).cause)}`).not.toContain('not-the-secret')
+        await leaseWarnings.warned('ERR_LEASE_AUTH')
       } finally {
         await wrong.close()
       }

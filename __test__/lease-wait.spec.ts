@@ -11,13 +11,15 @@ import { EventEmitterPubSub } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
-import { expectRejection, pending, sleep } from './helpers/lease.js'
+import { expectRejection, leaseFailureWarnings, pending, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { keysOnEveryMaster, startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 
 leaseSuite()
+// A frozen or killed server fails lease calls, which warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 let server: RedisServer
 beforeAll(async () => {
@@ -381,6 +383,7 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
       const after = waiting.at - granted
       expect(after).toBeGreaterThanOrEqual(990)
       expect(after).toBeLessThan(1_000 + 300 + 1_000)
+      await leaseWarnings.warned('ERR_LEASE_TIMEOUT')
     } finally {
       own.thaw()
     }

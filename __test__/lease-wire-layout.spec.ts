@@ -6,13 +6,15 @@ import { randomUUID } from 'node:crypto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider } from '../index.js'
-import { everyCall, expectRejection, settleWithin, sleep, uniqueKey, untyped } from './helpers/lease.js'
+import { everyCall, expectRejection, leaseFailureWarnings, settleWithin, sleep, uniqueKey, untyped } from './helpers/lease.js'
 import { perTest } from './helpers/per-test.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 const LONG = 60_000
 
 const { provider, ownServer } = perTest()
+// A key of the wrong type fails lease calls, which warn through process.emitWarning (no logger here).
+const leaseWarnings = leaseFailureWarnings()
 
 describe('RedisLeaseProvider', () => {
   describe('wire layout (compatible with Mastra’s own Redis backend)', () => {
@@ -131,6 +133,8 @@ describe('RedisLeaseProvider', () => {
       }
       expect(await server.cli('TYPE', redisKey)).toBe('hash')
       expect(await server.cli('HGET', redisKey, 'field')).toBe('value')
+      // Redis errors are failures too: reported (without a logger, as a process warning).
+      await leaseWarnings.warned('ERR_LEASE_REDIS')
     })
   })
 

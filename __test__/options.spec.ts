@@ -13,7 +13,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider as NativeRedisLeaseProvider } from '../index.js'
-import { errorCode, expectRejection, expectThrow, uniqueKey } from './helpers/lease.js'
+import { errorCode, expectRejection, expectThrow, uniqueKey, unprintedWarnings } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { Inbox, recordingLogger } from './helpers/streams.js'
 
@@ -372,17 +372,19 @@ describe("maxDeliveryAttempts 0, as Mastra's backend takes it", () => {
   it('without a logger, the warning goes to process.emitWarning with its code, once per instance', async () => {
     const seen: Array<Error & { code?: string }> = []
     const listener = (warning: Error & { code?: string }) => void seen.push(warning)
-    process.on('warning', listener)
-    try {
-      kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: 0 }))
-      kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: Infinity }))
-      await turn()
-      const warned = seen.filter((w) => w.code === 'MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS')
-      expect(warned).toHaveLength(1)
-      expect(warned[0]!.message).toMatch(/maxDeliveryAttempts=0 is treated as Infinity/)
-    } finally {
-      process.off('warning', listener)
-    }
+    await unprintedWarnings(async () => {
+      process.on('warning', listener)
+      try {
+        kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: 0 }))
+        kept(new RedisStreamsPubSub({ url: redis.url, maxDeliveryAttempts: Infinity }))
+        await turn()
+      } finally {
+        process.off('warning', listener)
+      }
+    })
+    const warned = seen.filter((w) => w.code === 'MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS')
+    expect(warned).toHaveLength(1)
+    expect(warned[0]!.message).toMatch(/maxDeliveryAttempts=0 is treated as Infinity/)
   })
 })
 

@@ -13,7 +13,7 @@ import { RedisStreamsPubSub, type RedisStreamsPubSubOptions } from '../dist/esm/
 import { startFaultProxy } from './helpers/fault-proxy.js'
 import { expectThrow } from './helpers/lease.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer, type RespValue } from './helpers/redis-server.js'
-import { ev, Inbox, sleep, uniquePrefix } from './helpers/streams.js'
+import { ev, Inbox, recordingLogger, sleep, uniquePrefix } from './helpers/streams.js'
 import { entries, pendingCount, publishRange, range, streamsSuite, UUID } from './helpers/streams-suite.js'
 
 let redis: RedisServer
@@ -66,9 +66,12 @@ describe('RedisStreamsPubSub', () => {
     })
 
     it('accepts 0 and Infinity as unlimited delivery attempts and events in flight, and 0 to turn off trimming and reclaiming', () => {
+      const logger = recordingLogger()
       for (const options of [{ maxDeliveryAttempts: 0 }, { maxDeliveryAttempts: Infinity }, { maxInFlight: 0 }, { maxInFlight: Infinity }, { maxStreamLength: 0 }, { reclaimIntervalMs: 0 }, { streamIdleTtlMs: 0 }]) {
-        expect(() => open(options), JSON.stringify(options)).not.toThrow()
+        expect(() => open({ ...options, logger }), JSON.stringify(options)).not.toThrow()
       }
+      // 0 delivery attempts is the one that says how it is taken (as Infinity, for back-compat).
+      expect(logger.warnings().map((l) => l.fields?.code)).toEqual(['MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS'])
     })
   })
 

@@ -122,12 +122,15 @@ describe('RedisStreamsPubSub', () => {
     })
 
     it('maxDeliveryAttempts 0 means unlimited: a nacked event keeps coming back past the default cap of 5', async () => {
-      const pubsub = open({ keyPrefix: uniquePrefix('unlimited'), maxDeliveryAttempts: 0 })
+      const logger = recordingLogger()
+      const pubsub = open({ keyPrefix: uniquePrefix('unlimited'), maxDeliveryAttempts: 0, logger })
       const inbox = new Inbox(async (event, ack, nack) => ((event.deliveryAttempt ?? 1) < 8 ? nack() : ack()))
       await pubsub.subscribe('again', inbox.cb, { group: 'g' })
       await pubsub.publish('again', ev(1))
       await inbox.count(8)
       expect(inbox.events.map((e) => e.deliveryAttempt)).toEqual(range(1, 8))
+      // The back-compat notice for 0 went to the logger, and no event was dropped at a cap.
+      expect(logger.warnings().map((l) => l.fields?.code)).toEqual(['MASTRA_LEASE_ZERO_DELIVERY_ATTEMPTS'])
     })
 
     it('the default cap is 5 attempts', async () => {

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { expect } from 'vitest'
+import { afterAll, beforeEach, expect } from 'vitest'
 
 import type { HeldLease } from '../../dist/esm/index.js'
 
@@ -171,5 +171,61 @@ export class CollectingLogger {
   }
   get warnings() {
     return this.lines.filter((l) => l.level === 'warn')
+  }
+}
+
+/** What a provider without a logger warns when its lease calls fail (through `process.emitWarning`). */
+const LEASE_CALLS_FAILING = 'mastra-lease: lease calls are failing'
+
+/**
+ * For a spec file whose tests make lease calls fail on purpose (a server frozen, killed or cut
+ * off from its replicas, a wrong password) through providers given no logger. Without a
+ * logger the library warns through `process.emitWarning`, which Node prints to stderr, among
+ * the passing results; those warnings are kept here instead, for the tests to check. Any
+ * other process warning goes to Node as before. Call once at the file's top level, before
+ * any provider is made: a provider without a logger takes `process.emitWarning` when it is
+ * made. `seen` holds the current test's (it is emptied before each test).
+ */
+export function leaseFailureWarnings() {
+  const seen: Array<{ message: string; code: string | undefined }> = []
+  const emitWarning = process.emitWarning
+  process.emitWarning = function (warning: string | Error, ...rest: unknown[]) {
+    const message = typeof warning === 'string' ? warning : warning.message
+    if (!message.startsWith(LEASE_CALLS_FAILING)) return Reflect.apply(emitWarning, process, [warning, ...rest])
+    const options = rest[0]
+    seen.push({ message, code: typeof options === 'object' && options !== null ? (options as { code?: string }).code : undefined })
+  } as typeof process.emitWarning
+  beforeEach(() => {
+    seen.length = 0
+  })
+  afterAll(() => {
+    process.emitWarning = emitWarning
+  })
+  return {
+    seen,
+    /** Resolves once a warning with `code` was seen (warnings arrive a turn or more after the failed call). */
+    async warned(code: string, ms = 5_000): Promise<void> {
+      const deadline = performance.now() + ms
+      while (!seen.some((w) => w.code === code)) {
+        if (performance.now() > deadline) throw new Error(`no "${LEASE_CALLS_FAILING}" warning with code ${code} within ${ms} ms; seen: ${JSON.stringify(seen)}`)
+        await sleep(20)
+      }
+    },
+  }
+}
+
+/**
+ * Runs `fn` with process warnings still emitted, so a 'warning' listener the test adds inside
+ * `fn` sees them as before, but not printed: the listeners there were (Node's, which writes
+ * each one to stderr, among the passing results) are off meanwhile. For a test of the path a
+ * warning takes without a logger.
+ */
+export async function unprintedWarnings<T>(fn: () => Promise<T>): Promise<T> {
+  const printers = process.listeners('warning')
+  for (const listener of printers) process.off('warning', listener)
+  try {
+    return await fn()
+  } finally {
+    for (const listener of printers) process.on('warning', listener)
   }
 }
