@@ -10,6 +10,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
+import { createClient } from 'redis'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
@@ -195,6 +196,20 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
       expect(await pubsub.acquireLease('k', 'owner-2', 5_000)).toEqual({ acquired: false, owner: 'owner-1' })
       expect(await pubsub.renewLease('k', 'owner-1', 5_000)).toBe(true)
       expect(await pubsub.getLeaseOwner('k')).toBe('owner-1')
+    })
+
+    it("a node-redis client configured for mutual TLS (socket.tls, ca, cert, key), as Mastra's backend takes it, is read and used, never connected", async () => {
+      const client = createClient({
+        socket: { host: 'localhost', port: mutual, tls: true, ca: pem('ca.crt'), cert: pem('client.crt'), key: pem('client.key') },
+      })
+      const pubsub = new RedisStreamsPubSub({ client, keyPrefix: uniquePrefix('tls-client'), blockMs: 100 })
+      pubsubs.push(pubsub)
+      const inbox = new Inbox()
+      await pubsub.subscribe('topic', inbox.cb)
+      await pubsub.publish('topic', ev(1))
+      await inbox.until((events) => events.length >= 1, 10_000, 'an event over TLS')
+      expect(await pubsub.acquireLease('k', 'owner-1', 5_000)).toStrictEqual({ acquired: true, owner: 'owner-1' })
+      expect(client.isOpen).toBe(false)
     })
 
     it('a waiter (hold with wait) is woken over mutual TLS by a release on another connection', async () => {
