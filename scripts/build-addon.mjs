@@ -45,7 +45,7 @@ function digest() {
   hash.update(JSON.stringify(napi))
   hash.update(readFileSync(path.join(root, 'node_modules', '@napi-rs', 'cli', 'package.json')))
   const cargoEnv = Object.entries(process.env)
-    .filter(([name]) => /^(RUSTFLAGS|RUSTC|CARGO_BUILD_.*|CARGO_ENCODED_RUSTFLAGS|CARGO_PROFILE_.*|CARGO_TARGET_.*|CARGO_TARGET_DIR)$/.test(name))
+    .filter(([name]) => /^(RUSTFLAGS|RUSTC|CARGO_BUILD_.*|CARGO_ENCODED_RUSTFLAGS|CARGO_PROFILE_.*|CARGO_TARGET_.*)$/.test(name))
     .sort(([a], [b]) => a.localeCompare(b))
   return hash.update(JSON.stringify(cargoEnv)).digest('hex')
 }

@@ -34,7 +34,7 @@ const isObject = (value: unknown): value is Fields => typeof value === 'object' 
  */
 const FILLED_IN = ['modules', 'maintNotifications', 'maintEndpointType', 'maintRelaxedSocketTimeout', 'maintRelaxedCommandTimeout']
 
-/** A one-server client's options as `url`, `redisOptions` and `tls`. */
+/** A one-server client's options as `redisOptions` (its URL in it) and `tls` (its certificates). */
 function fromClient(options: Fields): Fields {
   const { url, socket = {}, username, password, credentialsProvider, ...rest } = options
   if (!isObject(socket)) throw invalid('its socket options are not an object')
