@@ -98,6 +98,10 @@ describe.skipIf(EXTERNAL_REDIS)("Mastra's client option", () => {
       /the cluster's maxCommandRedirections cannot be honoured/,
     )
     expect(() => new RedisLeaseProvider({ client: {} as never })).toThrow(/must be a node-redis client or cluster/)
+    // Options whose reading throws (a Proxy's trap) are refused with the coded error, the throw as its cause.
+    const trap = new Error('trap')
+    const proxy = new Proxy({}, { has: () => { throw trap } })
+    expect(() => new RedisLeaseProvider(proxy)).toThrow(expect.objectContaining({ code: 'ERR_LEASE_INVALID_OPTION', cause: trap }))
     // undefined is "not given", as for every option.
     new RedisLeaseProvider({ client: undefined, url: 'redis://127.0.0.1:1' }).close()
   })

@@ -93,9 +93,19 @@ function fromCluster(options: Fields): Fields {
 /**
  * `options` with `client` replaced by the connection options it stands for, checked before any
  * I/O; `options` itself when it has no `client`. A connected client, or `client` beside
- * `url`, `redisOptions`, `cluster` or `sentinel`, is refused.
+ * `url`, `redisOptions`, `cluster` or `sentinel`, is refused. What reading them throws (a
+ * getter, a Proxy's trap) is refused too, with it as the `cause`, as the binding does.
  */
 export function readClient<T extends object>(options: (T & ClientOption) | null | undefined): T | null | undefined {
+  try {
+    return withoutClient(options)
+  } catch (error) {
+    if (isObject(error) && error.code === 'ERR_LEASE_INVALID_OPTION') throw error
+    throw coded(new TypeError('options: reading them threw', { cause: error }), 'ERR_LEASE_INVALID_OPTION')
+  }
+}
+
+function withoutClient<T extends object>(options: (T & ClientOption) | null | undefined): T | null | undefined {
   if (!isObject(options) || !('client' in options)) return options
   const { client: given, ...rest } = options
   const client: unknown = given
