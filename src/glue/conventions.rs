@@ -171,9 +171,10 @@ fn every_callback_made_by_hand_catches_panics() {
     let mut uncaught = Vec::new();
     for (file, text) in glue_files() {
         for (at, _) in text.match_indices("extern \"C\" fn") {
-            // A function type (`type Free = unsafe extern "C" fn(...)`) has no body.
-            let before = text[..at].trim_end().trim_end_matches("unsafe").trim_end();
-            if before.ends_with('=') || !in_code(&text, at) {
+            // A function type (`type Free = unsafe extern "C" fn(...)`, a field's or an
+            // argument's) has no name and no body.
+            let after = text[at + "extern \"C\" fn".len()..].trim_start();
+            if after.starts_with('(') || !in_code(&text, at) {
                 continue;
             }
             let name = function_after(&text, at).unwrap_or_default();

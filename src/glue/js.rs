@@ -551,6 +551,67 @@ pub fn settle(env: Env, deferred: Deferred, outcome: Result<Value, Value>) {
     }
 }
 
+/// This environment's libuv loop (`uv_loop_t *`), if the runtime has one to give.
+pub fn uv_loop(env: Env) -> Option<*mut std::ffi::c_void> {
+    let mut out = ptr::null_mut();
+    // SAFETY: asks for the loop of the environment of this thread.
+    let status = unsafe { sys::napi_get_uv_event_loop(env, &mut out) };
+    (status == sys::Status::napi_ok && !out.is_null()).then_some(out.cast())
+}
+
+/// What native code running outside any JavaScript call (a libuv callback) opens to call into
+/// JavaScript as Node's own callbacks do: promise reactions and ticks run when it closes.
+#[derive(Clone, Copy)]
+pub struct AsyncContext {
+    resource: Persistent,
+    context: sys::napi_async_context,
+}
+
+/// An async context named `name`, for [`in_callback_scope`], kept for the environment's life.
+pub fn async_context(env: Env, name: &str) -> Option<AsyncContext> {
+    let resource = object(env);
+    let mut context = ptr::null_mut();
+    // SAFETY: a fresh object and name of this environment; the context is never destroyed.
+    let status = unsafe { sys::napi_async_init(env, resource, string(env, name), &mut context) };
+    (status == sys::Status::napi_ok).then_some(())?;
+    Some(AsyncContext {
+        resource: persist(env, resource)?,
+        context,
+    })
+}
+
+/// Runs `f` in a handle scope and a callback scope of `context`: for native code called by
+/// libuv, not by JavaScript. The microtasks queued meanwhile run as the scope closes.
+pub fn in_callback_scope(env: Env, context: &AsyncContext, f: impl FnOnce()) {
+    let mut handles = ptr::null_mut();
+    // SAFETY: scopes opened and closed in order on the environment's thread, outside any
+    // JavaScript call.
+    unsafe {
+        if sys::napi_open_handle_scope(env, &mut handles) != sys::Status::napi_ok {
+            return;
+        }
+        let mut scope = ptr::null_mut();
+        let opened = match context.resource.value(env) {
+            Some(resource) => {
+                sys::napi_open_callback_scope(env, resource, context.context, &mut scope)
+                    == sys::Status::napi_ok
+            }
+            None => false,
+        };
+        f();
+        if opened {
+            sys::napi_close_callback_scope(env, scope);
+        }
+        sys::napi_close_handle_scope(env, handles);
+    }
+}
+
+/// Calls `hook` (with a null argument) when the environment is torn down.
+pub fn on_teardown(env: Env, hook: unsafe extern "C" fn(*mut std::ffi::c_void)) {
+    // SAFETY: registers a hook of static lifetime for this environment.
+    unsafe { sys::napi_add_env_cleanup_hook(env, Some(hook), ptr::null_mut()) };
+}
+
 pub fn clear_exception(env: Env) {
     let mut pending = false;
     // SAFETY: exception inspection on the JavaScript thread.

@@ -41,7 +41,8 @@ impl Open {
     fn new(env: &Env, store: Arc<RedisStore>, stats: Arc<Stats>) -> napi::Result<Self> {
         let crossing = Crossing::new(env.raw())?;
         let batch_store = store.clone();
-        let calls = Queue::new(&crossing, move |calls, answers| {
+        let reactor = store.connection().reactor();
+        let calls = Queue::new(&crossing, reactor, move |calls, answers| {
             let (store, stats) = (batch_store.clone(), stats.clone());
             async move { execute(&store, &stats, calls, &answers).await }
         });
@@ -51,6 +52,17 @@ impl Open {
             calls,
         })
     }
+}
+
+/// Node's event loop, for a connection to one server to run on (`crossing/node_loop.rs`).
+#[cfg(unix)]
+fn node_loop(env: napi::sys::napi_env) -> Option<Arc<dyn crate::core::connection::Reactor>> {
+    super::crossing::NodeLoop::of(env).map(|l| l as Arc<dyn crate::core::connection::Reactor>)
+}
+
+#[cfg(not(unix))]
+fn node_loop(_env: napi::sys::napi_env) -> Option<Arc<dyn crate::core::connection::Reactor>> {
+    None
 }
 
 /// Runs one turn's lease calls, in the order they were made, the store pipelining them; each
@@ -85,16 +97,18 @@ impl RedisLeaseProvider {
     )]
     pub fn new(env: Env, options: Option<Unknown>) -> napi::Result<Self> {
         let raw = env.raw();
-        let store =
-            options::redis_lease(raw, options.map(|o| o.raw())).and_then(|(options, logger)| {
+        let store = options::redis_lease(raw, options.map(|o| o.raw())).and_then(
+            |(mut options, logger)| {
                 let log = JsLog::logger_or_process(raw, logger)?;
                 let _context = runtime()?.enter();
+                options.connection.reactor = node_loop(raw);
                 let store = RedisStore::new(options)?;
                 if let Some(log) = log {
                     store.connection().set_logger(Arc::new(log));
                 }
                 Ok(store)
-            });
+            },
+        );
         match store {
             Ok(store) => {
                 let stats = Arc::<Stats>::default();

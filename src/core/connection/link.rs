@@ -26,11 +26,16 @@ use redis::{
     AsyncConnectionConfig, Client, Cmd, Pipeline, ProtocolVersion, PushInfo, RedisFuture,
     RedisResult, ServerErrorKind, Value,
 };
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::ConnectionAddr;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::address::{
     check_tls, client, redact_all, seeds, with_credentials, NodeClients, Protocol,
 };
+use super::reactor::{self, Reactor};
 use super::sentinel::Sentinels;
 use super::slots::{master_of, Node};
 use super::{tls, ConnectionOptions, Deployment};
@@ -38,8 +43,9 @@ use crate::core::error::{Error, InputErrorKind, Result};
 
 /// The deployment to reach.
 pub(super) enum Target {
-    /// One server, by URL.
-    Single(Client),
+    /// One server, by URL; its shared link on the embedder's event loop when there is one
+    /// (a `redis://` address only: TLS and unix sockets stay on the runtime).
+    Single(Client, Option<Arc<dyn Reactor>>),
     /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads).
     Cluster {
         client: Box<ClusterClient>,
@@ -57,7 +63,12 @@ impl Target {
         // Before any client: a `rediss://` URL needs it even without TLS options.
         tls::install_provider();
         match &options.deployment {
-            Deployment::Single => Ok(Self::Single(single(options, protocol)?)),
+            Deployment::Single => {
+                let client = single(options, protocol)?;
+                let tcp = matches!(client.get_connection_info().addr(), ConnectionAddr::Tcp(..));
+                let reactor = options.reactor.clone().filter(|_| tcp);
+                Ok(Self::Single(client, reactor))
+            }
             Deployment::Cluster { nodes } => cluster(options, nodes, protocol),
             Deployment::Sentinel { nodes, master_name } => {
                 Sentinels::new(options, nodes, master_name, protocol).map(Self::Sentinel)
@@ -77,12 +88,26 @@ impl Target {
         matches!(self, Self::Sentinel(_))
     }
 
+    /// Whether a link that broke is given up rather than reconnected by redis-rs: one on the
+    /// embedder's event loop (behind Sentinel, [`Target::follows_failover`] says more).
+    pub(super) fn forgets_broken(&self) -> bool {
+        self.reactor().is_some()
+    }
+
+    /// The embedder's event loop the shared link runs on, if it does.
+    pub(super) fn reactor(&self) -> Option<Arc<dyn Reactor>> {
+        match self {
+            Self::Single(_, reactor) => reactor.clone(),
+            Self::Cluster { .. } | Self::Sentinel(_) => None,
+        }
+    }
+
     /// Whether a sentinel announced a new master since the last ask (`+switch-master`):
     /// the link to the old one is then given up before it is used again.
     pub(super) fn switched(&self) -> bool {
         match self {
             Self::Sentinel(sentinels) => sentinels.switched(),
-            Self::Single(_) | Self::Cluster { .. } => false,
+            Self::Single(..) | Self::Cluster { .. } => false,
         }
     }
 
@@ -100,9 +125,30 @@ impl Target {
         &self,
         manager: &ConnectionManagerConfig,
         direct: &AsyncConnectionConfig,
+        connect_timeout: Duration,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client) => {
+            Self::Single(client, Some(reactor)) => {
+                let info = client.get_connection_info();
+                let ConnectionAddr::Tcp(host, port) = info.addr() else {
+                    unreachable!("a reactor is kept for a TCP address only")
+                };
+                let tcp = info.tcp_settings().clone();
+                let redis = info.redis_settings().clone();
+                let address = (host.clone(), *port);
+                let config = direct.clone();
+                reactor::open(
+                    reactor.clone(),
+                    address,
+                    redis,
+                    tcp,
+                    config,
+                    connect_timeout,
+                )
+                .await
+                .map(Link::OnLoop)
+            }
+            Self::Single(client, None) => {
                 ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
                     .map(Link::Managed)
             }
@@ -120,7 +166,7 @@ impl Target {
         node: Option<&Node>,
     ) -> RedisResult<Link> {
         match (self, node) {
-            (Self::Single(client), _) => client
+            (Self::Single(client, _), _) => client
                 .get_multiplexed_async_connection_with_config(config)
                 .await
                 .map(Link::Direct),
@@ -147,7 +193,7 @@ impl Target {
         key: Option<&[u8]>,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client) => client
+            Self::Single(client, _) => client
                 .get_multiplexed_async_connection_with_config(config)
                 .await
                 .map(Link::Direct),
@@ -182,7 +228,7 @@ impl Target {
         pushes: UnboundedSender<PushInfo>,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client) => client
+            Self::Single(client, _) => client
                 .get_multiplexed_async_connection_with_config(
                     &config.clone().set_push_sender(pushes),
                 )
@@ -205,6 +251,9 @@ impl Target {
 pub enum Link {
     /// The shared connection to a single server.
     Managed(ConnectionManager),
+    /// The shared connection to a single server, on the embedder's event loop: given up when
+    /// it breaks (the next call opens another), as nothing reconnects it by itself.
+    OnLoop(MultiplexedConnection),
     /// A connection of its own to one server or one cluster node.
     Direct(MultiplexedConnection),
     /// The shared connection to a cluster.
@@ -361,7 +410,7 @@ impl ConnectionLike for Link {
         let one = |value: &Value| is_moving(value).then(|| value.clone());
         match self {
             Self::Managed(c) => c.req_packed_command(cmd),
-            Self::Direct(c) => c.req_packed_command(cmd),
+            Self::Direct(c) | Self::OnLoop(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => {
                 Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
             }
@@ -380,7 +429,7 @@ impl ConnectionLike for Link {
         let any = |values: &Vec<Value>| values.iter().find(|v| is_moving(v)).cloned();
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
-            Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Direct(c) | Self::OnLoop(c) => c.req_packed_commands(pipe, offset, count),
             Self::Cluster(c) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
@@ -393,7 +442,7 @@ impl ConnectionLike for Link {
     fn get_db(&self) -> i64 {
         match self {
             Self::Managed(c) => c.get_db(),
-            Self::Direct(c) | Self::Master(c) => c.get_db(),
+            Self::Direct(c) | Self::Master(c) | Self::OnLoop(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
     }

@@ -17,6 +17,8 @@
 //! - `slots.rs`: which master serves a cluster slot, for links to one node.
 //! - `listener.rs`: shard channels heard on a RESP3 connection of its own, for waiters'
 //!   wake-ups (`SSUBSCRIBE`, else `SUBSCRIBE`); subscribed again after a loss.
+//! - `reactor.rs`: an event loop of the embedder's (Node's) that the shared link to one
+//!   server runs on in place of the runtime's thread ([`Reactor`]).
 //! - `sentinel.rs`: the master behind Sentinel, and the `+switch-master` watcher.
 //! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
 //! - `tick.rs`: a timer kept ahead of the calls' deadlines, so setting theirs wakes nothing.
@@ -28,6 +30,7 @@ mod keyspace;
 mod link;
 mod listener;
 mod options;
+mod reactor;
 mod sentinel;
 mod setup;
 mod slots;
@@ -54,6 +57,7 @@ use link::Target;
 use listener::Listener;
 pub use listener::Wake;
 pub use options::{ConnectionOptions, Deployment, DEFAULT_KEEP_ALIVE};
+pub use reactor::{Reactor, Socket};
 use setup::Setup;
 pub use setup::EVICTION_WARNING_CODE;
 pub use tls::TlsOptions;
@@ -161,6 +165,12 @@ impl Connection {
             tls,
             answered: AtomicBool::new(false),
         })
+    }
+
+    /// The embedder's event loop the shared link runs on, if it does ([`Reactor`]): work that
+    /// uses the link is best polled there too.
+    pub fn reactor(&self) -> Option<Arc<dyn Reactor>> {
+        self.target.reactor()
     }
 
     /// The bound on every call.
@@ -412,6 +422,9 @@ impl Connection {
                 false => Error::from_redis(err, self.timeout),
             }
         } else {
+            if broken && self.target.forgets_broken() {
+                self.forget_any(number);
+            }
             Error::from_redis(err, self.timeout)
         };
         if matches!(err, Error::Auth(_)) {
@@ -460,7 +473,7 @@ impl Connection {
         }
         let connection = self
             .target
-            .shared(&self.config, &self.dedicated)
+            .shared(&self.config, &self.dedicated, self.connect_timeout)
             .await
             .map_err(|err| self.classify_on(err, None))?;
         let current = (self.made.fetch_add(1, Ordering::Relaxed), connection);

@@ -1,9 +1,10 @@
 //! What a [`Connection`](super::Connection) is opened with: the deployment, the addresses
 //! and credentials, TLS, the timeouts and the socket settings.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::TlsOptions;
+use super::{Reactor, TlsOptions};
 
 /// Which kind of Redis deployment to reach.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -53,6 +54,9 @@ pub struct ConnectionOptions {
     /// that vanished (or a NAT that dropped the flow) is noticed on connections that wait,
     /// such as the wake-up listener's. `None`: no probes. Default 5 s, as node-redis.
     pub keep_alive: Option<Duration>,
+    /// The embedder's event loop, for the shared link to one server at a `redis://` URL
+    /// (`reactor.rs`). Default none: the runtime's thread does the I/O.
+    pub reactor: Option<Arc<dyn Reactor>>,
 }
 
 /// node-redis' keepalive delay, ours by default.
@@ -85,6 +89,7 @@ impl Default for ConnectionOptions {
             command_timeout: Duration::from_secs(2),
             no_delay: true,
             keep_alive: Some(DEFAULT_KEEP_ALIVE),
+            reactor: None,
         }
     }
 }
@@ -108,6 +113,7 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("command_timeout", &self.command_timeout)
             .field("no_delay", &self.no_delay)
             .field("keep_alive", &self.keep_alive)
+            .field("reactor", &self.reactor.is_some())
             .finish_non_exhaustive()
     }
 }

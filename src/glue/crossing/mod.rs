@@ -7,7 +7,9 @@
 //!
 //! **Back.** Finished work hands its outcomes to the crossing ([`Crossing::complete`], from
 //! any thread); the first to arrive wakes Node's thread once through a thread-safe function,
-//! and that wake-up settles every promise that arrived by then.
+//! and that wake-up settles every promise that arrived by then. Work that ran on Node's own
+//! loop (`node_loop.rs`: a connection to one server polled there) settles its promises there,
+//! once the loop's work at hand is done, waking nothing.
 //!
 //! A napi-rs `async fn` pays a hop onto the runtime and a wake-up of Node's event loop per
 //! call; under load that, not Redis, is what limits a client (`docs/benchmarks.md`).
@@ -17,6 +19,8 @@
 //! panic in work on the runtime rejects its promises with `ERR_LEASE_INTERNAL`, and one on
 //! Node's thread never unwinds into Node.
 
+#[cfg(unix)]
+mod node_loop;
 mod queue;
 mod tsfn;
 mod turn;
@@ -27,6 +31,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[cfg(unix)]
+pub use node_loop::NodeLoop;
 pub use queue::{Answers, Queue};
 pub use tsfn::JsCallback;
 use tsfn::Tsfn;
@@ -45,6 +51,8 @@ pub struct Crossing {
     wake_scheduled: AtomicBool,
     /// Promises pending; while non-zero the event loop stays alive. Changed on Node's thread.
     pending: AtomicUsize,
+    /// Node's thread, where the promises were made ([`thread_mark`]).
+    thread: usize,
 }
 
 impl Crossing {
@@ -56,6 +64,7 @@ impl Crossing {
             arrived: Mutex::new(Vec::new()),
             wake_scheduled: AtomicBool::new(false),
             pending: AtomicUsize::new(0),
+            thread: thread_mark(),
         }))
     }
 
@@ -96,6 +105,11 @@ impl Crossing {
         if self.wake_scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Answered on Node's own loop: settled there as soon as the loop's work is done.
+        #[cfg(unix)]
+        if self.thread == thread_mark() && node_loop::settle_after(self) {
+            return;
+        }
         let data = Arc::into_raw(self.clone()) as *mut c_void;
         if !self.tsfn.call(data) {
             // Node is shutting down: nothing is left to settle the promises for.
@@ -105,7 +119,7 @@ impl Crossing {
     }
 
     /// On Node's thread: settles everything that arrived.
-    fn settle_arrived(&self, env: Env) {
+    pub(super) fn settle_arrived(&self, env: Env) {
         self.wake_scheduled.store(false, Ordering::Release);
         let arrived = std::mem::take(&mut *lock(&self.arrived));
         let settled = arrived.len();
@@ -130,6 +144,16 @@ unsafe extern "C" fn wake(env: Env, _callback: Value, _context: *mut c_void, dat
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         crossing.settle_arrived(env)
     }));
+}
+
+thread_local! {
+    static MARK: u8 = const { 0 };
+}
+
+/// A number unique to this thread while it lives (the address of a thread-local of its own):
+/// cheaper to ask for than the thread's id, on the path of every call.
+fn thread_mark() -> usize {
+    MARK.with(|mark| mark as *const u8 as usize)
 }
 
 /// On Node's thread: a promise already settled with `outcome` (bad input, a closed class).

@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::{panic_message, turn, Crossing};
+use crate::core::connection::Reactor;
 use crate::core::{lock, Error};
 use crate::glue::js::{Deferred, Env, Value};
 use crate::glue::reply::Outcome;
@@ -17,18 +18,22 @@ type Sender<T> = dyn Fn(Vec<T>, Arc<Answers>) -> BoxFuture<'static, ()> + Send +
 
 /// Items of one kind (lease calls, publishes, acks, nacks), each with a promise, queued on
 /// Node's thread. The first item of a turn schedules the send for the turn's end; the send
-/// takes everything queued by then, in order, and runs `send` on the runtime with it.
+/// takes everything queued by then, in order, and runs `send` with it: on the runtime, or on
+/// Node's own loop for a connection that runs there.
 pub struct Queue<T> {
     crossing: Arc<Crossing>,
     items: Mutex<Vec<(Deferred, T)>>,
     send: Box<Sender<T>>,
+    /// Where batches run when not on the runtime: the event loop the connection runs on.
+    reactor: Option<Arc<dyn Reactor>>,
 }
 
 impl<T: Send + 'static> Queue<T> {
-    /// A queue whose batches `send` runs on the runtime, answering each item's promise
-    /// through the [`Answers`] it is given.
+    /// A queue whose batches `send` runs on `reactor` (the runtime when `None`), answering
+    /// each item's promise through the [`Answers`] it is given.
     pub fn new<F>(
         crossing: &Arc<Crossing>,
+        reactor: Option<Arc<dyn Reactor>>,
         send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
     ) -> Arc<Self>
     where
@@ -38,6 +43,7 @@ impl<T: Send + 'static> Queue<T> {
             crossing: crossing.clone(),
             items: Mutex::new(Vec::new()),
             send: Box::new(move |items, answers| send(items, answers).boxed()),
+            reactor,
         })
     }
 
@@ -56,8 +62,8 @@ impl<T: Send + 'static> Queue<T> {
         promise
     }
 
-    /// Sends everything queued to the runtime as one task. Whatever `send` leaves unanswered
-    /// (it panicked, say) rejects with `ERR_LEASE_INTERNAL`.
+    /// Sends everything queued as one task. Whatever `send` leaves unanswered (it panicked,
+    /// say) rejects with `ERR_LEASE_INTERNAL`.
     fn send(&self) {
         let batch = std::mem::take(&mut *lock(&self.items));
         if batch.is_empty() {
@@ -73,13 +79,17 @@ impl<T: Send + 'static> Queue<T> {
             Err(err) => return answers.reject_unanswered(err),
         };
         let work = std::panic::AssertUnwindSafe((self.send)(items, answers.clone()));
-        runtime.spawn(async move {
+        let task = async move {
             let unanswered = match work.catch_unwind().await {
                 Ok(()) => Error::Internal("a call went unanswered".into()),
                 Err(panic) => Error::Internal(panic_message(panic.as_ref())),
             };
             answers.reject_unanswered(unanswered);
-        });
+        };
+        match &self.reactor {
+            Some(reactor) => reactor.spawn(task.boxed()),
+            None => drop(runtime.spawn(task)),
+        }
     }
 }
 

@@ -152,6 +152,7 @@ impl Options {
                 .map_or(d.command_timeout, Duration::from_millis),
             no_delay: client.no_delay.unwrap_or(d.no_delay),
             keep_alive: client.keep_alive.unwrap_or(d.keep_alive),
+            reactor: None,
         })
     }
 

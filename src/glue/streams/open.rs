@@ -48,7 +48,7 @@ impl Open {
         let pubsub = Arc::new(pubsub);
         let crossing = Crossing::new(env)?;
         let writer = pubsub.clone();
-        let publishes_queued = Queue::new(&crossing, move |batch: Vec<Publish>, answers| {
+        let publishes_queued = Queue::new(&crossing, None, move |batch: Vec<Publish>, answers| {
             let pubsub = writer.clone();
             async move {
                 let (guards, events): (Vec<_>, Vec<_>) = batch
@@ -66,6 +66,7 @@ impl Open {
         // background, and a panic is a bug, reported as one on stderr.
         let acks = Queue::new(
             &crossing,
+            None,
             |batch: Vec<Settling<Delivery>>, answers| async move {
                 let (deliveries, guards): (Vec<_>, Vec<_>) =
                     batch.into_iter().map(|s| (s.work, s.guard)).unzip();
@@ -76,6 +77,7 @@ impl Open {
         );
         let settles = Queue::new(
             &crossing,
+            None,
             |work: Vec<BoxFuture<'static, ()>>, answers| async move {
                 let mut running: FuturesUnordered<_> = work
                     .into_iter()

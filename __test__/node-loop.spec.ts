@@ -1,0 +1,79 @@
+// Where a RedisLeaseProvider's calls to one server run: on Node's own event loop, written and
+// answered on Node's thread, as node-redis does, so a call wakes no other thread of this
+// process (docs/benchmarks.md: two thread wake-ups per call were most of what a call cost).
+// Over TLS, and on runtimes without Node's libuv, the runtime's thread does the I/O as before;
+// the TLS, Bun and Deno suites cover that path.
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
+
+import { beforeAll, describe, expect, it } from 'vitest'
+
+import { RedisLeaseProvider } from '../dist/esm/index.js'
+import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { startRedis, type RedisServer } from './helpers/redis-server.js'
+
+leaseSuite()
+
+let server: RedisServer
+beforeAll(async () => {
+  server = stopLater(await startRedis())
+})
+
+/** The context switches of this process's runtime thread (named `mastra-lease`) so far. */
+function runtimeThreadSwitches(): number | undefined {
+  const tasks = '/proc/self/task'
+  if (!existsSync(tasks)) return undefined
+  for (const tid of readdirSync(tasks)) {
+    let comm: string
+    try {
+      comm = readFileSync(`${tasks}/${tid}/comm`, 'utf8').trim()
+    } catch {
+      continue // the thread ended meanwhile
+    }
+    if (comm !== 'mastra-lease') continue
+    const status = readFileSync(`${tasks}/${tid}/status`, 'utf8')
+    const count = (name: string) => Number(/^(\w+):\s+(\d+)$/m.exec(status.split('\n').find((l) => l.startsWith(name)) ?? '')?.[2] ?? NaN)
+    return count('voluntary_ctxt_switches') + count('nonvoluntary_ctxt_switches')
+  }
+  return undefined
+}
+
+describe('lease calls to one server on Node’s own loop', () => {
+  it('2,000 calls one after another wake the runtime’s thread fewer than 200 times (it did twice per call)', async ({ skip }) => {
+    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `node-loop:${RUN}` }))
+    // Connected, and the runtime started, before counting.
+    expect(await provider.acquireLease('warm', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
+    const before = runtimeThreadSwitches()
+    skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    for (let i = 0; i < 500; i++) {
+      const key = `k${i % 10}`
+      expect(await provider.acquireLease(key, 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
+      expect(await provider.renewLease(key, 'owner', 10_000)).toBe(true)
+      expect(await provider.getLeaseOwner(key)).toBe('owner')
+      await provider.releaseLease(key, 'owner')
+    }
+    const woken = runtimeThreadSwitches()! - before!
+    expect(woken).toBeLessThan(200)
+  })
+
+  it('the connection given up when the server drops it is opened again by the next call, and one turn’s calls still go together in order', async ({ skip }) => {
+    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    const name = `node-loop-${RUN}`
+    const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `node-loop-drop:${RUN}`, connectionName: name }))
+    expect(await provider.acquireLease('a', 'one', 10_000)).toEqual({ acquired: true, owner: 'one' })
+    expect(await server.cli('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')).toBeGreaterThanOrEqual(1)
+    // The first call after the drop may meet the broken connection; none may hang, and the
+    // next turn runs on a new one.
+    await Promise.allSettled([provider.getLeaseOwner('a')])
+    const [renewed, owner, moved, after] = await Promise.all([
+      provider.renewLease('a', 'one', 10_000),
+      provider.getLeaseOwner('a'),
+      provider.transferLease('a', 'one', 'two', 10_000),
+      provider.getLeaseOwner('a'),
+    ])
+    expect({ renewed, owner, moved, after }).toEqual({ renewed: true, owner: 'one', moved: true, after: 'two' })
+    // A fresh connection is named just after its first call: the old one is gone, one is left.
+    const named = async () => String(await server.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${name} `))
+    await expect.poll(named, { timeout: 2_000 }).toHaveLength(1)
+  })
+})
