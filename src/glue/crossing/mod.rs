@@ -3,7 +3,9 @@
 //! **Across.** Work leaves Node's thread alone ([`Crossing::run`]) or in a batch: what a
 //! [`Queue`] takes during one turn of JavaScript (before its microtasks run out) leaves
 //! together at the turn's end, as one task on the runtime, however many calls the turn made.
-//! Lease calls, publishes, acks and nacks each have a queue.
+//! Lease calls, publishes, acks and nacks each have a queue. The lease calls of a provider
+//! whose connection runs on Node's own loop (`node_loop.rs`) stay on Node's thread: their
+//! batch is polled there.
 //!
 //! **Back.** Finished work hands its outcomes to the crossing ([`Crossing::complete`], from
 //! any thread); the first to arrive wakes Node's thread once through a thread-safe function,
