@@ -14,6 +14,9 @@
 //!   the connection gives it up and asks the sentinels again; so it does when a sentinel
 //!   announces a new master.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -23,13 +26,9 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, Pipeline, ProtocolVersion, PushInfo, RedisFuture,
-    RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, ProtocolVersion, PushInfo,
+    RedisFuture, RedisResult, ServerErrorKind, Value,
 };
-use std::sync::Arc;
-use std::time::Duration;
-
-use redis::ConnectionAddr;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::address::{
@@ -119,8 +118,9 @@ impl Target {
     }
 
     /// The shared connection: for one server, opened on its first command and reopened by
-    /// redis-rs after an I/O error; for a cluster, connected to the seeds now; behind
-    /// Sentinel, to the master the sentinels name now.
+    /// redis-rs after an I/O error, or, on the embedder's event loop, opened now and given up
+    /// when it breaks; for a cluster, connected to the seeds now; behind Sentinel, to the
+    /// master the sentinels name now.
     pub(super) async fn shared(
         &self,
         manager: &ConnectionManagerConfig,
@@ -128,29 +128,29 @@ impl Target {
         connect_timeout: Duration,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client, Some(reactor)) => {
+            Self::Single(client, reactor) => {
                 let info = client.get_connection_info();
-                let ConnectionAddr::Tcp(host, port) = info.addr() else {
-                    unreachable!("a reactor is kept for a TCP address only")
-                };
-                let tcp = info.tcp_settings().clone();
-                let redis = info.redis_settings().clone();
-                let address = (host.clone(), *port);
-                let config = direct.clone();
-                reactor::open(
-                    reactor.clone(),
-                    address,
-                    redis,
-                    tcp,
-                    config,
-                    connect_timeout,
-                )
-                .await
-                .map(Link::OnLoop)
-            }
-            Self::Single(client, None) => {
-                ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
-                    .map(Link::Managed)
+                match (reactor, info.addr()) {
+                    (Some(reactor), ConnectionAddr::Tcp(host, port)) => {
+                        let redis = info.redis_settings().clone();
+                        let tcp = info.tcp_settings().clone();
+                        let (address, config) = ((host.clone(), *port), direct.clone());
+                        reactor::open(
+                            reactor.clone(),
+                            address,
+                            redis,
+                            tcp,
+                            config,
+                            connect_timeout,
+                        )
+                        .await
+                        .map(Link::OnLoop)
+                    }
+                    // Without a loop, or an address other than TCP (`Target::new` keeps no
+                    // loop for one).
+                    _ => ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
+                        .map(Link::Managed),
+                }
             }
             Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
             Self::Sentinel(sentinels) => sentinels.connect(direct).await.map(Link::Master),
