@@ -144,7 +144,7 @@ impl Target {
                             connect_timeout,
                         )
                         .await
-                        .map(Link::OnLoop)
+                        .map(Link::Direct)
                     }
                     // Without a loop, or an address other than TCP (`Target::new` keeps no
                     // loop for one).
@@ -251,10 +251,8 @@ impl Target {
 pub enum Link {
     /// The shared connection to a single server.
     Managed(ConnectionManager),
-    /// The shared connection to a single server, on the embedder's event loop: given up when
-    /// it breaks (the next call opens another), as nothing reconnects it by itself.
-    OnLoop(MultiplexedConnection),
-    /// A connection of its own to one server or one cluster node.
+    /// A connection to one server or one cluster node: one of its own, or the shared one on
+    /// the embedder's event loop (given up when it breaks: nothing reconnects it by itself).
     Direct(MultiplexedConnection),
     /// The shared connection to a cluster.
     Cluster(ClusterConnection),
@@ -410,7 +408,7 @@ impl ConnectionLike for Link {
         let one = |value: &Value| is_moving(value).then(|| value.clone());
         match self {
             Self::Managed(c) => c.req_packed_command(cmd),
-            Self::Direct(c) | Self::OnLoop(c) => c.req_packed_command(cmd),
+            Self::Direct(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => {
                 Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
             }
@@ -429,7 +427,7 @@ impl ConnectionLike for Link {
         let any = |values: &Vec<Value>| values.iter().find(|v| is_moving(v)).cloned();
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
-            Self::Direct(c) | Self::OnLoop(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
             Self::Cluster(c) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
@@ -442,7 +440,7 @@ impl ConnectionLike for Link {
     fn get_db(&self) -> i64 {
         match self {
             Self::Managed(c) => c.get_db(),
-            Self::Direct(c) | Self::Master(c) | Self::OnLoop(c) => c.get_db(),
+            Self::Direct(c) | Self::Master(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
     }
