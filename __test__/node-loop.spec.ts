@@ -1,13 +1,14 @@
-// Where a RedisLeaseProvider's calls to one server run: on Node's own event loop, written and
-// answered on Node's thread, as node-redis does, so a call wakes no other thread of this
-// process (docs/benchmarks.md: two thread wake-ups per call were most of what a call cost).
+// Where lease calls to one server run, a RedisLeaseProvider's and RedisStreamsPubSub's: on
+// Node's own event loop, written and answered on Node's thread, as node-redis does, so a call
+// wakes no other thread of this process (docs/benchmarks.md: two thread wake-ups per call were
+// most of what a call cost).
 // Over TLS, and on runtimes without Node's libuv, the runtime's thread does the I/O as before;
 // the TLS, Bun and Deno suites cover that path.
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 
 import { beforeAll, describe, expect, it } from 'vitest'
 
-import { RedisLeaseProvider } from '../dist/esm/index.js'
+import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'
 
@@ -37,10 +38,16 @@ function runtimeThreadSwitches(): number | undefined {
   return undefined
 }
 
+type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease'>
+const opening: [string, (keyPrefix: string) => Leases][] = [
+  ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ url: server.url, keyPrefix }))],
+  ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ url: server.url, keyPrefix }))],
+]
+
 describe('lease calls to one server on Node’s own loop', () => {
-  it('2,000 calls one after another wake the runtime’s thread fewer than 200 times (it did twice per call)', async ({ skip }) => {
+  it.for(opening)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times (it did twice per call)', async ([kind, open], { skip }) => {
     skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
-    const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `node-loop:${RUN}` }))
+    const provider = open(`node-loop:${RUN}:${kind}`)
     // Connected, and the runtime started, before counting.
     expect(await provider.acquireLease('warm', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
     const before = runtimeThreadSwitches()
@@ -54,6 +61,23 @@ describe('lease calls to one server on Node’s own loop', () => {
     }
     const woken = runtimeThreadSwitches()! - before!
     expect(woken).toBeLessThan(200)
+  })
+
+  it('RedisStreamsPubSub’s lease calls have a connection of their own beside its transport’s, named alike, and close() closes both', async ({ skip }) => {
+    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the lease calls on the transport’s connection')
+    const name = `node-loop-streams-${RUN}`
+    const pubsub = new RedisStreamsPubSub({ url: server.url, keyPrefix: `node-loop-streams:${RUN}`, connectionName: name })
+    const named = async () => String(await server.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${name} `))
+    try {
+      await pubsub.publish('topic', { type: 't', runId: 'r', data: {} })
+      await expect.poll(named, { timeout: 2_000 }).toHaveLength(1)
+      expect(await pubsub.acquireLease('k', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
+      await expect.poll(named, { timeout: 2_000 }).toHaveLength(2)
+    } finally {
+      await pubsub.close()
+    }
+    await expect.poll(named, { timeout: 2_000 }).toHaveLength(0)
+    await expect(pubsub.acquireLease('k', 'owner', 10_000)).rejects.toMatchObject({ code: 'ERR_LEASE_CLOSED' })
   })
 
   it('the connection given up when the server drops it is opened again by the next call, and one turn’s calls still go together in order', async ({ skip }) => {

@@ -1,8 +1,10 @@
 // How many Redis connections RedisStreamsPubSub holds. Mastra opens subscriptions per run
 // (workflow watchers, abort listeners, thread streams), so they must not each cost a
 // connection: fan-out subscriptions of every topic share one reader, a consumer group is one
-// reader per topic and group, and lease calls and publishes share one more. Counted with
-// CLIENT LIST on a server of each test's own, by the connection name.
+// reader per topic and group, publishes go on one more, and lease calls on one of their own,
+// on Node's loop, once made (on one server at a redis:// URL; elsewhere they share the
+// publishes' one). Counted with CLIENT LIST on a server of each test's own, by the connection
+// name.
 import { randomUUID } from 'node:crypto'
 
 import { afterEach, describe, expect, it } from 'vitest'
@@ -51,8 +53,11 @@ async function settleAt(on: RedisServer, name: string, count: number, ms = 2_000
 
 const uniqueName = () => `ml-${randomUUID().slice(0, 8)}`
 
+/** The connection lease calls add once made: one of their own on Node's loop, on one server at a redis:// URL. */
+const leaseConnection = (on: RedisServer) => (on.url.startsWith('redis://') ? 1 : 0)
+
 describe('connections of RedisStreamsPubSub', () => {
-  it('200 fan-out subscriptions over 20 topics, and 5 consumer groups, hold 7 connections: one shared, one fan-out reader, one per group (within the documented 25)', async () => {
+  it('200 fan-out subscriptions over 20 topics, and 5 consumer groups, hold 7 connections: one shared, one fan-out reader, one per group (within the documented 25); lease calls add their own', async () => {
     const redis = await server()
     const name = uniqueName()
     const pubsub = open(redis, name)
@@ -75,7 +80,7 @@ describe('connections of RedisStreamsPubSub', () => {
     await Promise.all(inboxes.map((inbox) => inbox.count(1)))
     expect(inboxes.every((inbox) => inbox.events.length === 1)).toBe(true)
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await connections(redis, name)).toBe(7)
+    expect(await settleAt(redis, name, 7 + leaseConnection(redis))).toBe(7 + leaseConnection(redis))
   })
 
   it('unsubscribing the last callback of a topic stops reading it; the last fan-out subscription gone, its reader closes its connection', async () => {
@@ -120,7 +125,7 @@ describe('connections of RedisStreamsPubSub', () => {
     expect(await settleAt(redis, name, 1)).toBe(1)
   })
 
-  it('close() has closed every connection when it resolves: shared, fan-out reader, group readers', async () => {
+  it('close() has closed every connection when it resolves: shared, fan-out reader, group readers, lease calls’', async () => {
     const redis = await server()
     const name = uniqueName()
     const pubsub = open(redis, name)
@@ -128,7 +133,7 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'workers' })
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await settleAt(redis, name, 4)).toBe(4)
+    expect(await settleAt(redis, name, 4 + leaseConnection(redis))).toBe(4 + leaseConnection(redis))
     await pubsub.close()
     // The server takes a moment to notice a closed socket; nothing is open on our side.
     expect(await settleAt(redis, name, 0, 500)).toBe(0)
@@ -143,7 +148,7 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
     await pubsub.subscribe('more', new Inbox().cb, { group: 'workers' })
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await settleAt(redis, name, 5)).toBe(5)
+    expect(await settleAt(redis, name, 5 + leaseConnection(redis))).toBe(5 + leaseConnection(redis))
     await sleep(100) // every reader blocked
     const started = performance.now()
     await pubsub.close()

@@ -171,6 +171,8 @@ const OURS = 'mastra-lease (ours)', NR = 'node-redis, same commands', MASTRA = '
 const NR_SCRIPT = 'node-redis, one-key script';
 const IO = 'ioredis SET NX GET', GLIDE = 'Valkey GLIDE SET NX GET';
 const FENCED = 'mastra-lease, fenced', META = 'mastra-lease, metadata';
+// Ours again, the lease methods of `RedisStreamsPubSub`: what Mastra calls when it is the pubsub.
+const STREAMS = 'RedisStreamsPubSub (ours)';
 const OURS_MEM = 'MemoryLeaseProvider (ours)', EE = 'EventEmitterPubSub';
 // The same provider while something subscribes to the lease channel (doing nothing with it).
 const OURS_TRACED = 'MemoryLeaseProvider, traced';
@@ -185,8 +187,9 @@ delete acquireC[MASTRA];
 delete acquireC[META];
 const prefixOf = {
   [OURS]: `${PREFIX}:ours`, [FENCED]: `${PREFIX}:fenced`, [META]: `${PREFIX}:meta`, [NR]: `${PREFIX}:nr`, [NR_SCRIPT]: `${PREFIX}:nrs`,
-  [MASTRA]: `${PREFIX}:mastra`, [IO]: `${PREFIX}:io`, [GLIDE]: `${PREFIX}:glide`,
+  [MASTRA]: `${PREFIX}:mastra`, [IO]: `${PREFIX}:io`, [GLIDE]: `${PREFIX}:glide`, [STREAMS]: `${PREFIX}:streams`,
 };
+const streamsC = native ? { [STREAMS]: new native.RedisStreamsPubSub({ url, keyPrefix: `${PREFIX}:streams` }) } : {};
 if (native) memC[OURS_MEM] = new native.MemoryLeaseProvider();
 const tracedC = native ? { [OURS_TRACED]: new native.MemoryLeaseProvider() } : {};
 const leaseChannel = tracingChannel('mastra-lease:lease');
@@ -339,9 +342,9 @@ if (rb) { // once before and once after the 256 run; keep the best
   w256.results['redis-benchmark -P256 -c4'] = rb;
 }
 W.push(w256);
-W.push(await runWorkload(lifecycle(64, n(40_000)), redisC));
+W.push(await runWorkload(lifecycle(64, n(40_000)), { ...redisC, ...streamsC }));
 W.push(await runWorkload(contended(64, n(150_000)), redisC));
-const lifeC = { [OURS]: redisC[OURS], [MASTRA]: redisC[MASTRA] };
+const lifeC = { [OURS]: redisC[OURS], [MASTRA]: redisC[MASTRA], ...streamsC };
 W.push(await runWorkload(lifecycle(1, n(10_000)), lifeC));
 W.push(await runWorkload(fence(1, n(20_000)), lifeC));
 W.push(await runWorkload(lifecycle(1, n(100_000), true), memC));
@@ -399,6 +402,8 @@ const ratios = [
   ratioRow(lc, OURS, MASTRA, 1.5), ratioRow(lc, FENCED, MASTRA, null), ratioRow(lc, META, OURS, null), ratioRow(lc, OURS, NR, null),
   cpuRow(lc, OURS, MASTRA, 1.0), procRow(lc, OURS, MASTRA, 1.0), cpuRow(lc, FENCED, MASTRA, null), cpuRow(lc, META, OURS, null),
   ratioRow(f1, OURS, MASTRA, 1.1), procRow(f1, OURS, MASTRA, 1.0), cpuRow(f1, OURS, MASTRA, 1.0),
+  ratioRow(lc1, STREAMS, MASTRA, 1.1), procRow(lc1, STREAMS, MASTRA, 1.0), ratioRow(lc, STREAMS, MASTRA, null),
+  procRow(lc, STREAMS, MASTRA, null), ratioRow(f1, STREAMS, MASTRA, 1.1), procRow(f1, STREAMS, MASTRA, 1.0),
   ratioRow(ct, OURS, MASTRA, null), ratioRow(ct, FENCED, MASTRA, null), ratioRow(ct, OURS, NR, 1.0),
   ratioRow(m1, OURS_MEM, EE, 0.8), ratioRow(m64, OURS_MEM, EE, 0.8),
   ratioRow(beside(t1, m1), OURS_TRACED, OURS_MEM, null), ratioRow(beside(t64, m64), OURS_TRACED, OURS_MEM, null),
@@ -429,7 +434,7 @@ const out = { date: new Date().toISOString(), node: process.version, redis: redi
 writeFileSync(new URL('./results.json', import.meta.url), JSON.stringify(out, null, 2) + '\n');
 console.log('\nwrote bench/results.json');
 
-for (const c of new Set([...Object.values(redisC), ...Object.values(acquireC), ...Object.values(memC), ...Object.values(tracedC)])) await c.close?.();
+for (const c of new Set([...Object.values(redisC), ...Object.values(acquireC), ...Object.values(streamsC), ...Object.values(memC), ...Object.values(tracedC)])) await c.close?.();
 await shutdown();
 const invalid = W.some((w) => Object.values(w.results).some((r) => r.bad));
 process.exit(!native || invalid ? 1 : 0);

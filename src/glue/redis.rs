@@ -12,6 +12,7 @@ use super::log::JsLog;
 use super::options;
 use super::reply::{LeaseStats, Reply};
 use super::{runtime, unknown};
+use crate::core::connection::Reactor;
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, RedisStore, Result, Subject};
 
@@ -56,12 +57,12 @@ impl Open {
 
 /// Node's event loop, for a connection to one server to run on (`crossing/node_loop.rs`).
 #[cfg(unix)]
-fn node_loop(env: napi::sys::napi_env) -> Option<Arc<dyn crate::core::connection::Reactor>> {
-    super::crossing::NodeLoop::of(env).map(|l| l as Arc<dyn crate::core::connection::Reactor>)
+pub(super) fn node_loop(env: napi::sys::napi_env) -> Option<Arc<dyn Reactor>> {
+    super::crossing::NodeLoop::of(env).map(|l| l as Arc<dyn Reactor>)
 }
 
 #[cfg(not(unix))]
-fn node_loop(_env: napi::sys::napi_env) -> Option<Arc<dyn crate::core::connection::Reactor>> {
+pub(super) fn node_loop(_env: napi::sys::napi_env) -> Option<Arc<dyn Reactor>> {
     None
 }
 

@@ -126,6 +126,21 @@ impl Connection {
     /// Checks the URL, the credentials and the TLS material; does not connect. `subject` is
     /// what a call after [`Connection::close`] says was closed.
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
+        Self::with_setup(options, subject, Setup::default())
+    }
+
+    /// Another connection to the same deployment, for work best run on `options.reactor`
+    /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
+    /// link could not run there (only one server at a `redis://` address can, see
+    /// [`ConnectionOptions::reactor`]). It shares this one's logger, and a policy warned
+    /// about on either is not warned about again on the other. `options` are this one's,
+    /// the reactor aside.
+    pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {
+        let connection = Self::with_setup(options, self.subject, self.setup.beside())?;
+        Ok(connection.reactor().is_some().then_some(connection))
+    }
+
+    fn with_setup(options: &ConnectionOptions, subject: Subject, setup: Setup) -> Result<Self> {
         let target = Target::new(options, Protocol::AsTheUrlSays)?;
         let tls = address::asks_tls(options);
         // No response timeout of redis-rs' own on the shared link: every use of it is bounded
@@ -145,7 +160,7 @@ impl Connection {
         let lent = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout));
-        let setup = Arc::new(Setup::default());
+        let setup = Arc::new(setup);
         Ok(Self {
             target,
             config,
@@ -199,7 +214,7 @@ impl Connection {
     /// Where the eviction-policy warning goes. Until a logger is set, the policy is never
     /// read (no extra command). The first logger set stays.
     pub fn set_logger(&self, logger: Arc<dyn Logger>) {
-        let _ = self.setup.logger.set(logger);
+        self.setup.set_logger(logger);
     }
 
     /// Reports `notice` to the logger, if one is set.

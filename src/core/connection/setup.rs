@@ -23,37 +23,61 @@ const SKIPPED: &str = "mastra-lease: could not name the connection (CLIENT SETNA
                        Redis eviction policy (INFO memory); skipped";
 
 pub(super) struct Setup {
-    pub(super) logger: OnceLock<Arc<dyn Logger>>,
+    /// Where notices go, shared with the connections opened beside this one.
+    warnings: Arc<Warnings>,
     /// Set while the connection in use has not been set up: at first, and whenever an
     /// error means the manager replaces the connection.
     pub(super) fresh: AtomicBool,
-    /// Policies already warned about: one warning per policy value.
+}
+
+/// The logger, and the policies already warned about (one warning per policy value), of a
+/// connection and of those opened beside it ([`Setup::beside`]): one server, one warning.
+#[derive(Default)]
+struct Warnings {
+    logger: OnceLock<Arc<dyn Logger>>,
     warned: Mutex<Vec<String>>,
 }
 
 impl Default for Setup {
     fn default() -> Self {
         Self {
-            logger: OnceLock::new(),
+            warnings: Arc::default(),
             fresh: AtomicBool::new(true),
-            warned: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl Setup {
+    /// The setup of another connection to the same server: its own to do, the logger and the
+    /// warnings already given shared with this one.
+    pub(super) fn beside(&self) -> Self {
+        Self {
+            warnings: self.warnings.clone(),
+            fresh: AtomicBool::new(true),
+        }
+    }
+
+    /// Where notices go from now on; the first logger set stays.
+    pub(super) fn set_logger(&self, logger: Arc<dyn Logger>) {
+        let _ = self.warnings.logger.set(logger);
+    }
+
+    fn logger(&self) -> Option<&Arc<dyn Logger>> {
+        self.warnings.logger.get()
+    }
+
     /// Whether the connection in use still needs setting up, claimed by the caller that
     /// gets `true`. A plain load first: calls on a set-up connection only read the flag.
     pub(super) fn claim(&self, named: bool) -> bool {
         if !self.fresh.load(Ordering::Relaxed) {
             return false;
         }
-        (named || self.logger.get().is_some()) && self.fresh.swap(false, Ordering::Relaxed)
+        (named || self.logger().is_some()) && self.fresh.swap(false, Ordering::Relaxed)
     }
 
     /// Reports `notice` to the logger, if one is set.
     pub(super) fn notice(&self, notice: Notice) {
-        if let Some(logger) = self.logger.get() {
+        if let Some(logger) = self.logger() {
             logger.log(notice);
         }
     }
@@ -66,7 +90,7 @@ impl Setup {
     /// Names `link` and reads the eviction policy, in a task of its own: on a cluster, on
     /// every master.
     pub(super) fn spawn(self: &Arc<Self>, mut link: Link, name: Option<&str>, timeout: Duration) {
-        let logger = self.logger.get().cloned();
+        let logger = self.logger().cloned();
         let name = name.map(str::to_owned);
         let setup = Arc::clone(self);
         tokio::spawn(async move {
@@ -138,7 +162,7 @@ impl Setup {
             return;
         };
         {
-            let mut warned = lock(&self.warned);
+            let mut warned = lock(&self.warnings.warned);
             if warned.iter().any(|p| p == policy) {
                 return;
             }

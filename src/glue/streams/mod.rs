@@ -17,7 +17,7 @@ use super::crossing::{resolved, settled, JsCallback};
 use super::js::{self, Value};
 use super::log::JsLog;
 use super::options;
-use super::redis::RedisLeaseProvider;
+use super::redis::{node_loop, RedisLeaseProvider};
 use super::reply::Reply;
 use super::{runtime, unknown};
 use crate::core::lock;
@@ -70,12 +70,19 @@ impl RedisStreamsTransport {
                     options.logger = log.clone().map(|log| log as _);
                 }
                 let _context = runtime()?.enter();
+                // Lease calls on a connection of their own on Node's loop, where it can run
+                // there (`crossing/node_loop.rs`); else on the transport's.
+                let mut on_loop = options.connection.clone();
+                on_loop.reactor = node_loop(raw);
                 let pubsub = StreamsPubSub::new(options)?;
                 if let Some(log) = &log {
                     pubsub.connection().set_logger(log.clone());
                 }
-                let mut store =
-                    RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
+                let leases = match pubsub.connection().beside(&on_loop)? {
+                    Some(beside) => Arc::new(beside),
+                    None => pubsub.connection(),
+                };
+                let mut store = RedisStore::with_connection(leases, key_prefix, limits)?;
                 store.set_replication(replication);
                 if zero_attempts {
                     let warning = Notice::new(
@@ -473,6 +480,7 @@ impl RedisStreamsTransport {
             })
             .collect();
         let crossing = open.crossing.clone();
+        let store = self.store.clone();
         unknown(
             env,
             crossing.run(env.raw(), async move {
@@ -488,6 +496,8 @@ impl RedisStreamsTransport {
                 );
                 drop((publishes, settling));
                 open.pubsub.close().await;
+                // The lease calls' connection, when it is one of their own.
+                store.connection().close();
                 Ok(Reply::Undefined)
             }),
         )
