@@ -14,7 +14,7 @@ import IORedis from 'ioredis';
 import { GlideClient } from '@valkey/valkey-glide';
 import { EventEmitterPubSub } from '@mastra/core/events';
 import { hr, SCALE, setupRedis, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
-import { MASTRA_LUA } from './mastra-scripts.mjs';
+import { MASTRA_LUA, MastraAlgorithm } from './mastra-scripts.mjs';
 
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
 const TTL = 60_000; // longer than any run, so nothing expires mid-workload
@@ -93,31 +93,7 @@ class WithMetadata {
   transferLease(key, from, to, ttl) { return this.p.transferLease(key, from, to, ttl, RUN_ID, RUN_ID); }
   close() { return this.p.close(); }
 }
-// Peer 2: Mastra's own backend's calls, as its code makes them: acquire is SET NX PX, then
-// (when taken) the refresh-if-same-owner script, then GET (up to 3 round trips); renew,
-// release and transfer are one EVAL each, the script's text sent every time; no tokens.
-class MastraAlgorithm {
-  constructor(client, prefix) { this.c = client; this.p = `${prefix}:lease:`; }
-  async acquireLease(key, owner, ttl) {
-    const k = this.p + key;
-    if ((await this.c.set(k, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl } })) === 'OK') {
-      return { acquired: true, owner };
-    }
-    if ((await this.c.eval(MASTRA_LUA.renew, { keys: [k], arguments: [owner, String(ttl)] })) === 1) {
-      return { acquired: true, owner };
-    }
-    return { acquired: false, owner: (await this.c.get(k)) ?? undefined };
-  }
-  async getLeaseOwner(key) { return (await this.c.get(this.p + key)) ?? undefined; }
-  async releaseLease(key, owner) { await this.c.eval(MASTRA_LUA.release, { keys: [this.p + key], arguments: [owner] }); }
-  async renewLease(key, owner, ttl) {
-    return (await this.c.eval(MASTRA_LUA.renew, { keys: [this.p + key], arguments: [owner, String(ttl)] })) === 1;
-  }
-  async transferLease(key, from, to, ttl) {
-    return (await this.c.eval(MASTRA_LUA.transfer, { keys: [this.p + key], arguments: [from, to, String(ttl)] })) === 1;
-  }
-  async close() { await this.c.close(); }
-}
+// Peer 2: Mastra's own backend's calls, as its code makes them (`MastraAlgorithm`, mastra-scripts.mjs).
 // Peer 5: node-redis running the one-key acquire script above, one EVALSHA per call: the
 // usual way a Node library writes an acquire, a little more work for Redis than our plain
 // SET NX GET, the same round trips.
