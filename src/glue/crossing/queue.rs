@@ -69,22 +69,25 @@ impl<T: Send + 'static> Queue<T> {
         if batch.is_empty() {
             return;
         }
-        let (deferreds, items): (Vec<Deferred>, Vec<T>) = batch.into_iter().unzip();
+        let (waiting, items): (Vec<Option<Deferred>>, Vec<T>) = batch
+            .into_iter()
+            .map(|(deferred, item)| (Some(deferred), item))
+            .unzip();
         let answers = Arc::new(Answers {
             crossing: self.crossing.clone(),
-            waiting: Mutex::new(deferreds.into_iter().map(Some).collect()),
+            waiting: Mutex::new(waiting),
         });
         let runtime = match runtime() {
             Ok(runtime) => runtime,
-            Err(err) => return answers.reject_unanswered(err),
+            Err(err) => return answers.reject_unanswered(|| err),
         };
         let work = std::panic::AssertUnwindSafe((self.send)(items, answers.clone()));
         let task = async move {
-            let unanswered = match work.catch_unwind().await {
-                Ok(()) => Error::Internal("a call went unanswered".into()),
-                Err(panic) => Error::Internal(panic_message(panic.as_ref())),
-            };
-            answers.reject_unanswered(unanswered);
+            let panicked = work.catch_unwind().await.err();
+            answers.reject_unanswered(|| match panicked {
+                None => Error::Internal("a call went unanswered".into()),
+                Some(panic) => Error::Internal(panic_message(panic.as_ref())),
+            });
         };
         match &self.reactor {
             Some(reactor) => reactor.spawn(task.boxed()),
@@ -120,15 +123,20 @@ impl Answers {
         self.answer(outcomes.into_iter().enumerate());
     }
 
-    /// Rejects every item not answered yet with `err`.
-    fn reject_unanswered(&self, err: Error) {
-        let left: Vec<_> = lock(&self.waiting)
+    /// Rejects every item not answered yet with the error `err` makes (made only if one is
+    /// left: a batch all answered, the usual end, makes none).
+    fn reject_unanswered(&self, err: impl FnOnce() -> Error) {
+        let mut waiting = lock(&self.waiting);
+        if waiting.iter().all(Option::is_none) {
+            return;
+        }
+        let err = err();
+        let left: Vec<_> = waiting
             .iter_mut()
             .filter_map(Option::take)
             .map(|deferred| (deferred, Err(err.clone())))
             .collect();
-        if !left.is_empty() {
-            self.crossing.complete(left);
-        }
+        drop(waiting);
+        self.crossing.complete(left);
     }
 }
