@@ -136,6 +136,9 @@ impl Connection {
     /// about on either is not warned about again on the other. `options` are this one's,
     /// the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {
+        if options.reactor.is_none() {
+            return Ok(None);
+        }
         let connection = Self::with_setup(options, self.subject, self.setup.beside())?;
         Ok(connection.reactor().is_some().then_some(connection))
     }

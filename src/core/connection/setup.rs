@@ -263,4 +263,24 @@ mod tests {
         assert_eq!(notices[0].fields["maxmemory"], Json::from(100));
         assert_eq!(notices[0].fields["code"], Json::from(EVICTION_WARNING_CODE));
     }
+
+    #[test]
+    fn a_connection_beside_another_shares_its_logger_and_warns_about_a_policy_only_once() {
+        let first = Setup::default();
+        let beside = first.beside();
+        let logger = Arc::new(Collect::default());
+        first.set_logger(logger.clone());
+        assert!(
+            beside.logger().is_some(),
+            "the logger set on one is the other's"
+        );
+        // Each has its own connection to set up.
+        assert!(first.claim(false));
+        assert!(beside.claim(false));
+        beside.judge(&info(100, "allkeys-lru"), &*logger);
+        first.judge(&info(100, "allkeys-lru"), &*logger);
+        first.judge(&info(100, "volatile-lru"), &*logger);
+        beside.judge(&info(100, "volatile-lru"), &*logger);
+        assert_eq!(logger.0.lock().unwrap().len(), 2);
+    }
 }
