@@ -7,12 +7,11 @@ use napi::JsValue;
 use napi_derive::napi;
 
 use super::args;
-use super::crossing::{resolved, settled, Answers, Crossing, Queue};
+use super::crossing::{node_loop, resolved, settled, Answers, Crossing, Queue};
 use super::log::JsLog;
 use super::options;
 use super::reply::{LeaseStats, Reply};
 use super::{runtime, unknown};
-use crate::core::connection::Reactor;
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, RedisStore, Result, Subject};
 
@@ -53,17 +52,6 @@ impl Open {
             calls,
         })
     }
-}
-
-/// Node's event loop, for a connection to one server to run on (`crossing/node_loop.rs`).
-#[cfg(unix)]
-pub(super) fn node_loop(env: napi::sys::napi_env) -> Option<Arc<dyn Reactor>> {
-    super::crossing::NodeLoop::of(env).map(|l| l as Arc<dyn Reactor>)
-}
-
-#[cfg(not(unix))]
-pub(super) fn node_loop(_env: napi::sys::napi_env) -> Option<Arc<dyn Reactor>> {
-    None
 }
 
 /// Runs one turn's lease calls, in the order they were made, the store pipelining them; each

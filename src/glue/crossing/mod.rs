@@ -33,8 +33,6 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-#[cfg(unix)]
-pub use node_loop::NodeLoop;
 pub use queue::{Answers, Queue};
 pub use tsfn::JsCallback;
 use tsfn::Tsfn;
@@ -42,7 +40,21 @@ use tsfn::Tsfn;
 use super::js::{self, Deferred, Env, Value};
 use super::reply::{to_js, Outcome};
 use super::runtime;
+use crate::core::connection::Reactor;
 use crate::core::{lock, Error, Result};
+
+/// Node's event loop, for a connection to one server to run on (`node_loop.rs`): none on Bun
+/// or Deno, or where libuv cannot be found in the process.
+#[cfg(unix)]
+pub fn node_loop(env: Env) -> Option<Arc<dyn Reactor>> {
+    node_loop::NodeLoop::of(env).map(|l| l as Arc<dyn Reactor>)
+}
+
+/// Node's event loop: not used off Unix, where the runtime's thread does the I/O.
+#[cfg(not(unix))]
+pub fn node_loop(_env: Env) -> Option<Arc<dyn Reactor>> {
+    None
+}
 
 /// One class instance's way across and back.
 pub struct Crossing {

@@ -13,11 +13,11 @@ use napi_derive::napi;
 use tokio::sync::oneshot;
 
 use super::args;
-use super::crossing::{resolved, settled, JsCallback};
+use super::crossing::{node_loop, resolved, settled, JsCallback};
 use super::js::{self, Value};
 use super::log::JsLog;
 use super::options;
-use super::redis::{node_loop, RedisLeaseProvider};
+use super::redis::RedisLeaseProvider;
 use super::reply::Reply;
 use super::{runtime, unknown};
 use crate::core::lock;
