@@ -23,6 +23,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 
 const CALLS_PER_UNIT = 5
+// `node instructions.mjs redis`, or one counted run on Redis (`run <who> <units> <url>`).
 const ON_REDIS = process.argv[2] === 'redis' || process.argv[5] !== undefined
 // A round trip costs far more than a call in memory: fewer units on Redis.
 const [SHORT, LONG] = ON_REDIS ? [1_000, 4_000] : [20_000, 80_000]

@@ -1,6 +1,7 @@
 // Lease benchmark: mastra-lease (Rust/napi) vs node-redis, ioredis and Valkey GLIDE sending the
 // same commands, Mastra's algorithm on node-redis, redis-benchmark and Mastra's in-memory
-// EventEmitterPubSub; and ours fenced (`acquireFencedLease`) and with metadata beside it. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
+// EventEmitterPubSub; and ours fenced (`acquireFencedLease`), with metadata, and through
+// RedisStreamsPubSub's lease methods beside it. Run with `npm run bench` (builds first) or `node bench/lease.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count; REDIS_URL=redis://... uses an existing server;
 // BENCH_PACKAGE=/abs/path.js loads another build of the package instead of ../dist/cjs/index.js.
 import { execFile } from 'node:child_process';
