@@ -78,6 +78,32 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
     }
   })
 
+  it("keeps a plain transfer's id beside the lease while the cluster client may send it again (commandTimeoutMs), then the lease is its key alone", async () => {
+    const prefix = `handover:${randomUUID().slice(0, 8)}`
+    const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: prefix, commandTimeoutMs: 1_000 })
+    try {
+      const key = 'thread\0one'
+      expect(await p.acquireLease(key, 'A', 60_000)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.transferLease(key, 'A', 'B', 60_000)).toBe(true)
+      const node = await cluster.masterOfSlot(await cluster.keySlot(`${prefix}:lease:${key}`))
+      const fence = ((await node.cli('KEYS', `${prefix}:fence:*`)) as string[]).filter((name) => name.endsWith(`}:${key}`))
+      expect(fence).toHaveLength(1)
+      // "<token>:<transfer id>:<holder>": no token, this transfer's id, the new holder.
+      expect(await node.cli('GET', fence[0]!)).toMatch(/^:[^:]+:B$/)
+      const pttl = Number(await node.cli('PTTL', fence[0]!))
+      expect(pttl).toBeGreaterThan(0)
+      expect(pttl).toBeLessThanOrEqual(1_000)
+      expect(await p.renewLease(key, 'B', 60_000)).toBe(true)
+      expect(Number(await node.cli('PTTL', fence[0]!)), 'a renewal does not keep the id alive').toBeLessThanOrEqual(1_000)
+      await new Promise((resolve) => setTimeout(resolve, 1_100))
+      expect(await node.cli('EXISTS', fence[0]!)).toBe(0)
+      expect(await p.renewLease(key, 'B', 60_000)).toBe(true)
+      expect(Number(await node.cli('PTTL', `${prefix}:lease:${key}`))).toBeGreaterThan(59_000)
+    } finally {
+      await p.close()
+    }
+  })
+
   it('answers a batch of calls on keys in many slots call by call, in one turn', async () => {
     const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: `batch:${randomUUID().slice(0, 8)}` })
     try {

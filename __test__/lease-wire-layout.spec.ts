@@ -85,6 +85,22 @@ describe('RedisLeaseProvider', () => {
       expect(await server.cli('EXISTS', redisKey)).toBe(0)
     })
 
+    it('writes only the lease key through a lifecycle as Mastra calls it, a transfer included, as Mastra’s own backend does', async () => {
+      const prefix = `lifecycle:${randomUUID()}`
+      const p = provider({ url: server.url, keyPrefix: prefix })
+      const key = `${uniqueKey('lifecycle')}\0thread`
+      const keys = async () => ((await server.cli('KEYS', `${prefix}:*`)) as string[]).sort()
+      expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await p.renewLease(key, 'A', LONG)).toBe(true)
+      expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
+      // On one server only this client sends a transfer again, and says so: no id is kept.
+      expect(await keys()).toEqual([`${prefix}:lease:${key}`])
+      expect(await p.renewLease(key, 'B', LONG)).toBe(true)
+      expect(await keys()).toEqual([`${prefix}:lease:${key}`])
+      await p.releaseLease(key, 'B')
+      expect(await keys()).toEqual([])
+    })
+
     it('sees a lease expire when Redis expires it', async () => {
       const p = provider({ url: server.url })
       const key = uniqueKey('px')

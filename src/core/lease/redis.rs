@@ -14,7 +14,7 @@
 //! the script deletes them, so the new grant inherits neither), or on a server that refuses
 //! the form (before 7.0), is the acquire script sent after it.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -200,7 +200,8 @@ impl RedisStore {
     /// They are sent once more, in order, on a fresh connection and within the same timeout,
     /// where a second run answers as the first would have: acquire and renew by the same
     /// owner refresh again, a release or a read is harmless, and a transfer carries an id of
-    /// its own, so the same transfer run twice answers `true` twice (see `transfer.lua`).
+    /// its own and is told when it is sent again, so the same transfer run twice answers `true`
+    /// twice (see `transfer.lua`).
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
         let started = Instant::now();
         let deadline = started + self.connection.timeout();
@@ -266,7 +267,11 @@ impl RedisStore {
             };
             match result {
                 Ok(answers) => return answered(answers),
-                Err(Error::Connection(_)) if attempt == 0 => continue,
+                Err(Error::Connection(_)) if attempt == 0 => {
+                    for &i in sent {
+                        calls[i].again.store(true, Ordering::Relaxed);
+                    }
+                }
                 Err(err) => {
                     return answered(sent.iter().map(|&i| (i, Err(err.clone()))).collect());
                 }
@@ -442,10 +447,12 @@ struct Timing {
     deadline: Instant,
 }
 
-/// A call on its way, with the id a transfer carries on every send of it.
+/// A call on its way, with the id a transfer carries on every send of it, and whether it is
+/// being sent again after a connection broke under it.
 struct Sent {
     call: Call,
     id: String,
+    again: AtomicBool,
 }
 
 impl Sent {
@@ -454,7 +461,8 @@ impl Sent {
             Call::Transfer { .. } => crate::core::unique_id(),
             _ => String::new(),
         };
-        Self { call, id }
+        let again = AtomicBool::new(false);
+        Self { call, id, again }
     }
 }
 

@@ -7,7 +7,7 @@ use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::{RedisStore, Sent};
-use crate::core::connection::parse;
+use crate::core::connection::{parse, Keyspace};
 use crate::core::lease::{Answer, Call, Grant, Holder, Lease};
 use crate::core::log::{Level, Notice};
 use crate::core::scripts::{self, Lua};
@@ -137,10 +137,25 @@ impl RedisStore {
                     .evalsha(pipe, call, keys)
                     .arg(&from.owner)
                     .arg(&to.owner);
-                // The id matters while the transfer may be sent again: within its timeout.
-                let resend_ms = u64::try_from(self.connection.timeout().as_millis());
-                let id_ttl_ms = resend_ms.unwrap_or(u64::MAX).min(*ttl_ms);
-                cmd.arg(*ttl_ms).arg(&sent.id).arg(id_ttl_ms);
+                cmd.arg(*ttl_ms);
+                let metadata = from.metadata.is_some() || to.metadata.is_some();
+                let again = sent.again.load(Ordering::Relaxed);
+                match self.connection.keyspace() {
+                    // A cluster client may send it again unseen: its id is kept while the
+                    // transfer may be sent again (its timeout, at most the lease's TTL).
+                    Keyspace::Slotted => {
+                        let resend_ms = u64::try_from(self.connection.timeout().as_millis());
+                        cmd.arg(&sent.id)
+                            .arg(resend_ms.unwrap_or(u64::MAX).min(*ttl_ms))
+                    }
+                    // Only `send` sends it again here, and says so. Every argument costs Redis
+                    // to hand the script: none stands for a first send without metadata.
+                    Keyspace::Single if metadata => {
+                        cmd.arg(if again { "again" } else { "" }).arg("")
+                    }
+                    Keyspace::Single if again => cmd.arg("again"),
+                    Keyspace::Single => cmd,
+                };
                 match (&from.metadata, &to.metadata) {
                     (_, Some(to_metadata)) => cmd.arg(from.metadata_arg()).arg(to_metadata),
                     (Some(from_metadata), None) => cmd.arg(from_metadata),
