@@ -39,7 +39,6 @@ const SHA = await load(OURS_LUA), MASTRA_SHA = await load(MASTRA_LUA);
 // refresh, or after a claim beside leftovers), EVALSHA of our scripts for the rest, GET for
 // the owner: the same round trips and the same work in Redis as ours. Its token keys share one
 // counter (`{0}`); ours use one per hash slot, which a single server does not tell apart.
-let transfers = 0;
 class NodeRedisOneRT {
   constructor(client, prefix) {
     this.c = client; this.p = `${prefix}:lease:`; this.m = `${prefix}:lease-metadata:`; this.f = `${prefix}:fence:{0}`;
@@ -66,9 +65,9 @@ class NodeRedisOneRT {
   async renewLease(key, owner, ttl) {
     return (await this.c.evalSha(SHA.renew, { keys: this.keys(key).slice(0, 3), arguments: [owner, String(ttl)] })) === 1;
   }
+  // On one server a first send keeps no id (see transfer.lua): the arguments ours sends.
   async transferLease(key, from, to, ttl) {
-    const id = `t${++transfers}`;
-    return (await this.c.evalSha(SHA.transfer, { keys: this.keys(key), arguments: [from, to, String(ttl), id, '2000'] })) === 1;
+    return (await this.c.evalSha(SHA.transfer, { keys: this.keys(key), arguments: [from, to, String(ttl)] })) === 1;
   }
   async close() { await this.c.close(); }
 }

@@ -7,8 +7,9 @@
 //!   key's slot, as the token key is: one script reads and writes both.
 //! - `<keyPrefix>:fence:{<tag>}:<key>`: the token of the live lease, with the same expiry, as
 //!   `<token>:<transfer id>:<holder>`; naming its holder, it is never read as the token of a
-//!   grant another client wrote to the lease key alone. For a lease without a token it holds
-//!   the last transfer's id alone, and lives only while that transfer may be sent again.
+//!   grant another client wrote to the lease key alone. For a lease without a token on a
+//!   Redis Cluster, it holds the last transfer's id alone, and lives only while that transfer
+//!   may be sent again (the cluster client may resend it unseen; see `transfer.lua`).
 //! - `<keyPrefix>:fence:{<tag>}`: the counter every token of that hash slot comes from; it
 //!   never expires, so a token is greater than every one granted before for the key.
 //!

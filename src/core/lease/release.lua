@@ -12,10 +12,20 @@
 -- Atomically: the check of the holder and the delete are one step, so a lease another
 -- holder acquired or renewed in between is never deleted. The slot's counter stays: the
 -- next fenced claim's token is still greater.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] or (redis.call('GET', KEYS[2]) or '') ~= (ARGV[2] or '') then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+-- Mastra's own releases: no metadata, and (one command where a read and two deletes would
+-- do) no companion key beside the lease. (pcall: a user whose ACL lacks EXISTS takes the read
+-- below.)
+if not ARGV[2] and redis.pcall('EXISTS', KEYS[2], KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[1])
+else
+  if (redis.call('GET', KEYS[2]) or '') ~= (ARGV[2] or '') then
+    return 0
+  end
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+end
 -- pcall: a publish that fails (SPUBLISH came with Redis 7.0; a service or an ACL may refuse
 -- both) must not fail the release; waiters then wake at the lease's TTL.
 if type(redis.pcall('SPUBLISH', KEYS[1], 'released')) == 'table' then
