@@ -128,8 +128,10 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     expect(warning!.message).toContain('allkeys-lru')
     expect(warning!.message).toContain('noeviction')
     expect(warning!.fields).toEqual({ code: CODE, maxmemory: MAXMEMORY, maxmemoryPolicy: 'allkeys-lru' })
-    // One INFO for the one connection, not one per call (510 calls were made).
-    expect(await infos()).toBe(1)
+    // One INFO per connection (the calls share two, by key), not one per call (510 calls
+    // were made).
+    expect(await infos()).toBeGreaterThanOrEqual(1)
+    expect(await infos()).toBeLessThanOrEqual(2)
   })
 
   it('volatile-lru warns too, and says why: every lease has a TTL', async () => {
@@ -143,7 +145,7 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     expect(logger.warnings[0]!.fields?.maxmemoryPolicy).toBe('volatile-lru')
   })
 
-  it('noeviction with maxmemory set: the policy is read once and nothing is reported', async () => {
+  it('noeviction with maxmemory set: the policy is read once per connection and nothing is reported', async () => {
     const server = await serverWith('noeviction')
     const infos = await infoCounter(server)
     const logger = new CollectingLogger()
@@ -153,10 +155,12 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     await everyMethod(p, uniqueKey('evict-none'))
     await sleep(200)
     expect(logger.lines).toEqual([])
-    expect(await infos()).toBe(1)
+    // One INFO per connection: the calls share two, by key.
+    expect(await infos()).toBeGreaterThanOrEqual(1)
+    expect(await infos()).toBeLessThanOrEqual(2)
   })
 
-  it('maxmemory 0 (no limit) with allkeys-lru: the policy is read once and nothing is reported', async () => {
+  it('maxmemory 0 (no limit) with allkeys-lru: the policy is read once per connection and nothing is reported', async () => {
     const server = await serverWith('allkeys-lru', 0)
     const infos = await infoCounter(server)
     const logger = new CollectingLogger()
@@ -165,7 +169,9 @@ describe.skipIf(EXTERNAL_REDIS)('eviction policy warning', () => {
     await until('the INFO read', async () => (await infos()) >= 1)
     await sleep(200)
     expect(logger.lines).toEqual([])
-    expect(await infos()).toBe(1)
+    // One INFO per connection: the calls share two, by key.
+    expect(await infos()).toBeGreaterThanOrEqual(1)
+    expect(await infos()).toBeLessThanOrEqual(2)
   })
 
   it('a user denied INFO gets no warning, one debug note, and every call works', async () => {

@@ -91,7 +91,9 @@ impl RedisLeaseProvider {
                 let log = JsLog::logger_or_process(raw, logger)?;
                 let _context = runtime()?.enter();
                 options.connection.reactor = node_loop(raw);
-                let store = RedisStore::new(options)?;
+                let connection = options.connection.clone();
+                let mut store = RedisStore::new(options)?;
+                store.spread_over(&connection)?;
                 if let Some(log) = log {
                     store.connection().set_logger(Arc::new(log));
                 }

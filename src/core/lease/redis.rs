@@ -65,11 +65,15 @@ impl Default for RedisOptions {
     }
 }
 
-/// A lease store in Redis. Cheap to share behind an `Arc`; all calls multiplex over one
-/// connection, so calls made at the same time are pipelined.
+/// A lease store in Redis. Cheap to share behind an `Arc`; calls multiplex over one
+/// connection (or, on Node's loop, two: see [`RedisStore::spread_over`]), so calls made at the
+/// same time are pipelined.
 #[derive(Debug)]
 pub struct RedisStore {
     connection: Arc<Connection>,
+    /// Connections beside `connection` that the calls are spread over, a key's calls always on
+    /// the same one.
+    beside: Vec<Connection>,
     layout: Layout,
     limits: Limits,
     replication: Option<Replication>,
@@ -127,6 +131,7 @@ impl RedisStore {
         Ok(Self {
             layout: Layout::new(&key_prefix, connection.keyspace())?,
             connection,
+            beside: Vec::new(),
             limits,
             replication: None,
             plain_acquire: AtomicBool::new(true),
@@ -146,9 +151,38 @@ impl RedisStore {
         &self.limits
     }
 
-    /// The connection the calls go through.
+    /// The connection the calls go through (the first, when they are spread over more).
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// Spreads the calls over a second connection beside the first, when one can be opened
+    /// on the first's reactor (one server at a `redis://` address, on Node's loop): a key's
+    /// calls always go on the same one, so they still take effect in the order they were
+    /// made. With many calls in flight on one connection, Redis and this process take turns,
+    /// each idle while the other works (a turn's pipeline, then its answers); over two, each
+    /// works on one connection's calls while the other's are away. It opens on first use.
+    pub fn spread_over(&mut self, options: &ConnectionOptions) -> Result<()> {
+        if self.replication.is_none() {
+            self.beside.extend(self.connection.beside(options)?);
+        }
+        Ok(())
+    }
+
+    /// Closes every connection the calls go through.
+    pub fn close(&self) {
+        self.connection.close();
+        for connection in &self.beside {
+            connection.close();
+        }
+    }
+
+    /// The connection the pipeline `on` goes through.
+    fn on(&self, on: usize) -> &Connection {
+        match on {
+            0 => &self.connection,
+            n => &self.beside[n - 1],
+        }
     }
 
     /// Runs one call (for tests).
@@ -258,7 +292,7 @@ impl RedisStore {
                         .await
                 }
                 None => self
-                    .connection
+                    .on(pipeline.on)
                     .run_within(budget, |mut link| async move {
                         self.passes(&mut link, calls, pipeline).await
                     })

@@ -84,6 +84,7 @@ impl RedisStreamsTransport {
                 };
                 let mut store = RedisStore::with_connection(leases, key_prefix, limits)?;
                 store.set_replication(replication);
+                store.spread_over(&on_loop)?;
                 if zero_attempts {
                     let warning = Notice::new(
                         Level::Warn,
@@ -496,8 +497,8 @@ impl RedisStreamsTransport {
                 );
                 drop((publishes, settling));
                 open.pubsub.close().await;
-                // The lease calls' connection, when it is one of their own.
-                store.connection().close();
+                // The lease calls' connections, when they are their own.
+                store.close();
                 Ok(Reply::Undefined)
             }),
         )

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Call, RedisStore, Sent};
+use crate::core::connection::slot;
 
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
@@ -38,9 +39,14 @@ impl RedisStore {
                     continue;
                 }
                 let confirm = confirmed.contains(key);
+                // Grants confirmed by replicas go on links lent by the first connection.
+                let on = match (confirm, self.beside.len()) {
+                    (true, _) | (false, 0) => 0,
+                    (false, n) => usize::from(slot(key.as_bytes())) % (n + 1),
+                };
                 let open = pipelines[first..]
                     .iter()
-                    .rposition(|p| p.confirm == confirm && p.keys < size);
+                    .rposition(|p| p.confirm == confirm && p.on == on && p.keys < size);
                 let at = match open {
                     Some(at) => first + at,
                     None => {
@@ -49,6 +55,7 @@ impl RedisStore {
                             keys: 0,
                             keys_repeat: false,
                             confirm,
+                            on,
                         });
                         pipelines.len() - 1
                     }
@@ -87,6 +94,8 @@ pub(super) struct Part {
     /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
     /// a lent link, the grants confirmed there.
     pub(super) confirm: bool,
+    /// The connection it goes through: 0 the store's first, n its n-th beside it.
+    pub(super) on: usize,
 }
 
 /// For each call at `sent`: whether its key has another call among them.
