@@ -1,9 +1,9 @@
 // How many Redis connections RedisStreamsPubSub holds. Mastra opens subscriptions per run
 // (workflow watchers, abort listeners, thread streams), so they must not each cost a
 // connection: fan-out subscriptions of every topic share one reader, a consumer group is one
-// reader per topic and group, publishes go on one more, and lease calls on one of their own,
-// on Node's loop, once made (on one server at a redis:// URL; elsewhere they share the
-// publishes' one). Counted with CLIENT LIST on a server of each test's own, by the connection
+// reader per topic and group, publishes go on one more, and lease calls on two of their own,
+// on Node's loop, each opened by its first call (a key's calls go on one of them; on one
+// server at a redis:// URL; elsewhere they share the publishes' one). Counted with CLIENT LIST on a server of each test's own, by the connection
 // name.
 import { randomUUID } from 'node:crypto'
 
@@ -53,8 +53,10 @@ async function settleAt(on: RedisServer, name: string, count: number, ms = 2_000
 
 const uniqueName = () => `ml-${randomUUID().slice(0, 8)}`
 
-/** The connection lease calls add once made: one of their own on Node's loop, on one server at a redis:// URL. */
+/** The connections lease calls add once made: their own on Node's loop, on one server at a redis:// URL. */
 const leaseConnection = (on: RedisServer) => (on.url.startsWith('redis://') ? 1 : 0)
+/** Lease calls on many keys: spread over two connections of their own by key, where they have their own. */
+const leaseCallsOnManyKeys = (pubsub: RedisStreamsPubSub) => Promise.all(Array.from({ length: 16 }, (_, i) => pubsub.getLeaseOwner(`thread-${i}`)))
 
 describe('connections of RedisStreamsPubSub', () => {
   it('200 fan-out subscriptions over 20 topics, and 5 consumer groups, hold 7 connections: one shared, one fan-out reader, one per group (within the documented 25); lease calls add their own', async () => {
@@ -81,6 +83,10 @@ describe('connections of RedisStreamsPubSub', () => {
     expect(inboxes.every((inbox) => inbox.events.length === 1)).toBe(true)
     await pubsub.acquireLease('thread', 'run', 10_000)
     expect(await settleAt(redis, name, 7 + leaseConnection(redis))).toBe(7 + leaseConnection(redis))
+    // On many keys, they open a second, and no more.
+    await leaseCallsOnManyKeys(pubsub)
+    await leaseCallsOnManyKeys(pubsub)
+    expect(await settleAt(redis, name, 7 + 2 * leaseConnection(redis))).toBe(7 + 2 * leaseConnection(redis))
   })
 
   it('unsubscribing the last callback of a topic stops reading it; the last fan-out subscription gone, its reader closes its connection', async () => {
@@ -133,7 +139,8 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'workers' })
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await settleAt(redis, name, 4 + leaseConnection(redis))).toBe(4 + leaseConnection(redis))
+    await leaseCallsOnManyKeys(pubsub)
+    expect(await settleAt(redis, name, 4 + 2 * leaseConnection(redis))).toBe(4 + 2 * leaseConnection(redis))
     await pubsub.close()
     // The server takes a moment to notice a closed socket; nothing is open on our side.
     expect(await settleAt(redis, name, 0, 500)).toBe(0)
