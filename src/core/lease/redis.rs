@@ -23,7 +23,7 @@ use serde_json::Value as Json;
 
 use super::keys::Layout;
 use super::{Answer, Answered, Call, Limits};
-use crate::core::connection::{parse, Connection, ConnectionOptions, Link};
+use crate::core::connection::{parse, slot, Connection, ConnectionOptions, Keyspace, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts;
@@ -177,6 +177,14 @@ impl RedisStore {
         }
     }
 
+    /// The connection `key`'s calls go through: 0 the first, n the n-th beside it.
+    fn connection_of(&self, key: &str) -> usize {
+        match self.beside.len() {
+            0 => 0,
+            n => usize::from(slot(key.as_bytes())) % (n + 1),
+        }
+    }
+
     /// The connection the pipeline `on` goes through.
     fn on(&self, on: usize) -> &Connection {
         match on {
@@ -239,7 +247,11 @@ impl RedisStore {
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
         let started = Instant::now();
         let deadline = started + self.connection.timeout();
-        let calls: Vec<Sent> = calls.into_iter().map(Sent::new).collect();
+        let keeps_ids = self.connection.keyspace() == Keyspace::Slotted;
+        let calls: Vec<Sent> = calls
+            .into_iter()
+            .map(|call| Sent::new(call, keeps_ids))
+            .collect();
         let report = |answers: Vec<(usize, Result<Answer>)>| {
             self.report_failures(&calls, &answers);
             answered(answers);
@@ -481,8 +493,9 @@ struct Timing {
     deadline: Instant,
 }
 
-/// A call on its way, with the id a transfer carries on every send of it, and whether it is
-/// being sent again after a connection broke under it.
+/// A call on its way, with the id a transfer carries on every send of it where Redis keeps
+/// it (on a cluster, see `transfer.lua`), and whether it is being sent again after a
+/// connection broke under it.
 struct Sent {
     call: Call,
     id: String,
@@ -490,9 +503,9 @@ struct Sent {
 }
 
 impl Sent {
-    fn new(call: Call) -> Self {
+    fn new(call: Call, keeps_ids: bool) -> Self {
         let id = match call {
-            Call::Transfer { .. } => crate::core::unique_id(),
+            Call::Transfer { .. } if keeps_ids => crate::core::unique_id(),
             _ => String::new(),
         };
         let again = AtomicBool::new(false);

@@ -4,7 +4,6 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Call, RedisStore, Sent};
-use crate::core::connection::slot;
 
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
@@ -39,11 +38,7 @@ impl RedisStore {
                     continue;
                 }
                 let confirm = confirmed.contains(key);
-                // Grants confirmed by replicas go on links lent by the first connection.
-                let on = match (confirm, self.beside.len()) {
-                    (true, _) | (false, 0) => 0,
-                    (false, n) => usize::from(slot(key.as_bytes())) % (n + 1),
-                };
+                let on = self.connection_of(key);
                 let open = pipelines[first..]
                     .iter()
                     .rposition(|p| p.confirm == confirm && p.on == on && p.keys < size);
@@ -94,7 +89,8 @@ pub(super) struct Part {
     /// One of the calls on every key here may grant a lease, under `minReplicas`: they go on
     /// a lent link, the grants confirmed there.
     pub(super) confirm: bool,
-    /// The connection it goes through: 0 the store's first, n its n-th beside it.
+    /// The connection it goes through: 0 the store's first, n its n-th beside it (a part to
+    /// confirm goes on a link the first lends).
     pub(super) on: usize,
 }
 
