@@ -7,7 +7,7 @@ use redis::{Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::{RedisStore, Sent};
-use crate::core::connection::{parse, Keyspace};
+use crate::core::connection::parse;
 use crate::core::lease::{Answer, Call, Grant, Holder, Lease};
 use crate::core::log::{Level, Notice};
 use crate::core::scripts::{self, Lua};
@@ -140,22 +140,19 @@ impl RedisStore {
                 cmd.arg(*ttl_ms);
                 let metadata = from.metadata.is_some() || to.metadata.is_some();
                 let again = sent.again.load(Ordering::Relaxed);
-                match self.connection.keyspace() {
-                    // A cluster client may send it again unseen: its id is kept while the
-                    // transfer may be sent again (its timeout, at most the lease's TTL).
-                    Keyspace::Slotted => {
-                        let resend_ms = u64::try_from(self.connection.timeout().as_millis());
-                        cmd.arg(&sent.id)
-                            .arg(resend_ms.unwrap_or(u64::MAX).min(*ttl_ms))
-                    }
+                if !sent.id.is_empty() {
+                    // Its id, where the client may send it again unseen (a cluster): kept
+                    // while the transfer may be sent again (its timeout, at most the TTL).
+                    let resend_ms = u64::try_from(self.connection.timeout().as_millis());
+                    cmd.arg(&sent.id)
+                        .arg(resend_ms.unwrap_or(u64::MAX).min(*ttl_ms));
+                } else if metadata {
                     // Only `send` sends it again here, and says so. Every argument costs Redis
                     // to hand the script: none stands for a first send without metadata.
-                    Keyspace::Single if metadata => {
-                        cmd.arg(if again { "again" } else { "" }).arg("")
-                    }
-                    Keyspace::Single if again => cmd.arg("again"),
-                    Keyspace::Single => cmd,
-                };
+                    cmd.arg(if again { "again" } else { "" }).arg("");
+                } else if again {
+                    cmd.arg("again");
+                }
                 match (&from.metadata, &to.metadata) {
                     (_, Some(to_metadata)) => cmd.arg(from.metadata_arg()).arg(to_metadata),
                     (Some(from_metadata), None) => cmd.arg(from_metadata),
