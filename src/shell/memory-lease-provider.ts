@@ -32,6 +32,11 @@ function sweepEvery(table: Table): ReturnType<typeof setInterval> {
 // closure is slower per call. They take the table as `this`, so the tracer calls them as it
 // calls any provider's methods, without a closure either.
 
+// A settled promise never changes, so the answers that carry no object (a renewal's or a
+// transfer's boolean, a release's nothing) share one each instead of making one per call: V8
+// then allocates nothing for them (docs/benchmarks.md, "sixth round").
+const settled = { true: Promise.resolve(true), false: Promise.resolve(false), nothing: Promise.resolve() } as const
+
 /**
  * The grant of an acquire as the table answers it, granted (`true`, or a fenced acquire's
  * token) or refused (the holder's owner): the one place the shell makes one. A fenced grant
@@ -84,7 +89,8 @@ function recordOf(this: Table, key: string): Promise<LeaseRecord | undefined> {
 
 function release(this: Table, key: string, owner: string, metadata?: string): Promise<void> {
   try {
-    return Promise.resolve(this.releaseLease(key, owner, metadata))
+    this.releaseLease(key, owner, metadata)
+    return settled.nothing
   } catch (error) {
     return Promise.reject(error)
   }
@@ -92,7 +98,7 @@ function release(this: Table, key: string, owner: string, metadata?: string): Pr
 
 function renew(this: Table, key: string, owner: string, ttlMs: number, metadata?: string): Promise<boolean> {
   try {
-    return Promise.resolve(this.renewLease(key, owner, ttlMs, metadata))
+    return this.renewLease(key, owner, ttlMs, metadata) ? settled.true : settled.false
   } catch (error) {
     return Promise.reject(error)
   }
@@ -108,7 +114,7 @@ function transfer(
   toMetadata?: string,
 ): Promise<boolean> {
   try {
-    return Promise.resolve(this.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata))
+    return this.transferLease(key, fromOwner, toOwner, ttlMs, fromMetadata, toMetadata) ? settled.true : settled.false
   } catch (error) {
     return Promise.reject(error)
   }
