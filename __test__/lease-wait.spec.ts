@@ -231,8 +231,8 @@ describe.skipIf(EXTERNAL_REDIS)('waiting on Redis', () => {
     await waiting.done
     const woken = leaseCommands(await server.commandCalls()) - before
     await annotate(`commands in 2 s of waiting: ${during}; from the release to the grant, the release's included: ${woken}`)
-    // The release (EVALSHA, and the GET, DEL, SPUBLISH inside it) and the waiter's acquire
-    // (EVALSHA and the commands inside): no loop.
+    // The release of a lease a waiter marked (EVALSHA, and the GET, EXISTS, GET, DEL, SPUBLISH
+    // inside it) and the waiter's acquire (EVALSHA and the commands inside): no loop.
     expect(woken).toBeLessThanOrEqual(12)
     expect(waiting.lease).toMatchObject({ owner: 'B' })
     await waiting.lease!.release()

@@ -85,11 +85,17 @@ describe('RedisLeaseProvider', () => {
       expect(await server.cli('EXISTS', redisKey)).toBe(0)
     })
 
-    it('writes only the lease key through a lifecycle as Mastra calls it, a transfer included, as Mastra’s own backend does', async () => {
+    it('writes only the lease key through a lifecycle as Mastra calls it, a transfer included, and publishes nothing, as Mastra’s own backend does', async () => {
       const prefix = `lifecycle:${randomUUID()}`
       const p = provider({ url: server.url, keyPrefix: prefix })
       const key = `${uniqueKey('lifecycle')}\0thread`
       const keys = async () => ((await server.cli('KEYS', `${prefix}:*`)) as string[]).sort()
+      // Nobody waits for the lease: its transfer and release wake nobody (docs/waiting.md).
+      const publishes = async () => {
+        const calls = await server.commandCalls()
+        return (calls['spublish'] ?? 0) + (calls['publish'] ?? 0)
+      }
+      const published = await publishes()
       expect(await p.acquireLease(key, 'A', LONG)).toStrictEqual({ acquired: true, owner: 'A' })
       expect(await p.renewLease(key, 'A', LONG)).toBe(true)
       expect(await p.transferLease(key, 'A', 'B', LONG)).toBe(true)
@@ -99,6 +105,8 @@ describe('RedisLeaseProvider', () => {
       expect(await keys()).toEqual([`${prefix}:lease:${key}`])
       await p.releaseLease(key, 'B')
       expect(await keys()).toEqual([])
+      // (Another suite may publish on a shared external server meanwhile.)
+      if (!EXTERNAL_REDIS) expect(await publishes()).toBe(published)
     })
 
     it('sees a lease expire when Redis expires it', async () => {

@@ -1,6 +1,7 @@
 //! Shard channels listened to on a connection of their own, for wake-ups: a lease's release
-//! and transfer scripts publish on the lease key's name (`SPUBLISH`, in the key's own slot),
-//! and a process waiting for the key hears it here at once instead of polling.
+//! and transfer scripts publish on the lease key's name (`SPUBLISH`, in the key's own slot)
+//! when a waiter marked the lease, and a process waiting for the key hears it here at once
+//! instead of polling.
 //!
 //! One RESP3 connection per [`Connection`](super::Connection), opened on the first
 //! [`Listener::listen`]; every channel is subscribed once (`SSUBSCRIBE`), however many listen
@@ -175,6 +176,11 @@ impl Listener {
                 }
             });
         }
+    }
+
+    /// Whether `channel` has a listener.
+    pub fn listens(&self, channel: &[u8]) -> bool {
+        lock(&self.shared.channels).contains_key(channel)
     }
 
     /// Removes listener `id`; answers whether its channel has no listener left.

@@ -287,6 +287,11 @@ impl Connection {
         self.listener.unlisten(channel, id);
     }
 
+    /// Whether someone in this process listens to `channel`.
+    pub fn listens(&self, channel: &[u8]) -> bool {
+        self.listener.listens(channel)
+    }
+
     /// Wakes every listener once more, forgets them all and closes the listening connection,
     /// for good: for an owner that takes no more listeners.
     pub fn close_listener(&self) {

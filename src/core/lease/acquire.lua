@@ -6,7 +6,8 @@
 -- KEYS[3]  the lease's token key (<keyPrefix>:fence:{<tag>}:<key>), same expiry, holding
 --          "<token>:<transfer id>:<holder>" (the id empty but after a transfer on a cluster,
 --          the token empty for a lease without one; such a key, holding only a transfer's
---          id, lives only while the transfer may be sent again)
+--          id, lives only while the transfer may be sent again, or a waiter marked the lease;
+--          "::", naming no holder, is a waiter's mark: see lease.lua)
 -- KEYS[4]  the slot's token counter (<keyPrefix>:fence:{<tag>}), never expires
 -- ARGV[1]  owner
 -- ARGV[2]  ttl in milliseconds (validated by the caller: 1..maxTtlMs)

@@ -9,7 +9,10 @@
 //!   `<token>:<transfer id>:<holder>`; naming its holder, it is never read as the token of a
 //!   grant another client wrote to the lease key alone. For a lease without a token on a
 //!   Redis Cluster, it holds the last transfer's id alone, and lives only while that transfer
-//!   may be sent again (the cluster client may resend it unseen; see `transfer.lua`).
+//!   may be sent again (the cluster client may resend it unseen; see `transfer.lua`). For a
+//!   lease without a token that a waiter waits for, `::`, naming no holder: the mark that
+//!   makes its release publish (`lease.lua`; a transfer's id marks the lease too, kept then
+//!   as long as the lease).
 //! - `<keyPrefix>:fence:{<tag>}`: the counter every token of that hash slot comes from; it
 //!   never expires, so a token is greater than every one granted before for the key.
 //!

@@ -27,9 +27,11 @@
 -- meanwhile, it holds it all the same); an id kept in the token key, for a fenced lease or
 -- for none, is found there. Any other transfer that finds the new holder already holding the
 -- lease answers 0. Without a token and without a kept id, the lease handed over is its key
--- alone, as Mastra's own backend leaves it. A transfer publishes "transferred" on the lease
--- key's name, as a release does, on the classic channel where SPUBLISH is refused (waiters
--- look again; the key is not free, but its holder changed).
+-- alone, as Mastra's own backend leaves it. A transfer of a lease with a companion key
+-- publishes "transferred" on the lease key's name, as a release does, on the classic channel
+-- where SPUBLISH is refused (waiters look again; the key is not free, but its holder
+-- changed); a lease without one is waited for by nobody (see release.lua), and publishes
+-- nothing.
 local fromMetadata, toMetadata = ARGV[6] or '', ARGV[7] or ''
 local again = ARGV[4] == 'again'
 local id = not again and ARGV[4] or ''
@@ -37,12 +39,13 @@ local keep = id ~= '' and ARGV[5]
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] and fromMetadata == '' and toMetadata == ''
     and redis.pcall('EXISTS', KEYS[2], KEYS[3]) == 0 then
-  -- Mastra's own transfers: no metadata either side, no token, no companion key to read
-  -- (pcall: a user whose ACL lacks EXISTS takes the reads below).
+  -- Mastra's own transfers: no metadata either side, no token, no companion key to read,
+  -- nobody waiting (pcall: a user whose ACL lacks EXISTS takes the reads below).
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   if keep then
     redis.call('SET', KEYS[3], ':' .. id .. ':' .. ARGV[2], 'PX', keep)
   end
+  return 1
 else
   local metadata = redis.call('GET', KEYS[2]) or ''
   local fence = redis.call('GET', KEYS[3])

@@ -61,7 +61,13 @@ impl RedisStore {
             }
             Call::Lease { key } => {
                 let k = self.layout.keys(key);
-                self.evalsha(pipe, call, [k.lease, k.token]);
+                // A waiter reads the lease it was refused before it waits: a key this process
+                // listens to is marked waited for, so its release publishes (lease.lua).
+                let waiting = self.connection.listens(&k.lease);
+                let cmd = self.evalsha(pipe, call, [k.lease, k.token]);
+                if waiting {
+                    cmd.arg("waiting");
+                }
             }
             Call::Record { key } => {
                 let k = self.layout.keys(key);

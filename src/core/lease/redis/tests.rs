@@ -759,6 +759,89 @@ async fn a_watcher_is_woken_by_a_release_and_a_transfer_and_not_by_acquires_or_r
 }
 
 #[tokio::test]
+async fn a_lease_nobody_waits_for_publishes_nothing_and_a_waiters_read_marks_it_for_as_long_as_it_lives(
+) {
+    let server = Server::start("lease-watch-mark");
+    let store = store(&server, Duration::from_secs(2));
+    let (wake, mut heard) = counting();
+    store.watch("k", wake).await.unwrap();
+    let lifecycle = [
+        plain("k", Holder::new("a"), 10_000),
+        Call::Transfer {
+            key: "k".into(),
+            from: Holder::new("a"),
+            to: Holder::new("b"),
+            ttl_ms: 10_000,
+        },
+        Call::Release {
+            key: "k".into(),
+            holder: Holder::new("b"),
+        },
+    ];
+    for call in lifecycle {
+        assert!(matches!(
+            store.execute_one(call).await,
+            Ok(Answer::Grant(_) | Answer::Transferred(true) | Answer::Released(true))
+        ));
+    }
+    assert!(
+        !woken(&mut heard, 1).await,
+        "Mastra's lifecycle, with nobody reading the lease to wait, publishes nothing"
+    );
+    let token_key = String::from_utf8(store.layout().keys("k").token).unwrap();
+    let token_key = token_key.as_str();
+    store
+        .execute_one(plain("k", Holder::new("a"), 10_000))
+        .await
+        .unwrap();
+    // Another provider's read, listening to nothing, marks nothing.
+    let other = self::store(&server, Duration::from_secs(2));
+    other.execute_one(lease("k")).await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", token_key]), "0");
+    // A waiter's read marks it with the lease's expiry: a renewal does not extend the mark.
+    store.execute_one(lease("k")).await.unwrap();
+    assert_eq!(server.cli(&["GET", token_key]), "::");
+    let mark = server.cli(&["PEXPIRETIME", token_key]);
+    assert_eq!(
+        mark,
+        server.cli(&["PEXPIRETIME", "t:lease:k"]),
+        "the lease's expiry"
+    );
+    let renew = Call::Renew {
+        key: "k".into(),
+        holder: Holder::new("a"),
+        ttl_ms: 60_000,
+    };
+    assert!(matches!(
+        store.execute_one(renew).await,
+        Ok(Answer::Renewed(true))
+    ));
+    assert_eq!(
+        server.cli(&["PEXPIRETIME", token_key]),
+        mark,
+        "not extended"
+    );
+    assert!(matches!(
+        store.execute_one(lease("k")).await,
+        Ok(Answer::Lease(Some(Lease { token: None, .. })))
+    ));
+    let release = Call::Release {
+        key: "k".into(),
+        holder: Holder::new("a"),
+    };
+    store.execute_one(release).await.unwrap();
+    assert!(
+        woken(&mut heard, 1).await,
+        "the marked lease's release woke the watcher"
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", token_key]),
+        "0",
+        "the release took the mark"
+    );
+}
+
+#[tokio::test]
 async fn a_watcher_is_woken_once_listening_again_after_the_server_came_back_not_while_it_is_gone() {
     let mut server = Server::start("lease-watch-restart");
     let store = store(&server, Duration::from_secs(2));
