@@ -33,8 +33,8 @@ function sweepEvery(table: Table): ReturnType<typeof setInterval> {
 // calls any provider's methods, without a closure either.
 
 // A settled promise never changes, so the answers that carry no object (a renewal's or a
-// transfer's boolean, a release's nothing) share one each instead of making one per call: V8
-// then allocates nothing for them (docs/benchmarks.md, "sixth round").
+// transfer's boolean, a release's nothing) share one each instead of making a promise per call
+// (docs/benchmarks.md, "sixth round").
 const settled = { true: Promise.resolve(true), false: Promise.resolve(false), nothing: Promise.resolve() } as const
 
 /**

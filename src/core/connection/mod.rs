@@ -287,7 +287,7 @@ impl Connection {
         self.listener.unlisten(channel, id);
     }
 
-    /// Whether someone in this process listens to `channel`.
+    /// Whether a listener of this connection listens to `channel`.
     pub fn listens(&self, channel: &[u8]) -> bool {
         self.listener.listens(channel)
     }
