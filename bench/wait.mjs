@@ -2,9 +2,10 @@
 // that listens compares with one that polls. Run with `node bench/wait.mjs` (after a build).
 // BENCH_SCALE=0.2 shrinks the op counts; REDIS_URL=redis://... uses an existing server.
 //
-// 1. Redis's main-thread CPU per acquire+release cycle (node-redis sending the scripts, 64 in
-//    flight): release.lua as shipped (SPUBLISH on the lease key, nobody listening), against the
-//    same script without that line, in alternating rounds of one run.
+// 1. Redis's main-thread CPU per acquire+release cycle of a fenced lease (node-redis sending the
+//    scripts, 64 in flight): release.lua as shipped (SPUBLISH on the lease key, nobody
+//    listening: a lease with a companion key publishes; one without, Mastra's, never does),
+//    against the same script without that block, in alternating rounds of one run.
 // 2. Handovers between two processes' worth of providers (each its own connection): a holder
 //    takes a key and releases it after a while, a waiter wants it. `hold({ wait: true })`
 //    against a waiter polling `acquireLease` every 50 ms (what an app without notifications
