@@ -23,7 +23,7 @@ use serde_json::Value as Json;
 
 use super::keys::Layout;
 use super::{Answer, Answered, Call, Limits};
-use crate::core::connection::{parse, slot, Connection, ConnectionOptions, Keyspace, Link};
+use crate::core::connection::{parse, Connection, ConnectionOptions, Keyspace, Link};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts;
@@ -177,11 +177,14 @@ impl RedisStore {
         }
     }
 
-    /// The connection `key`'s calls go through: 0 the first, n the n-th beside it.
+    /// The connection `key`'s calls go through: 0 the first, n the n-th beside it. Any hash
+    /// of the key that stays put spreads them: foldhash's, with a fixed seed, is cheaper than
+    /// the key's hash slot (a CRC16, byte by byte).
     fn connection_of(&self, key: &str) -> usize {
+        use std::hash::BuildHasher;
         match self.beside.len() {
             0 => 0,
-            n => usize::from(slot(key.as_bytes())) % (n + 1),
+            n => (foldhash::fast::FixedState::default().hash_one(key) % (n as u64 + 1)) as usize,
         }
     }
 

@@ -135,10 +135,15 @@ impl Crossing {
     /// On Node's thread: settles everything that arrived.
     pub(super) fn settle_arrived(&self, env: Env) {
         self.wake_scheduled.store(false, Ordering::Release);
-        let arrived = std::mem::take(&mut *lock(&self.arrived));
+        let mut arrived = std::mem::take(&mut *lock(&self.arrived));
         let settled = arrived.len();
-        for (deferred, outcome) in arrived {
+        for (deferred, outcome) in arrived.drain(..) {
             js::settle(env, deferred, to_js(env, outcome));
+        }
+        // The list goes back, its room kept for the next outcomes, unless more arrived.
+        let mut slot = lock(&self.arrived);
+        if slot.capacity() == 0 {
+            *slot = arrived;
         }
         if settled > 0 && self.pending.fetch_sub(settled, Ordering::Relaxed) == settled {
             self.tsfn.unref(env);

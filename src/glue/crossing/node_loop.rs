@@ -199,7 +199,8 @@ struct Task {
 struct Local {
     env: Env,
     shared: Arc<Shared>,
-    tasks: HashMap<u64, Task>,
+    /// By id: ids count up from 1, so a fixed hash seed is as good as a random one.
+    tasks: HashMap<u64, Task, foldhash::fast::FixedState>,
     next: u64,
     /// For settling promises from libuv's callbacks.
     context: js::AsyncContext,
@@ -211,6 +212,8 @@ thread_local! {
     static DRAINING: Cell<bool> = const { Cell::new(false) };
     /// Crossings with outcomes to settle once the tasks are polled.
     static SETTLE: RefCell<Vec<Arc<Crossing>>> = const { RefCell::new(Vec::new()) };
+    /// The lists [`drain`] swaps with the shared ones, empty, their room kept between drains.
+    static SPARE: Cell<(Vec<BoxFuture<'static, ()>>, Vec<u64>)> = const { Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// On Node's thread, while this loop polls its tasks: `crossing` settles what arrived once
@@ -227,7 +230,7 @@ pub(super) fn settle_after(crossing: &Arc<Crossing>) -> bool {
 /// (`scoped`), so promise reactions run as it closes; as they are within a turn of
 /// JavaScript otherwise.
 fn settle(scoped: bool) {
-    let crossings = SETTLE.with(|settle| std::mem::take(&mut *settle.borrow_mut()));
+    let mut crossings = SETTLE.with(|settle| std::mem::take(&mut *settle.borrow_mut()));
     if crossings.is_empty() {
         return;
     }
@@ -242,6 +245,15 @@ fn settle(scoped: bool) {
         true => js::in_callback_scope(env, &context, settle_all),
         false => settle_all(),
     }
+    // The list goes back for the next drain, its room kept, unless settling made another.
+    crossings.clear();
+    SETTLE.with(|settle| {
+        if let Ok(mut settle) = settle.try_borrow_mut() {
+            if settle.capacity() == 0 {
+                *settle = crossings;
+            }
+        }
+    });
 }
 
 /// Node's event loop, as a [`Reactor`].
@@ -292,7 +304,7 @@ impl NodeLoop {
             *local.borrow_mut() = Some(Local {
                 env,
                 shared: shared.clone(),
-                tasks: HashMap::new(),
+                tasks: HashMap::default(),
                 next: 0,
                 context,
             })
@@ -383,9 +395,12 @@ fn drain() {
     };
     let _context = runtime().ok().map(|runtime| runtime.enter());
     DRAINING.set(true);
+    // Each list is swapped with a spare of the same room, not taken: a wake-up or work handed
+    // in then finds room, where a list taken whole grew from nothing for every call.
+    let (mut incoming, mut woken) = SPARE.take();
     loop {
-        let incoming = std::mem::take(&mut *lock(&shared.incoming));
-        for work in incoming {
+        std::mem::swap(&mut incoming, &mut *lock(&shared.incoming));
+        for work in incoming.drain(..) {
             LOCAL.with(|local| {
                 if let Some(local) = local.borrow_mut().as_mut() {
                     local.next += 1;
@@ -399,11 +414,11 @@ fn drain() {
                 }
             });
         }
-        let woken = std::mem::take(&mut *lock(&shared.woken));
+        std::mem::swap(&mut woken, &mut *lock(&shared.woken));
         if woken.is_empty() {
             break;
         }
-        for id in woken {
+        for id in woken.drain(..) {
             let Some(mut task) = LOCAL.with(|l| l.borrow_mut().as_mut()?.tasks.remove(&id)) else {
                 continue;
             };
@@ -422,6 +437,7 @@ fn drain() {
             // connection's driver closes its socket's handle.
         }
     }
+    SPARE.set((incoming, woken));
     DRAINING.set(false);
 }
 

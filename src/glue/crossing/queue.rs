@@ -65,14 +65,20 @@ impl<T: Send + 'static> Queue<T> {
     /// Sends everything queued as one task. Whatever `send` leaves unanswered (it panicked,
     /// say) rejects with `ERR_LEASE_INTERNAL`.
     fn send(&self) {
-        let batch = std::mem::take(&mut *lock(&self.items));
+        let mut batch = std::mem::take(&mut *lock(&self.items));
         if batch.is_empty() {
             return;
         }
         let (waiting, items): (Vec<Option<Deferred>>, Vec<T>) = batch
-            .into_iter()
+            .drain(..)
             .map(|(deferred, item)| (Some(deferred), item))
             .unzip();
+        // The list goes back, its room kept for the next turn's calls, unless one came since.
+        let mut slot = lock(&self.items);
+        if slot.capacity() == 0 {
+            *slot = batch;
+        }
+        drop(slot);
         let answers = Arc::new(Answers {
             crossing: self.crossing.clone(),
             waiting: Mutex::new(waiting),

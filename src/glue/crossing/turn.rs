@@ -82,15 +82,23 @@ impl Turn {
 
 /// The microtask: runs every job deferred in the turn that just ended.
 unsafe extern "C" fn run(_env: Env, _info: sys::napi_callback_info) -> Value {
-    let jobs = TURN.with(|turn| {
+    let mut jobs = TURN.with(|turn| {
         turn.borrow_mut()
             .as_mut()
             .map(|turn| std::mem::take(&mut turn.jobs))
             .unwrap_or_default()
     });
-    for job in jobs {
+    for job in jobs.drain(..) {
         // A panic must not unwind into Node; jobs do not panic, but be sure.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
     }
+    // The list goes back, its room kept for the next turn, unless a job queued another.
+    TURN.with(|turn| {
+        if let Some(turn) = turn.borrow_mut().as_mut() {
+            if turn.jobs.capacity() == 0 {
+                turn.jobs = jobs;
+            }
+        }
+    });
     ptr::null_mut()
 }

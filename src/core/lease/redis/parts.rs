@@ -1,9 +1,13 @@
 //! How a batch is split into pipelines: a key's calls all in one, a few pipelines at once, one
 //! slot per pipeline on a cluster, and under `minReplicas` the keys a call may grant apart.
 
-use std::collections::{HashMap, HashSet};
+use hashbrown::{HashMap, HashSet};
 
 use super::{Call, RedisStore, Sent};
+
+/// foldhash, seeded per process, rather than std's SipHash: every call's key is hashed here
+/// (as in the in-memory table, `memory.rs`).
+type Hasher = foldhash::fast::RandomState;
 
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
@@ -13,20 +17,20 @@ impl RedisStore {
     pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
         let size = pipeline_size(good.len());
         let confirming = self.replication.is_some();
-        let confirmed: HashSet<&str> = match confirming {
+        let confirmed: HashSet<&str, Hasher> = match confirming {
             true => good
                 .iter()
                 .map(|&i| &calls[i].call)
                 .filter(|call| call.grants())
                 .map(Call::key)
                 .collect(),
-            false => HashSet::new(),
+            false => HashSet::default(),
         };
         let shards = self.connection.by_shard(good.iter().copied(), |&i| {
             self.layout.lease(calls[i].call.key())
         });
         let mut pipelines: Vec<Part> = Vec::new();
-        let mut of_key: HashMap<&str, usize> = HashMap::new();
+        let mut of_key: HashMap<&str, usize, Hasher> = HashMap::default();
         for shard in shards {
             // The pipelines before these hold another shard's keys.
             let first = pipelines.len();
@@ -96,7 +100,7 @@ pub(super) struct Part {
 
 /// For each call at `sent`: whether its key has another call among them.
 pub(super) fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
-    let mut count: HashMap<&str, u32> = HashMap::new();
+    let mut count: HashMap<&str, u32, Hasher> = HashMap::default();
     for &i in sent {
         *count.entry(calls[i].call.key()).or_default() += 1;
     }
