@@ -141,9 +141,11 @@ impl Crossing {
             js::settle(env, deferred, to_js(env, outcome));
         }
         // The list goes back, its room kept for the next outcomes, unless more arrived.
-        let mut slot = lock(&self.arrived);
-        if slot.capacity() == 0 {
-            *slot = arrived;
+        {
+            let mut slot = lock(&self.arrived);
+            if slot.capacity() == 0 {
+                *slot = arrived;
+            }
         }
         if settled > 0 && self.pending.fetch_sub(settled, Ordering::Relaxed) == settled {
             self.tsfn.unref(env);

@@ -74,11 +74,12 @@ impl<T: Send + 'static> Queue<T> {
             .map(|(deferred, item)| (Some(deferred), item))
             .unzip();
         // The list goes back, its room kept for the next turn's calls, unless one came since.
-        let mut slot = lock(&self.items);
-        if slot.capacity() == 0 {
-            *slot = batch;
+        {
+            let mut slot = lock(&self.items);
+            if slot.capacity() == 0 {
+                *slot = batch;
+            }
         }
-        drop(slot);
         let answers = Arc::new(Answers {
             crossing: self.crossing.clone(),
             waiting: Mutex::new(waiting),
