@@ -140,13 +140,7 @@ impl Crossing {
         for (deferred, outcome) in arrived.drain(..) {
             js::settle(env, deferred, to_js(env, outcome));
         }
-        // The list goes back, its room kept for the next outcomes, unless more arrived.
-        {
-            let mut slot = lock(&self.arrived);
-            if slot.capacity() == 0 {
-                *slot = arrived;
-            }
-        }
+        give_back(&mut lock(&self.arrived), arrived);
         if settled > 0 && self.pending.fetch_sub(settled, Ordering::Relaxed) == settled {
             self.tsfn.unref(env);
         }
@@ -213,4 +207,14 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Puts `spent` back, emptied, where it was taken from whole, unless something was added
+/// there since (the slot has room of its own): the crossing's lists are taken once or more
+/// per call, and the next call then finds room where it would grow a list from nothing.
+fn give_back<T>(slot: &mut Vec<T>, mut spent: Vec<T>) {
+    spent.clear();
+    if slot.capacity() == 0 {
+        *slot = spent;
+    }
 }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures::future::BoxFuture;
 use redis::io::tcp::socket2::SockRef;
 
-use super::{thread_mark, Crossing};
+use super::{give_back, thread_mark, Crossing};
 use crate::core::connection::{Reactor, Socket};
 use crate::core::lock;
 use crate::glue::js::{self, Env};
@@ -230,7 +230,7 @@ pub(super) fn settle_after(crossing: &Arc<Crossing>) -> bool {
 /// (`scoped`), so promise reactions run as it closes; as they are within a turn of
 /// JavaScript otherwise.
 fn settle(scoped: bool) {
-    let mut crossings = SETTLE.with(|settle| std::mem::take(&mut *settle.borrow_mut()));
+    let crossings = SETTLE.with(|settle| std::mem::take(&mut *settle.borrow_mut()));
     if crossings.is_empty() {
         return;
     }
@@ -245,13 +245,9 @@ fn settle(scoped: bool) {
         true => js::in_callback_scope(env, &context, settle_all),
         false => settle_all(),
     }
-    // The list goes back for the next drain, its room kept, unless settling made another.
-    crossings.clear();
     SETTLE.with(|settle| {
         if let Ok(mut settle) = settle.try_borrow_mut() {
-            if settle.capacity() == 0 {
-                *settle = crossings;
-            }
+            give_back(&mut settle, crossings);
         }
     });
 }

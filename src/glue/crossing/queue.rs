@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{panic_message, turn, Crossing};
+use super::{give_back, panic_message, turn, Crossing};
 use crate::core::connection::Reactor;
 use crate::core::{lock, Error};
 use crate::glue::js::{Deferred, Env, Value};
@@ -73,13 +73,7 @@ impl<T: Send + 'static> Queue<T> {
             .drain(..)
             .map(|(deferred, item)| (Some(deferred), item))
             .unzip();
-        // The list goes back, its room kept for the next turn's calls, unless one came since.
-        {
-            let mut slot = lock(&self.items);
-            if slot.capacity() == 0 {
-                *slot = batch;
-            }
-        }
+        give_back(&mut lock(&self.items), batch);
         let answers = Arc::new(Answers {
             crossing: self.crossing.clone(),
             waiting: Mutex::new(waiting),

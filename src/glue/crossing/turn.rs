@@ -8,6 +8,7 @@ use std::ptr;
 
 use napi::sys;
 
+use super::give_back;
 use crate::glue::js::{self, Env, Persistent, Value};
 
 /// Work for the end of the turn.
@@ -92,12 +93,9 @@ unsafe extern "C" fn run(_env: Env, _info: sys::napi_callback_info) -> Value {
         // A panic must not unwind into Node; jobs do not panic, but be sure.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
     }
-    // The list goes back, its room kept for the next turn, unless a job queued another.
     TURN.with(|turn| {
         if let Some(turn) = turn.borrow_mut().as_mut() {
-            if turn.jobs.capacity() == 0 {
-                turn.jobs = jobs;
-            }
+            give_back(&mut turn.jobs, jobs);
         }
     });
     ptr::null_mut()
