@@ -10,7 +10,7 @@ import { beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
-import { startRedis, type RedisServer } from './helpers/redis-server.js'
+import { monitor, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 leaseSuite()
 
@@ -63,8 +63,8 @@ describe('lease calls to one server on Node’s own loop', () => {
     expect(woken).toBeLessThan(200)
   })
 
-  it('RedisStreamsPubSub’s lease calls have a connection of their own beside its transport’s, named alike, and close() closes both', async ({ skip }) => {
-    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the lease calls on the transport’s connection')
+  it('RedisStreamsPubSub’s publishes, acks and lease calls share one connection on Node’s loop, named alike, beside the transport’s own and its reader; close() closes them all', async ({ skip }) => {
+    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps every call on the transport’s connection')
     const name = `node-loop-streams-${RUN}`
     const pubsub = new RedisStreamsPubSub({ url: server.url, keyPrefix: `node-loop-streams:${RUN}`, connectionName: name })
     const named = async () => String(await server.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${name} `))
@@ -72,12 +72,65 @@ describe('lease calls to one server on Node’s own loop', () => {
       await pubsub.publish('topic', { type: 't', runId: 'r', data: {} })
       await expect.poll(named, { timeout: 2_000 }).toHaveLength(1)
       expect(await pubsub.acquireLease('k', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
-      await expect.poll(named, { timeout: 2_000 }).toHaveLength(2)
+      await pubsub.publish('topic', { type: 't', runId: 'r', data: {} })
+      expect(await named()).toHaveLength(1)
+      // A group: the transport's own connection creates it, a reader of its own reads it.
+      const acked = new Promise<void>((resolve) => {
+        void pubsub.subscribe('topic', async (_event, ack) => {
+          await ack?.()
+          resolve()
+        }, { group: 'workers', startFrom: 'earliest' })
+      })
+      await acked
+      await expect.poll(named, { timeout: 2_000 }).toHaveLength(3)
     } finally {
       await pubsub.close()
     }
     await expect.poll(named, { timeout: 2_000 }).toHaveLength(0)
     await expect(pubsub.acquireLease('k', 'owner', 10_000)).rejects.toMatchObject({ code: 'ERR_LEASE_CLOSED' })
+  })
+
+  it('RedisStreamsPubSub: 1,000 publishes one after another wake the runtime’s thread fewer than 200 times', async ({ skip }) => {
+    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    const pubsub = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: `node-loop-publish:${RUN}`, maxStreamLength: 0 }))
+    await pubsub.publish('topic', { type: 't', runId: 'r', data: {} })
+    const before = runtimeThreadSwitches()
+    skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    for (let i = 0; i < 1_000; i++) await pubsub.publish('topic', { type: 't', runId: 'r', data: { i } })
+    expect(runtimeThreadSwitches()! - before!).toBeLessThan(200)
+    expect(await server.cli('XLEN', `node-loop-publish:${RUN}:topic`)).toBe(1_001)
+  })
+
+  it('a handler that publishes and then acks in one turn: the publish reaches Redis first, on the same connection, not the reader’s', async () => {
+    const keyPrefix = `node-loop-order:${RUN}`
+    const pubsub = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix }))
+    let handled = 0
+    await pubsub.subscribe('jobs', (event, ack) => {
+      // Neither awaited, as Mastra's workers do: both leave at the turn's end.
+      void pubsub.publish('results', { type: 'done', runId: 'r', data: event.data })
+      void ack?.()
+      handled++
+    }, { group: 'workers' })
+    await pubsub.publish('warm', { type: 't', runId: 'r', data: {} })
+    const watching = monitor(server, 1_500)
+    await new Promise((resolve) => setTimeout(resolve, 200)) // MONITOR is on
+    for (let n = 0; n < 5; n++) await pubsub.publish('jobs', { type: 'job', runId: 'r', data: { n } })
+    await expect.poll(() => handled, { timeout: 2_000 }).toBe(5)
+    const lines = await watching
+    const client = (line: string) => /\[\d+ ([^\]]+)\]/.exec(line)?.[1]
+    const results = lines.filter((l) => l.includes('"XADD"') && l.includes(`"${keyPrefix}:results"`))
+    const acks = lines.filter((l) => l.includes('"XACK"') && l.includes(`"${keyPrefix}:jobs"`))
+    const reads = lines.filter((l) => l.includes('"XREADGROUP"'))
+    expect(results).toHaveLength(5)
+    expect(acks.length).toBeGreaterThanOrEqual(1)
+    expect(reads.length).toBeGreaterThanOrEqual(1)
+    // Each ack is sent after the result published before it in the same turn, by the same client.
+    for (const ack of acks) {
+      const at = lines.indexOf(ack)
+      expect(lines.slice(0, at).some((l) => results.includes(l) && client(l) === client(ack))).toBe(true)
+    }
+    expect(new Set([...results, ...acks].map(client)).size).toBe(1)
+    expect(reads.every((l) => client(l) !== client(acks[0]!))).toBe(true)
   })
 
   it('the connection given up when the server drops it is opened again by the next call, and one turn’s calls still go together in order', async ({ skip }) => {

@@ -1,10 +1,11 @@
 // How many Redis connections RedisStreamsPubSub holds. Mastra opens subscriptions per run
 // (workflow watchers, abort listeners, thread streams), so they must not each cost a
 // connection: fan-out subscriptions of every topic share one reader, a consumer group is one
-// reader per topic and group, publishes go on one more, and lease calls on two of their own,
-// on Node's loop, each opened by its first call (a key's calls go on one of them; on one
-// server at a redis:// URL; elsewhere they share the publishes' one). Counted with CLIENT LIST on a server of each test's own, by the connection
-// name.
+// reader per topic and group, the transport's own commands (creating groups, reclaims,
+// trims) go on one more, and publishes, acks, nacks and lease calls on two of their own, on
+// Node's loop, each opened by its first call (a lease key's calls go on one of them; on one
+// server at a redis:// URL; elsewhere they all share the transport's one). Counted with
+// CLIENT LIST on a server of each test's own, by the connection name.
 import { randomUUID } from 'node:crypto'
 
 import { afterEach, describe, expect, it } from 'vitest'
@@ -53,13 +54,13 @@ async function settleAt(on: RedisServer, name: string, count: number, ms = 2_000
 
 const uniqueName = () => `ml-${randomUUID().slice(0, 8)}`
 
-/** The connections lease calls add once made: their own on Node's loop, on one server at a redis:// URL. */
-const leaseConnection = (on: RedisServer) => (on.url.startsWith('redis://') ? 1 : 0)
+/** The connection publishes and lease calls add once made: their own on Node's loop, on one server at a redis:// URL. */
+const loopConnection = (on: RedisServer) => (on.url.startsWith('redis://') ? 1 : 0)
 /** Lease calls on many keys: spread over two connections of their own by key, where they have their own. */
 const leaseCallsOnManyKeys = (pubsub: RedisStreamsPubSub) => Promise.all(Array.from({ length: 16 }, (_, i) => pubsub.getLeaseOwner(`thread-${i}`)))
 
 describe('connections of RedisStreamsPubSub', () => {
-  it('200 fan-out subscriptions over 20 topics, and 5 consumer groups, hold 7 connections: one shared, one fan-out reader, one per group (within the documented 25); lease calls add their own', async () => {
+  it('200 fan-out subscriptions over 20 topics, and 5 consumer groups, hold 7 connections: one shared, one fan-out reader, one per group (within the documented 25); publishes and lease calls add their own', async () => {
     const redis = await server()
     const name = uniqueName()
     const pubsub = open(redis, name)
@@ -81,12 +82,13 @@ describe('connections of RedisStreamsPubSub', () => {
     await Promise.all(Array.from({ length: 20 }, (_, topic) => pubsub.publish(`topic-${topic}`, ev(topic))))
     await Promise.all(inboxes.map((inbox) => inbox.count(1)))
     expect(inboxes.every((inbox) => inbox.events.length === 1)).toBe(true)
+    expect(await settleAt(redis, name, 7 + loopConnection(redis))).toBe(7 + loopConnection(redis))
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await settleAt(redis, name, 7 + leaseConnection(redis))).toBe(7 + leaseConnection(redis))
-    // On many keys, they open a second, and no more.
+    expect(await settleAt(redis, name, 7 + loopConnection(redis))).toBe(7 + loopConnection(redis))
+    // On many keys, lease calls open a second, and no more.
     await leaseCallsOnManyKeys(pubsub)
     await leaseCallsOnManyKeys(pubsub)
-    expect(await settleAt(redis, name, 7 + 2 * leaseConnection(redis))).toBe(7 + 2 * leaseConnection(redis))
+    expect(await settleAt(redis, name, 7 + 2 * loopConnection(redis))).toBe(7 + 2 * loopConnection(redis))
   })
 
   it('unsubscribing the last callback of a topic stops reading it; the last fan-out subscription gone, its reader closes its connection', async () => {
@@ -126,9 +128,9 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.unsubscribe('jobs', first.cb)
     await pubsub.publish('jobs', ev(1))
     await second.count(1)
-    expect(await connections(redis, name)).toBe(2)
+    expect(await settleAt(redis, name, 2 + loopConnection(redis))).toBe(2 + loopConnection(redis))
     await pubsub.unsubscribe('jobs', second.cb)
-    expect(await settleAt(redis, name, 1)).toBe(1)
+    expect(await settleAt(redis, name, 1 + loopConnection(redis))).toBe(1 + loopConnection(redis))
   })
 
   it('close() has closed every connection when it resolves: shared, fan-out reader, group readers, lease calls’', async () => {
@@ -140,7 +142,7 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
     await pubsub.acquireLease('thread', 'run', 10_000)
     await leaseCallsOnManyKeys(pubsub)
-    expect(await settleAt(redis, name, 4 + 2 * leaseConnection(redis))).toBe(4 + 2 * leaseConnection(redis))
+    expect(await settleAt(redis, name, 4 + 2 * loopConnection(redis))).toBe(4 + 2 * loopConnection(redis))
     await pubsub.close()
     // The server takes a moment to notice a closed socket; nothing is open on our side.
     expect(await settleAt(redis, name, 0, 500)).toBe(0)
@@ -155,7 +157,7 @@ describe('connections of RedisStreamsPubSub', () => {
     await pubsub.subscribe('jobs', new Inbox().cb, { group: 'others' })
     await pubsub.subscribe('more', new Inbox().cb, { group: 'workers' })
     await pubsub.acquireLease('thread', 'run', 10_000)
-    expect(await settleAt(redis, name, 5 + leaseConnection(redis))).toBe(5 + leaseConnection(redis))
+    expect(await settleAt(redis, name, 5 + loopConnection(redis))).toBe(5 + loopConnection(redis))
     await sleep(100) // every reader blocked
     const started = performance.now()
     await pubsub.close()

@@ -112,11 +112,13 @@ describe('RedisStreamsPubSub while its connections keep breaking', () => {
       await consumer.subscribe('jobs', inbox.cb, { group: 'workers' })
       await publisher.publish('jobs', ev(1))
       await inbox.count(1)
+      const key = `${prefix}:jobs`
+      const pending = async () => Number(((await redis.cli('XPENDING', key, 'workers')) as unknown[])[0])
+      for (let i = 0; i < 100 && (await pending()) > 0; i++) await sleep(10)
+      expect(await pending(), 'the first event acked').toBe(0)
 
       proxy.dropReplies() // the blocked read takes the next event; its reply never arrives
       await publisher.publish('jobs', ev(2))
-      const key = `${prefix}:jobs`
-      const pending = async () => Number(((await redis.cli('XPENDING', key, 'workers')) as unknown[])[0])
       for (let i = 0; i < 100 && (await pending()) < 1; i++) await sleep(10)
       expect(await pending(), 'read, and pending for the consumer').toBe(1)
       await sleep(100)

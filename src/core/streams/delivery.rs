@@ -143,7 +143,8 @@ impl Delivery {
         let Origin::Group(consumer) = &state.origin else {
             return Extended::Kept;
         };
-        match reclaim::keep(shared, consumer, std::slice::from_ref(&state.entry_id)).await {
+        let ids = std::slice::from_ref(&state.entry_id);
+        match reclaim::keep(shared.front(), consumer, ids).await {
             Ok(kept) if kept > 0 => Extended::Kept,
             Ok(_) => Extended::NotOwned,
             // The stream or group is gone, and with it every pending entry.

@@ -96,7 +96,7 @@ async fn look_at_holds(shared: &Arc<Shared>, long_holds: &Throttle) {
     }
     let expiries = expired.into_iter().map(|state| {
         let shared = Arc::clone(shared);
-        async move { settle::settle(&shared, &state, Settle::Expire).await }
+        async move { settle::settle(&shared, &shared.writer, &state, Settle::Expire).await }
     });
     futures::future::join_all(expiries).await;
 }

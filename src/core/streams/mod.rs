@@ -37,7 +37,9 @@
 //!   (`delivery.rs`, `local.rs`, `recovery.rs`, `settling.rs`); `mod.rs` what they share.
 //!
 //! Connections: every command that does not block (XADD, XACK, XGROUP, XAUTOCLAIM, DEL, the
-//! scripts) multiplexes over one connection, shared with the lease store. Blocking reads
+//! scripts) multiplexes over one connection, shared with the lease store; where the caller
+//! runs an event loop a connection can run on, the caller's publishes, acks, nacks and
+//! extends (and the lease store's calls) go on one polled there instead. Blocking reads
 //! need connections of their own: one for all fan-out subscriptions, and one per topic and
 //! consumer group this process reads. Every command is bounded by a timeout; readers
 //! reconnect with backoff.
@@ -79,7 +81,12 @@ pub use trim_topic::RunEntries;
 #[derive(Clone)]
 pub struct StreamsOptions {
     /// The server, credentials, TLS, connection name, and the bounds on connecting and on
-    /// every non-blocking command (publish, ack, nack, group creation, clear).
+    /// every non-blocking command (publish, ack, nack, group creation, clear). With a
+    /// `reactor` (the caller's event loop), the caller's own publishes, acks, nacks and
+    /// extends go on a connection polled there, where the deployment allows it (one server
+    /// at a `redis://` URL): a call and its answer never wait for the runtime's thread.
+    /// Everything else (reads, the keeper, reclaims, trims, settles sent again in the
+    /// background) stays on the runtime, which goes on while the caller's loop is busy.
     pub connection: ConnectionOptions,
     /// A topic's stream is `<key_prefix>:<topic>`. Default `mastra:topic`, as Mastra's.
     pub key_prefix: String,
@@ -234,13 +241,14 @@ impl StreamsPubSub {
             Error::Internal("StreamsPubSub must be created inside a Tokio runtime".into())
         })?;
         check(&options)?;
-        let writer = Arc::new(Connection::new(
-            &options.connection,
-            Subject::StreamsPubSub,
-        )?);
+        let mut on_runtime = options.connection.clone();
+        on_runtime.reactor = None;
+        let writer = Arc::new(Connection::new(&on_runtime, Subject::StreamsPubSub)?);
+        let front = writer.beside(&options.connection)?.map(Arc::new);
         Ok(Self {
             shared: Arc::new(Shared {
                 writer,
+                front,
                 options,
                 closed: AtomicBool::new(false),
                 closing: tokio::sync::watch::Sender::new(false),
@@ -260,9 +268,11 @@ impl StreamsPubSub {
         })
     }
 
-    /// The connection publishes and acks go through; a lease store can share it.
+    /// The connection the caller's publishes, acks, nacks and extends go through (on the
+    /// caller's loop where it can run there, see [`StreamsOptions::connection`]); a lease
+    /// store can share it.
     pub fn connection(&self) -> Arc<Connection> {
-        Arc::clone(&self.shared.writer)
+        Arc::clone(self.shared.front())
     }
 
     /// Subscribes to a topic. When this returns, the starting point is fixed (the group
@@ -419,6 +429,9 @@ impl StreamsPubSub {
             let _ = tokio::time::timeout(bound, settling.wait_for(|n| *n == 0)).await;
             self.flush().await;
             shared.writer.close();
+            if let Some(front) = &shared.front {
+                front.close();
+            }
             shared.deliveries().clear();
         }
         self.flush().await;
@@ -469,9 +482,12 @@ fn check(options: &StreamsOptions) -> Result<()> {
 
 /// State shared by the pubsub, its reader tasks and its deliveries.
 pub(crate) struct Shared {
-    /// Every non-blocking command goes through it; readers open connections of their own
-    /// from it.
+    /// Every non-blocking command of the transport's own goes through it, on the runtime;
+    /// readers open connections of their own from it.
     pub writer: Arc<Connection>,
+    /// The caller's publishes, acks, nacks and extends, where they go on the caller's loop
+    /// (see [`Shared::front`]).
+    front: Option<Arc<Connection>>,
     /// As constructed: the tasks read their settings here.
     pub options: StreamsOptions,
     pub closed: AtomicBool,
@@ -517,6 +533,13 @@ impl Shared {
     /// The topic a stream key belongs to.
     pub fn topic_of<'k>(&self, key: &'k str) -> &'k str {
         key.get(self.options.key_prefix.len() + 1..).unwrap_or(key)
+    }
+
+    /// The connection a caller's publishes, acks, nacks and extends go on: one on the
+    /// caller's loop where it was given one ([`StreamsOptions::connection`]), else the
+    /// writer. What is sent again in the background goes on the writer.
+    pub fn front(&self) -> &Arc<Connection> {
+        self.front.as_ref().unwrap_or(&self.writer)
     }
 
     pub fn consumers(&self) -> MutexGuard<'_, HashMap<(String, String), Arc<group::Consumer>>> {

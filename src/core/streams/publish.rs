@@ -9,7 +9,7 @@ use redis::{Pipeline, RedisResult, Value};
 
 use super::event::EVENT_FIELD;
 use super::{Shared, StreamsPubSub};
-use crate::core::connection::parse;
+use crate::core::connection::{parse, Connection};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::Level;
 use crate::core::scripts;
@@ -40,15 +40,15 @@ impl StreamsPubSub {
                 }
             })
             .collect();
-        append_batch(&self.shared, checked).await
+        append_batch(&self.shared, self.shared.front(), checked).await
     }
 }
 
 /// An event on its way: the index of its answer, its stream key, its JSON.
 type Append = (usize, String, String);
 
-/// XADDs every `Ok((stream key, json))` in one pipelined write, in order; an `Err` answers
-/// for itself. Answers each appended entry's id.
+/// XADDs every `Ok((stream key, json))` in one pipelined write on `via`, in order; an `Err`
+/// answers for itself. Answers each appended entry's id.
 ///
 /// A connection that breaks under the write (a server restart, an idle connection closed by
 /// the server or a proxy, a killed client) leaves unknown which appends ran. They go once
@@ -58,6 +58,7 @@ type Append = (usize, String, String);
 /// [`AGAIN_SCAN`] entries or 4 MiB) does the append fail, as at first.
 pub(super) async fn append_batch(
     shared: &Arc<Shared>,
+    via: &Connection,
     events: Vec<Result<(String, String)>>,
 ) -> Vec<Result<String>> {
     if shared.closed.load(Ordering::Acquire) {
@@ -65,7 +66,7 @@ pub(super) async fn append_batch(
         return events.iter().map(|_| closed()).collect();
     }
     let started = Instant::now();
-    let deadline = started + shared.writer.timeout();
+    let deadline = started + via.timeout();
     let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
     let mut sent: Vec<Append> = Vec::new();
     for (i, event) in events.into_iter().enumerate() {
@@ -82,10 +83,10 @@ pub(super) async fn append_batch(
         let _in_flight = shared.publishes.read().await;
         // One write per shard (on a cluster, where a pipeline may name one hash slot's keys
         // only, per slot), all at once; a topic's events stay in order: its stream is one key.
-        let groups = shared.writer.by_shard(&sent, |event| event.1.as_bytes());
+        let groups = via.by_shard(&sent, |event| event.1.as_bytes());
         let writes = groups
             .iter()
-            .map(|group| append_group(shared, group, started, deadline));
+            .map(|group| append_group(shared, via, group, started, deadline));
         let written = futures::future::join_all(writes).await;
         for (group, results) in groups.iter().zip(written) {
             for ((i, _, _), result) in group.iter().zip(results) {
@@ -116,6 +117,7 @@ pub(super) async fn append_batch(
 /// the connection broke under the write.
 async fn append_group(
     shared: &Arc<Shared>,
+    via: &Connection,
     sent: &[&Append],
     started: Instant,
     deadline: Instant,
@@ -127,8 +129,7 @@ async fn append_group(
         .map(|(_, key, json)| append(shared, &mut pipe, key, json, &mut replies))
         .collect();
     let budget = deadline.saturating_duration_since(Instant::now());
-    match shared
-        .writer
+    match via
         .run_within(budget, |mut c| async move {
             c.send_packed_commands(&pipe, 0, replies).await
         })
@@ -138,7 +139,7 @@ async fn append_group(
             .into_iter()
             .map(|at| {
                 let value = values.get_mut(at).map(std::mem::take).unwrap_or_default();
-                appended_id(value).map_err(|err| shared.writer.classify(err))
+                appended_id(value).map_err(|err| via.classify(err))
             })
             .collect(),
         Err(err @ Error::Connection(_)) => {
@@ -150,7 +151,7 @@ async fn append_group(
                     ("err", err.full_message().into()),
                 ],
             );
-            append_again(shared, sent, started, deadline)
+            append_again(shared, via, sent, started, deadline)
                 .await
                 .into_iter()
                 .map(|answer| answer.unwrap_or_else(|| Err(err.clone())))
@@ -193,6 +194,7 @@ fn append(
 /// (too many entries since, or this send failed too).
 async fn append_again(
     shared: &Shared,
+    via: &Connection,
     sent: &[&Append],
     started: Instant,
     deadline: Instant,
@@ -223,12 +225,10 @@ async fn append_again(
         }
         let budget = deadline.saturating_duration_since(Instant::now());
         async move {
-            shared
-                .writer
-                .run_within(budget, |mut c| async move {
-                    invocation.invoke_async::<Vec<Option<String>>>(&mut c).await
-                })
-                .await
+            via.run_within(budget, |mut c| async move {
+                invocation.invoke_async::<Vec<Option<String>>>(&mut c).await
+            })
+            .await
         }
     });
     let results = futures::future::join_all(runs).await;
@@ -250,9 +250,14 @@ async fn append_again(
     answers
 }
 
-/// Appends one payload (a redelivery), exactly once as [`append_batch`] does.
-pub(super) async fn append_one(shared: &Arc<Shared>, key: &str, payload: String) -> Result<String> {
-    append_batch(shared, vec![Ok((key.to_owned(), payload))])
+/// Appends one payload (a redelivery) on `via`, exactly once as [`append_batch`] does.
+pub(super) async fn append_one(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    key: &str,
+    payload: String,
+) -> Result<String> {
+    append_batch(shared, via, vec![Ok((key.to_owned(), payload))])
         .await
         .pop()
         .unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into())))

@@ -6,6 +6,7 @@ use redis::Value;
 use super::event::{self, Entry};
 use super::group::Consumer;
 use super::Shared;
+use crate::core::connection::Connection;
 use crate::core::error::{Error, Result};
 use crate::core::log::Throttle;
 use crate::core::scripts;
@@ -43,7 +44,7 @@ pub(super) async fn keep_claimed(shared: &Shared, failures: &Throttle) {
     let held: Vec<_> = consumers.iter().map(|c| (c, c.held_entries())).collect();
     let runs = held.iter().flat_map(|(consumer, ids)| {
         ids.chunks(KEEP_CHUNK)
-            .map(move |ids| async move { (*consumer, keep(shared, consumer, ids).await) })
+            .map(move |ids| async move { (*consumer, keep(&shared.writer, consumer, ids).await) })
     });
     for (consumer, result) in futures::future::join_all(runs).await {
         match result {
@@ -64,16 +65,14 @@ pub(super) async fn keep_claimed(shared: &Shared, failures: &Throttle) {
 }
 
 /// Resets the idle time of those of `ids` (at most `KEEP_CHUNK`) the consumer still owns
-/// (`keep.lua`); answers how many it owned.
-pub(super) async fn keep(shared: &Shared, consumer: &Consumer, ids: &[String]) -> Result<i64> {
+/// (`keep.lua`), on `via`; answers how many it owned.
+pub(super) async fn keep(via: &Connection, consumer: &Consumer, ids: &[String]) -> Result<i64> {
     let mut invocation = scripts::KEEP.script().prepare_invoke();
     invocation
         .key(&consumer.key)
         .arg(&consumer.group)
         .arg(&consumer.name)
         .arg(ids);
-    shared
-        .writer
-        .run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await })
+    via.run(|mut c| async move { invocation.invoke_async::<i64>(&mut c).await })
         .await
 }

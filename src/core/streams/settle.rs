@@ -16,7 +16,7 @@ use super::delivery::{Delivery, Origin, Settled, State, DONE, HELD, RETRYING};
 use super::event::{self, EVENT_FIELD};
 use super::group::Consumer;
 use super::{delivery, publish, Shared, StreamsPubSub};
-use crate::core::connection::parse;
+use crate::core::connection::{parse, Connection};
 use crate::core::error::{Error, Result};
 use crate::core::lock;
 use crate::core::log::{Level, Throttle};
@@ -36,21 +36,33 @@ pub(super) enum Settle {
     Drop,
 }
 
-/// Settles a delivery, once: the first settle of it runs, later ones answer
+/// Settles a delivery, once, on `via`: the first settle of it runs, later ones answer
 /// [`Settled::Already`].
-pub(super) async fn settle(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
+pub(super) async fn settle(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &Arc<State>,
+    outcome: Settle,
+) -> Settled {
     if shared.closed.load(Ordering::Acquire) {
         return Settled::Closed;
     }
     if !state.begin() {
         return Settled::Already;
     }
-    conclude(shared, state, outcome).await
+    conclude(shared, via, state, outcome).await
 }
 
-/// Runs a settle [`State::begin`] claimed, and ends the hold once it landed; a transport
-/// failure hands it to the background. `close` waits for it either way.
-pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: Settle) -> Settled {
+/// Runs a settle [`State::begin`] claimed, on `via` (the caller's connection for a settle
+/// the caller made, the writer for the transport's own), and ends the hold once it landed;
+/// a transport failure hands it to the background, on the writer. `close` waits for it
+/// either way.
+pub(super) async fn conclude(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &Arc<State>,
+    outcome: Settle,
+) -> Settled {
     let on_its_way = OnItsWay::new(shared);
     // Every fan-out subscriber of this process gets an event: once one of them redelivered
     // it, it reaches all of them again, so the others' nacks of it add nothing.
@@ -75,7 +87,7 @@ pub(super) async fn conclude(shared: &Arc<Shared>, state: &Arc<State>, outcome: 
             ],
         );
     }
-    match run(shared, state, outcome).await {
+    match run(shared, via, state, outcome).await {
         Ok(settled) => {
             state.phase.store(DONE, Ordering::Release);
             finish(shared, state);
@@ -160,7 +172,7 @@ pub(super) fn retry_later(
                 _ = closing.wait_for(|closing| *closing) => true,
             };
             delay = (delay * 2).min(RETRY_MAX);
-            match run(&shared, &state, outcome).await {
+            match run(&shared, &shared.writer, &state, outcome).await {
                 Ok(_) => {
                     state.phase.store(DONE, Ordering::Release);
                     finish(&shared, &state);
@@ -201,8 +213,13 @@ pub(super) fn retry_later(
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// Sends one settle to Redis.
-async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Settled> {
+/// Sends one settle to Redis, on `via`.
+async fn run(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &State,
+    outcome: Settle,
+) -> Result<Settled> {
     let result = match (&state.origin, outcome) {
         (Origin::Fanout { .. }, Settle::Ack | Settle::Release) => Ok(Settled::Acked),
         (Origin::Group(consumer), Settle::Ack) => {
@@ -210,24 +227,24 @@ async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Set
             cmd.arg(&consumer.key)
                 .arg(&consumer.group)
                 .arg(&state.entry_id);
-            shared
-                .writer
-                .run_again_if_broken(|mut c| {
-                    let cmd = &cmd;
-                    async move { cmd.query_async::<Value>(&mut c).await }
-                })
-                .await
-                .map(|_| Settled::Acked)
+            via.run_again_if_broken(|mut c| {
+                let cmd = &cmd;
+                async move { cmd.query_async::<Value>(&mut c).await }
+            })
+            .await
+            .map(|_| Settled::Acked)
         }
-        (_, Settle::Release) => settle_owned(shared, state, &state.json).await.map(|owned| {
-            if owned {
-                Settled::Released
-            } else {
-                Settled::NotOwned
-            }
-        }),
-        (_, Settle::Nack | Settle::Expire) => nack(shared, state, "nacked").await,
-        (_, Settle::Drop) => drop_at_cap(shared, state, "reclaimed").await,
+        (_, Settle::Release) => settle_owned(shared, via, state, &state.json)
+            .await
+            .map(|owned| {
+                if owned {
+                    Settled::Released
+                } else {
+                    Settled::NotOwned
+                }
+            }),
+        (_, Settle::Nack | Settle::Expire) => nack(shared, via, state, "nacked").await,
+        (_, Settle::Drop) => drop_at_cap(shared, via, state, "reclaimed").await,
     };
     // NOGROUP: the stream or group was deleted (clearTopic, TTL expiry), and with it every
     // pending entry. Nothing is left to settle or to redeliver.
@@ -240,20 +257,25 @@ async fn run(shared: &Arc<Shared>, state: &State, outcome: Settle) -> Result<Set
     }
 }
 
-async fn nack(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
+async fn nack(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &State,
+    reason: &str,
+) -> Result<Settled> {
     if used_up(shared, state.attempt) {
-        return drop_at_cap(shared, state, reason).await;
+        return drop_at_cap(shared, via, state, reason).await;
     }
     let next = state.attempt.saturating_add(1);
     let payload = event::with_attempt(&state.json, next)?;
     match &state.origin {
-        Origin::Group(_) => Ok(if settle_owned(shared, state, &payload).await? {
+        Origin::Group(_) => Ok(if settle_owned(shared, via, state, &payload).await? {
             Settled::Redelivered { attempt: next }
         } else {
             Settled::NotOwned
         }),
         Origin::Fanout { key, .. } => {
-            publish::append_one(shared, key, payload).await?;
+            publish::append_one(shared, via, key, payload).await?;
             Ok(Settled::Redelivered { attempt: next })
         }
     }
@@ -270,8 +292,13 @@ pub(super) fn used_up(shared: &Shared, attempt: u64) -> bool {
 
 /// Acks the entry without appending it again (if still ours) and warns: the event used up
 /// its delivery attempts. `reason` says how the last one ended (`nacked`, `reclaimed`).
-async fn drop_at_cap(shared: &Arc<Shared>, state: &State, reason: &str) -> Result<Settled> {
-    if state.is_group() && !settle_owned(shared, state, "").await? {
+async fn drop_at_cap(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &State,
+    reason: &str,
+) -> Result<Settled> {
+    if state.is_group() && !settle_owned(shared, via, state, "").await? {
         return Ok(Settled::NotOwned);
     }
     let event = Dropped {
@@ -328,7 +355,12 @@ fn event_field(state: &State, name: &str) -> Json {
 
 /// Runs `settle.lua`: appends `payload` (unless empty) and acks, if the entry is still this
 /// consumer's. Answers whether it was.
-async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Result<bool> {
+async fn settle_owned(
+    shared: &Arc<Shared>,
+    via: &Connection,
+    state: &State,
+    payload: &str,
+) -> Result<bool> {
     let Origin::Group(consumer) = &state.origin else {
         return Ok(true);
     };
@@ -343,8 +375,7 @@ async fn settle_owned(shared: &Arc<Shared>, state: &State, payload: &str) -> Res
         .arg(EVENT_FIELD);
     // Safe to run twice: a second run finds the entry settled (no longer ours) and changes
     // nothing, so a connection that breaks under it costs nothing.
-    let owned: i64 = shared
-        .writer
+    let owned: i64 = via
         .run_again_if_broken(|mut c| {
             let invocation = &invocation;
             async move { invocation.invoke_async(&mut c).await }
@@ -361,14 +392,14 @@ impl Delivery {
     /// Acknowledges: a grouped entry is XACKed, so no consumer of the group gets it again.
     #[cfg(test)]
     pub async fn ack(&self) -> Settled {
-        settle(&self.shared, &self.state, Settle::Ack).await
+        settle(&self.shared, self.shared.front(), &self.state, Settle::Ack).await
     }
 
     /// Rejects: appended again with `deliveryAttempt + 1` (and acked, for a group), or
     /// dropped with a warning once `maxDeliveryAttempts` is reached. Fan-out subscribers of
     /// this process that share the read and nack it too cause one redelivery, not several.
     pub async fn nack(&self) -> Settled {
-        settle(&self.shared, &self.state, Settle::Nack).await
+        settle(&self.shared, self.shared.front(), &self.state, Settle::Nack).await
     }
 
     /// The subscriber's callback has returned (or resolved) without settling. A group's
@@ -428,7 +459,7 @@ impl Delivery {
             async move {
                 let count = pipe.len();
                 shared
-                    .writer
+                    .front()
                     .run_again_if_broken(|mut c| {
                         let pipe = &pipe;
                         async move { c.send_packed_commands(pipe, 0, count).await }
@@ -437,7 +468,7 @@ impl Delivery {
             }
         };
         let groups = shared
-            .writer
+            .front()
             .by_shard(&xacks, |(consumer, _)| consumer.key.as_bytes());
         let batch = async {
             let sends = groups.iter().map(|group| {
@@ -464,7 +495,13 @@ impl Delivery {
             let delivery = &deliveries[i];
             (
                 i,
-                conclude(&delivery.shared, &delivery.state, Settle::Ack).await,
+                conclude(
+                    &delivery.shared,
+                    delivery.shared.front(),
+                    &delivery.state,
+                    Settle::Ack,
+                )
+                .await,
             )
         }));
         let (replies, singles) = futures::join!(batch, singles);
@@ -477,7 +514,7 @@ impl Delivery {
                     Ok(_) => Ok(Settled::Acked),
                     // The stream or group is gone, and with it every pending entry.
                     Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
-                    Err(err) => Err(shared.writer.classify(err)),
+                    Err(err) => Err(shared.front().classify(err)),
                 },
                 Err(err) => Err(err),
             };
@@ -547,7 +584,7 @@ impl StreamsPubSub {
             topic: topic.to_owned(),
         };
         let state = delivery::settling(shared, origin, json);
-        conclude(shared, &state, Settle::Nack).await
+        conclude(shared, shared.front(), &state, Settle::Nack).await
     }
 }
 
@@ -558,5 +595,6 @@ pub(super) async fn settle_unread(delivery: &Delivery, how: Settle) -> Settled {
     if !delivery.state.begin() {
         return Settled::Already;
     }
-    conclude(&delivery.shared, &delivery.state, how).await
+    let shared = &delivery.shared;
+    conclude(shared, &shared.writer, &delivery.state, how).await
 }

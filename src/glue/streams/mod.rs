@@ -70,19 +70,17 @@ impl RedisStreamsTransport {
                     options.logger = log.clone().map(|log| log as _);
                 }
                 let _context = runtime()?.enter();
-                // Lease calls on a connection of their own on Node's loop, where it can run
-                // there (`crossing/node_loop.rs`); else on the transport's.
-                let mut on_loop = options.connection.clone();
-                on_loop.reactor = node_loop(raw);
+                // Publishes, acks, nacks and extends, and the lease calls with them, on a
+                // connection of Node's loop where it can run there (`crossing/node_loop.rs`);
+                // else on the transport's, on the runtime.
+                options.connection.reactor = node_loop(raw);
+                let on_loop = options.connection.clone();
                 let pubsub = StreamsPubSub::new(options)?;
                 if let Some(log) = &log {
                     pubsub.connection().set_logger(log.clone());
                 }
-                let leases = match pubsub.connection().beside(&on_loop)? {
-                    Some(beside) => Arc::new(beside),
-                    None => pubsub.connection(),
-                };
-                let mut store = RedisStore::with_connection(leases, key_prefix, limits)?;
+                let mut store =
+                    RedisStore::with_connection(pubsub.connection(), key_prefix, limits)?;
                 store.set_replication(replication);
                 store.spread_over(&on_loop)?;
                 if zero_attempts {

@@ -47,26 +47,34 @@ impl Open {
     pub(super) fn new(env: js::Env, pubsub: StreamsPubSub) -> napi::Result<Self> {
         let pubsub = Arc::new(pubsub);
         let crossing = Crossing::new(env)?;
+        // A turn's publishes, acks, nacks and extends run where their connection does: on
+        // Node's loop when it runs there, each queue's in the order of its first call.
+        let reactor = pubsub.connection().reactor();
         let writer = pubsub.clone();
-        let publishes_queued = Queue::new(&crossing, None, move |batch: Vec<Publish>, answers| {
-            let pubsub = writer.clone();
-            async move {
-                let (guards, events): (Vec<_>, Vec<_>) = batch
-                    .into_iter()
-                    .map(|p| (p.guard, (p.topic, p.json)))
-                    .unzip();
-                let written = pubsub.publish_stamped_batch(events).await;
-                answers.answer_in_order(written.into_iter().map(|w| w.map(|_| Reply::Undefined)));
-                // The guards drop here, after the write: a flush waiting on them sees the
-                // publishes done.
-                drop(guards);
-            }
-        });
+        let publishes_queued = Queue::new(
+            &crossing,
+            reactor.clone(),
+            move |batch: Vec<Publish>, answers| {
+                let pubsub = writer.clone();
+                async move {
+                    let (guards, events): (Vec<_>, Vec<_>) = batch
+                        .into_iter()
+                        .map(|p| (p.guard, (p.topic, p.json)))
+                        .unzip();
+                    let written = pubsub.publish_stamped_batch(events).await;
+                    answers
+                        .answer_in_order(written.into_iter().map(|w| w.map(|_| Reply::Undefined)));
+                    // The guards drop here, after the write: a flush waiting on them sees the
+                    // publishes done.
+                    drop(guards);
+                }
+            },
+        );
         // Acks resolve whatever happened: one that could not land is retried in the
         // background, and a panic is a bug, reported as one on stderr.
         let acks = Queue::new(
             &crossing,
-            None,
+            reactor.clone(),
             |batch: Vec<Settling<Delivery>>, answers| async move {
                 let (deliveries, guards): (Vec<_>, Vec<_>) =
                     batch.into_iter().map(|s| (s.work, s.guard)).unzip();
@@ -77,7 +85,7 @@ impl Open {
         );
         let settles = Queue::new(
             &crossing,
-            None,
+            reactor,
             |work: Vec<BoxFuture<'static, ()>>, answers| async move {
                 let mut running: FuturesUnordered<_> = work
                     .into_iter()
