@@ -518,6 +518,26 @@ describe('RedisStreamsPubSub', () => {
       expect(await pendingCount(redis, `${prefix}:jobs`, 'workers')).toBe(0)
     })
 
+    it('a fan-out subscriber at maxInFlight whose callbacks ack and never return gets every event: each ack gives its place back', async () => {
+      const prefix = uniquePrefix('in-flight-fanout')
+      const never = new Promise<void>(() => {})
+      const acking = new Inbox(async (_event, ack) => {
+        await ack()
+        await never
+      })
+      const holding = new Inbox(() => never) // the control: neither acks nor returns
+      // Each in a pubsub of its own: one process's fan-out subscriptions share a reader,
+      // which reads for none while one of them is at its limit.
+      await open({ keyPrefix: prefix, maxInFlight: 2 }).subscribe('news', acking.cb)
+      await open({ keyPrefix: prefix, maxInFlight: 2 }).subscribe('news', holding.cb)
+      const publisher = open({ keyPrefix: prefix })
+      for (const n of range(1, 10)) await publisher.publish('news', ev(n))
+      await acking.count(10)
+      await sleep(300) // two more blocking-read periods
+      expect(acking.numbers).toEqual(range(1, 10))
+      expect(holding.numbers).toEqual([1, 2])
+    })
+
     it('without a limit (maxInFlight 0), the first consumer takes the whole backlog: the control for the test above', async () => {
       const prefix = uniquePrefix('in-flight-off')
       const publisher = open({ keyPrefix: prefix })
