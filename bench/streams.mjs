@@ -352,7 +352,8 @@ console.log(`node ${process.version}, redis ${redisVersion} at ${url}, ${cpus().
   + (build ? `, native build ${build.mtime} sha256:${build.sha256}` : ''));
 const W = [];
 // Targets: the performance issue's (throughput; fan-out counts deliveries).
-W.push(await runWorkload({ id: 'a', label: '(a) sequential, 1 consumer', inFlight: 1, consumers: 1, units: n(20_000), target: 0.9 }));
+W.push(await runWorkload({ id: 'a', label: '(a) sequential, 1 consumer', inFlight: 1, consumers: 1, units: n(20_000), target: 1 }));
+W.push(await runWorkload({ id: 'a2', label: '(a2) sequential, 2 consumers', inFlight: 1, consumers: 2, units: n(20_000), target: 1 }));
 W.push(await runWorkload({ id: 'b', label: '(b) 1 consumer', inFlight: 64, consumers: 1, units: n(50_000), target: 2 }));
 W.push(await runWorkload({ id: 'c', label: '(c) 2 competing consumers', inFlight: 64, consumers: 2, units: n(50_000), target: 1.5 }));
 W.push(await runWorkload({ id: 'd', label: '(d) fan-out to 10 subscribers', inFlight: 64, consumers: 0, fanout: 10, units: n(10_000), target: 1.5 }));
