@@ -119,11 +119,6 @@ impl Answers {
         }
     }
 
-    /// Answers the items in order, from the first.
-    pub fn answer_in_order(&self, outcomes: impl IntoIterator<Item = Outcome>) {
-        self.answer(outcomes.into_iter().enumerate());
-    }
-
     /// Rejects every item not answered yet with the error `err` makes (made only if one is
     /// left: a batch all answered, the usual end, makes none).
     fn reject_unanswered(&self, err: impl FnOnce() -> Error) {

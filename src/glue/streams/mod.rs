@@ -24,7 +24,7 @@ use crate::core::lock;
 use crate::core::log::{Level, Notice};
 use crate::core::streams::{Delivery, RunEntries, StreamsPubSub, SubscribeOptions};
 use crate::core::{Error, InputErrorKind, Limits, RedisStore, Subject};
-use open::{queued_settle, Open, Publish, Running};
+use open::{queued_settle, Open, Publish, Running, Sent};
 
 mod open;
 
@@ -150,7 +150,7 @@ impl RedisStreamsTransport {
         // not be waited for.
         let guard = open.publishes.clone().try_read_owned().ok();
         let publish = Publish { topic, json, guard };
-        unknown(env, open.publishes_queued.push(raw, publish))
+        unknown(env, open.sends.push(raw, Sent::Publish(publish)))
     }
 
     /// Subscribes; `onEvents` receives `[deliveryId, json, deliveryId, json, ...]` batches.
@@ -246,7 +246,10 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        unknown(env, open.acks.push(raw, open.settling(delivery)))
+        unknown(
+            env,
+            open.sends.push(raw, Sent::Ack(open.settling(delivery))),
+        )
     }
 
     /// Rejects a delivery: redelivered with `deliveryAttempt + 1`, or dropped with a warning

@@ -1,6 +1,6 @@
 //! The transport while it is open: the core's pubsub, the crossing, the running
-//! subscriptions, and the queues that carry a turn's publishes, acks, nacks and extends across
-//! together, each holding off `flush` and `close` until it is done.
+//! subscriptions, and the queue that carries a turn's publishes, acks, nacks and extends
+//! across together, each holding off `flush` and `close` until it is done.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::core::lock;
 use crate::core::streams::{Delivery, StreamsPubSub};
-use crate::glue::crossing::{guarded, Crossing, Queue};
+use crate::glue::crossing::{guarded, Answers, Crossing, Queue};
 use crate::glue::js;
 use crate::glue::reply::Reply;
 use crate::glue::unknown;
@@ -27,86 +27,119 @@ pub(super) struct Open {
     pub(super) subscriptions: Mutex<HashMap<u64, Running>>,
     /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
     /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
-    /// for every publish made before them, whenever the runtime gets to run it.
+    /// for every publish made before them, whenever it gets to run.
     pub(super) publishes: Arc<tokio::sync::RwLock<()>>,
-    /// Publishes made in this turn of JavaScript: they leave together, as one pipelined
-    /// write in call order (Mastra publishes without awaiting and relies on that order).
-    pub(super) publishes_queued: Arc<Queue<Publish>>,
     /// Each ack, nack and extend holds a read guard from the moment JavaScript makes it until
     /// the core has sent it (or handed it to its background retries, which `close` waits
     /// for in the core): `flush` and `close` take the write side, as for publishes.
     pub(super) settling: Arc<tokio::sync::RwLock<()>>,
-    /// Acks made in this turn of JavaScript: they leave together, one XACK per consumer.
-    pub(super) acks: Arc<Queue<Settling<Delivery>>>,
-    /// Nacks and extends made in this turn of JavaScript: they leave together and run
-    /// concurrently, their commands sharing the connection's pipeline.
-    pub(super) settles: Arc<Queue<BoxFuture<'static, ()>>>,
+    /// What this turn of JavaScript sent: it leaves at the turn's end, together, on the
+    /// connection of JavaScript's calls (see [`send`]).
+    pub(super) sends: Arc<Queue<Sent>>,
+}
+
+/// A publish, an ack, or a nack or extend, made in a turn of JavaScript.
+pub(super) enum Sent {
+    Publish(Publish),
+    Ack(Settling<Delivery>),
+    /// A nack or extend, its hold on `settling` inside.
+    Settle(BoxFuture<'static, ()>),
 }
 
 impl Open {
     pub(super) fn new(env: js::Env, pubsub: StreamsPubSub) -> napi::Result<Self> {
         let pubsub = Arc::new(pubsub);
         let crossing = Crossing::new(env)?;
-        // A turn's publishes, acks, nacks and extends run where their connection does: on
-        // Node's loop when it runs there, each queue's in the order of its first call.
+        // Run where their connection does: on Node's loop when it runs there.
         let reactor = pubsub.connection().reactor();
-        let writer = pubsub.clone();
-        let publishes_queued = Queue::new(
-            &crossing,
-            reactor.clone(),
-            move |batch: Vec<Publish>, answers| {
-                let pubsub = writer.clone();
-                async move {
-                    let (guards, events): (Vec<_>, Vec<_>) = batch
-                        .into_iter()
-                        .map(|p| (p.guard, (p.topic, p.json)))
-                        .unzip();
-                    let written = pubsub.publish_stamped_batch(events).await;
-                    answers
-                        .answer_in_order(written.into_iter().map(|w| w.map(|_| Reply::Undefined)));
-                    // The guards drop here, after the write: a flush waiting on them sees the
-                    // publishes done.
-                    drop(guards);
-                }
-            },
-        );
-        // Acks resolve whatever happened: one that could not land is retried in the
-        // background, and a panic is a bug, reported as one on stderr.
-        let acks = Queue::new(
-            &crossing,
-            reactor.clone(),
-            |batch: Vec<Settling<Delivery>>, answers| async move {
-                let (deliveries, guards): (Vec<_>, Vec<_>) =
-                    batch.into_iter().map(|s| (s.work, s.guard)).unzip();
-                let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
-                answers.answer_in_order(deliveries.iter().map(|_| Ok(Reply::Undefined)));
-                drop(guards);
-            },
-        );
-        let settles = Queue::new(
-            &crossing,
-            reactor,
-            |work: Vec<BoxFuture<'static, ()>>, answers| async move {
-                let mut running: FuturesUnordered<_> = work
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, work)| work.map(move |()| i))
-                    .collect();
-                while let Some(i) = running.next().await {
-                    answers.answer([(i, Ok(Reply::Undefined))]);
-                }
-            },
-        );
+        let sender = pubsub.clone();
+        let sends = Queue::new(&crossing, reactor, move |batch: Vec<Sent>, answers| {
+            send(sender.clone(), batch, answers)
+        });
         Ok(Self {
             pubsub,
             crossing,
             subscriptions: Mutex::new(HashMap::new()),
             publishes: Arc::new(tokio::sync::RwLock::new(())),
-            publishes_queued,
             settling: Arc::new(tokio::sync::RwLock::new(())),
-            acks,
-            settles,
+            sends,
         })
+    }
+}
+
+/// Sends what a turn of JavaScript sent, each answered as soon as it is done: its publishes
+/// first (one pipelined write, in the order they were made: Mastra publishes without awaiting
+/// and relies on that order), then its acks (one XACK per consumer), then its nacks and
+/// extends (concurrently, sharing the connection's pipeline). The three are polled in that
+/// order, so on one connection a turn's settles reach Redis after its publishes: a handler
+/// that publishes its result and acks its job never has the job acked before the result is
+/// written.
+async fn send(pubsub: Arc<StreamsPubSub>, batch: Vec<Sent>, answers: Arc<Answers>) {
+    let (mut publishes, mut acks, mut settles) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, sent) in batch.into_iter().enumerate() {
+        match sent {
+            Sent::Publish(publish) => publishes.push((i, publish)),
+            Sent::Ack(ack) => acks.push((i, ack)),
+            Sent::Settle(work) => settles.push(work.map(move |()| i)),
+        }
+    }
+    futures::join!(
+        publish_all(&pubsub, publishes, &answers),
+        ack_all(acks, &answers),
+        settle_all(settles, &answers),
+    );
+}
+
+/// The turn's publishes, answered in one go once written; a panic is a bug, answered as one.
+async fn publish_all(pubsub: &StreamsPubSub, batch: Vec<(usize, Publish)>, answers: &Answers) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut at = Vec::with_capacity(batch.len());
+    let mut guards = Vec::with_capacity(batch.len());
+    let mut events = Vec::with_capacity(batch.len());
+    for (i, publish) in batch {
+        at.push(i);
+        guards.push(publish.guard);
+        events.push((publish.topic, publish.json));
+    }
+    let count = at.len();
+    let written = guarded(async { Ok(pubsub.publish_stamped_batch(events).await) })
+        .await
+        .unwrap_or_else(|err| vec![Err(err); count]);
+    answers.answer(
+        at.into_iter()
+            .zip(written.into_iter().map(|w| w.map(|_| Reply::Undefined))),
+    );
+    // The guards drop here, after the write: a flush waiting on them sees the publishes done.
+    drop(guards);
+}
+
+/// The turn's acks. They resolve whatever happened: one that could not land is retried in the
+/// background, and a panic is a bug, reported as one on stderr.
+async fn ack_all(batch: Vec<(usize, Settling<Delivery>)>, answers: &Answers) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut at = Vec::with_capacity(batch.len());
+    let mut deliveries = Vec::with_capacity(batch.len());
+    let mut guards = Vec::with_capacity(batch.len());
+    for (i, ack) in batch {
+        at.push(i);
+        deliveries.push(ack.work);
+        guards.push(ack.guard);
+    }
+    let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
+    answers.answer(at.into_iter().map(|i| (i, Ok(Reply::Undefined))));
+    drop(guards);
+}
+
+/// The turn's nacks and extends, each answered once done (each resolves whatever happened,
+/// see [`queued_settle`]).
+async fn settle_all(work: Vec<impl std::future::Future<Output = usize>>, answers: &Answers) {
+    let mut running: FuturesUnordered<_> = work.into_iter().collect();
+    while let Some(i) = running.next().await {
+        answers.answer([(i, Ok(Reply::Undefined))]);
     }
 }
 
@@ -163,5 +196,5 @@ pub(super) fn queued_settle<'env>(
         .await;
         drop(guard);
     };
-    unknown(env, open.settles.push(env.raw(), work.boxed()))
+    unknown(env, open.sends.push(env.raw(), Sent::Settle(work.boxed())))
 }
