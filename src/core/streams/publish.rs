@@ -79,8 +79,10 @@ pub(super) async fn append_batch(
         }
     }
     if !sent.is_empty() {
-        // Held across the writes so `flush` and `close` can wait for them to settle.
-        let _in_flight = shared.publishes.read().await;
+        // Held across the writes so `flush` and `close` can wait for them to settle. An
+        // append begun while a flush waits is not one it waits for, and does not wait for it
+        // either: the settles of its turn, sent after it, must not overtake it.
+        let _in_flight = shared.publishes.try_read().ok();
         // One write per shard (on a cluster, where a pipeline may name one hash slot's keys
         // only, per slot), all at once; a topic's events stay in order: its stream is one key.
         let groups = via.by_shard(&sent, |event| event.1.as_bytes());
