@@ -18,6 +18,9 @@ use crate::glue::js;
 use crate::glue::reply::Reply;
 use crate::glue::unknown;
 
+/// A hold on `publishes` or `settling`: none for a call made while a flush or close waits.
+type Hold = Option<tokio::sync::OwnedRwLockReadGuard<()>>;
+
 /// The transport while it is open; `close()` drops it.
 pub(super) struct Open {
     pub(super) pubsub: Arc<StreamsPubSub>,
@@ -95,14 +98,7 @@ async fn publish_all(pubsub: &StreamsPubSub, batch: Vec<(usize, Publish)>, answe
     if batch.is_empty() {
         return;
     }
-    let mut at = Vec::with_capacity(batch.len());
-    let mut guards = Vec::with_capacity(batch.len());
-    let mut events = Vec::with_capacity(batch.len());
-    for (i, publish) in batch {
-        at.push(i);
-        guards.push(publish.guard);
-        events.push((publish.topic, publish.json));
-    }
+    let (at, events, guards) = split(batch, |p| ((p.topic, p.json), p.guard));
     let count = at.len();
     let written = guarded(async { Ok(pubsub.publish_stamped_batch(events).await) })
         .await
@@ -121,17 +117,27 @@ async fn ack_all(batch: Vec<(usize, Settling<Delivery>)>, answers: &Answers) {
     if batch.is_empty() {
         return;
     }
-    let mut at = Vec::with_capacity(batch.len());
-    let mut deliveries = Vec::with_capacity(batch.len());
-    let mut guards = Vec::with_capacity(batch.len());
-    for (i, ack) in batch {
-        at.push(i);
-        deliveries.push(ack.work);
-        guards.push(ack.guard);
-    }
+    let (at, deliveries, guards) = split(batch, |ack| (ack.work, ack.guard));
     let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
     answers.answer(at.into_iter().map(|i| (i, Ok(Reply::Undefined))));
     drop(guards);
+}
+
+/// A kind's items apart: their positions in the turn's batch, their work, their holds.
+fn split<T, W>(
+    batch: Vec<(usize, T)>,
+    part: impl Fn(T) -> (W, Hold),
+) -> (Vec<usize>, Vec<W>, Vec<Hold>) {
+    let mut at = Vec::with_capacity(batch.len());
+    let mut work = Vec::with_capacity(batch.len());
+    let mut guards = Vec::with_capacity(batch.len());
+    for (i, item) in batch {
+        let (w, guard) = part(item);
+        at.push(i);
+        work.push(w);
+        guards.push(guard);
+    }
+    (at, work, guards)
 }
 
 /// The turn's nacks and extends, each answered once done (each resolves whatever happened,
@@ -168,7 +174,7 @@ pub(super) struct Running {
 /// An ack, nack or extend on its way, with its hold on `settling`.
 pub(super) struct Settling<T> {
     pub(super) work: T,
-    pub(super) guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    pub(super) guard: Hold,
 }
 
 /// A publish on its way: the topic, the stamped event, and its hold on `publishes`.
@@ -176,7 +182,7 @@ pub(super) struct Publish {
     pub(super) topic: String,
     pub(super) json: String,
     /// Keeps a flush or close waiting until this publish was written.
-    pub(super) guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    pub(super) guard: Hold,
 }
 
 /// Queues a nack or extend to leave at the turn's end, holding `settling` until it is done,
