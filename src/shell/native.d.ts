@@ -182,9 +182,9 @@ export declare class RedisStreamsTransport {
    */
   localRedelivery(topic: string, group: string | undefined | null, subscription: number): number | null
   /**
-   * A fan-out subscription's callback has returned (or resolved) without settling the
-   * delivery: it is done (see `Delivery::returned`); a later nack is `nackReturned`'s. A
-   * group's delivery stays held.
+   * A fan-out delivery is done: its callback acked it (nothing of it is in Redis), or
+   * returned (or resolved) without settling it (see `Delivery::returned`); a later nack
+   * is `nackReturned`'s. A group's delivery stays held.
    */
   returned(delivery: number): void
   /**

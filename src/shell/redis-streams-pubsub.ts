@@ -272,10 +272,16 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
       settled = true
       const told = how === 'ack' ? ackChannel : nackChannel
       if (told.hasSubscribers) told.publish(delivered(topic, group, event, false))
+      if (how === 'ack' && group === undefined) {
+        // A fan-out event holds nothing in Redis: acking it ends its hold here and now, as
+        // its callback's return does (`done` below), without a promise of the addon's.
+        if (!returned) this.transport.returned(delivery)
+        return Promise.resolve()
+      }
       if (!returned) return this.transport[how](delivery)
-      // A fan-out event whose callback returned is no longer held: a late ack has nothing to
-      // do, and a late nack hands the event back as it came, to be appended again.
-      return how === 'nack' ? this.transport.nackReturned(topic, json) : Promise.resolve()
+      // A fan-out event whose callback returned is no longer held: a late nack hands the
+      // event back as it came, to be appended again.
+      return this.transport.nackReturned(topic, json)
     }
     const extend = (): Promise<void> => (settled || returned ? Promise.resolve() : this.transport.extend(delivery))
     // A group's event stays held (kept claimed) until it is acked or nacked, however long

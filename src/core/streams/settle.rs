@@ -413,17 +413,6 @@ impl Delivery {
         }
     }
 
-    /// Acks a fan-out delivery here and now, as [`Delivery::returned`] ends one: nothing of it
-    /// is in Redis, so its ack need not go anywhere. Answers whether it was one; a group's
-    /// delivery is left to [`Delivery::ack_all`].
-    pub fn acked_here(&self) -> bool {
-        if self.state.is_group() {
-            return false;
-        }
-        self.returned();
-        true
-    }
-
     /// Acks many deliveries in one round trip: one XACK per consumer, naming all its
     /// entries, the XACKs pipelined. Answers, in order, what [`Delivery::ack`] would have
     /// answered for each; a failed XACK is retried in the background for the deliveries it

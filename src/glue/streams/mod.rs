@@ -246,9 +246,6 @@ impl RedisStreamsTransport {
         let Some((open, delivery)) = self.held(delivery) else {
             return unknown(env, resolved(raw));
         };
-        if delivery.acked_here() {
-            return unknown(env, resolved(raw));
-        }
         unknown(
             env,
             open.sends.push(raw, Sent::Ack(open.settling(delivery))),
@@ -367,9 +364,9 @@ impl RedisStreamsTransport {
         next.map(|id| id as f64)
     }
 
-    /// A fan-out subscription's callback has returned (or resolved) without settling the
-    /// delivery: it is done (see `Delivery::returned`); a later nack is `nackReturned`'s. A
-    /// group's delivery stays held.
+    /// A fan-out delivery is done: its callback acked it (nothing of it is in Redis), or
+    /// returned (or resolved) without settling it (see `Delivery::returned`); a later nack
+    /// is `nackReturned`'s. A group's delivery stays held.
     #[napi(catch_unwind)]
     pub fn returned(&self, delivery: f64) {
         if let Some((_, delivery)) = self.held(delivery) {
