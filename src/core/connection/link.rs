@@ -94,9 +94,9 @@ impl Target {
     }
 
     /// The embedder's event loop the shared link runs on, if it does.
-    pub(super) fn reactor(&self) -> Option<Arc<dyn Reactor>> {
+    pub(super) fn reactor(&self) -> Option<&Arc<dyn Reactor>> {
         match self {
-            Self::Single(_, reactor) => reactor.clone(),
+            Self::Single(_, reactor) => reactor.as_ref(),
             Self::Cluster { .. } | Self::Sentinel(_) => None,
         }
     }

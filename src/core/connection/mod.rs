@@ -57,6 +57,7 @@ use link::Target;
 use listener::Listener;
 pub use listener::Wake;
 pub use options::{ConnectionOptions, Deployment, DEFAULT_KEEP_ALIVE};
+use reactor::within;
 pub use reactor::{Reactor, Socket};
 use setup::Setup;
 pub use setup::EVICTION_WARNING_CODE;
@@ -188,7 +189,7 @@ impl Connection {
     /// The embedder's event loop the shared link runs on, if it does ([`Reactor`]): work that
     /// uses the link is best polled there too.
     pub fn reactor(&self) -> Option<Arc<dyn Reactor>> {
-        self.target.reactor()
+        self.target.reactor().cloned()
     }
 
     /// The bound on every call.
@@ -335,28 +336,30 @@ impl Connection {
         Fut: Future<Output = RedisResult<T>>,
     {
         tick::keep();
-        let deadline = tokio::time::Instant::now() + budget;
-        let (number, connection) = match tokio::time::timeout(budget, self.get()).await {
-            Ok(Ok(got)) => got,
-            Ok(Err(err)) => return Err(self.explained(err)),
-            Err(_) => return Err(self.explained(Error::Timeout(self.timeout))),
+        let mut number = None;
+        let attempt = async {
+            let (made, connection) = self.get().await?;
+            number = Some(made);
+            Ok(work(connection).await)
         };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left, work(connection)).await {
-            Ok(Ok(value)) => {
+        match within(self.target.reactor(), budget, attempt).await {
+            Some(Ok(Ok(value))) => {
                 self.answered.store(true, Ordering::Relaxed);
                 self.set_up_fresh();
                 Ok(value)
             }
-            Ok(Err(err)) => {
-                let err = self.classify_on(err, Some(number));
-                if matches!(err, Error::Timeout(_)) {
+            Some(Ok(Err(err))) => {
+                let err = self.classify_on(err, number);
+                if let (Error::Timeout(_), Some(number)) = (&err, number) {
                     self.forget(number);
                 }
                 Err(self.explained(err))
             }
-            Err(_) => {
-                self.forget(number);
+            Some(Err(err)) => Err(self.explained(err)),
+            None => {
+                if let Some(number) = number {
+                    self.forget(number);
+                }
                 Err(self.explained(Error::Timeout(self.timeout)))
             }
         }

@@ -10,12 +10,15 @@
 //! parses and pairs every reply with its request.
 
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::io::tcp::socket2::SockRef;
 use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, RedisConnectionInfo, RedisResult};
+use tokio::time::Instant;
 
 /// An event loop on a thread of its own choosing.
 pub trait Reactor: Send + Sync {
@@ -26,7 +29,50 @@ pub trait Reactor: Send + Sync {
     /// Takes a connected, non-blocking TCP socket over: its reads and writes are made on the
     /// loop's thread, when the loop reports it ready.
     fn socket(&self, socket: std::net::TcpStream) -> std::io::Result<Box<dyn Socket>>;
+
+    /// Completes once the loop has read whatever its sockets hold now and handed it to the
+    /// work waiting for it. A deadline asks for this before it gives work up ([`within`]):
+    /// a loop kept from running (a long synchronous stretch, a GC pause, a debugger) may hold
+    /// the answers, unread, when the time runs out.
+    fn caught_up(&self) -> BoxFuture<'static, ()>;
 }
+
+/// `work`, bounded by `budget`, the time judged where the answer is. On a loop's connection,
+/// once the time is up, what the loop's sockets already hold is read before the work is
+/// given up, so a loop that could not run never turns an answer that came in time into a
+/// timeout; and a loop that came to the deadline late (it was kept from running: the
+/// connection's handshake, say, could not go on meanwhile) gives the work back the time it
+/// took, up to `budget` more in all. `None` when it timed out.
+pub async fn within<F: std::future::Future>(
+    reactor: Option<&Arc<dyn Reactor>>,
+    budget: Duration,
+    work: F,
+) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    let mut deadline = Instant::now() + budget;
+    let mut spare = budget;
+    loop {
+        if let Ok(done) = tokio::time::timeout_at(deadline, work.as_mut()).await {
+            return Some(done);
+        }
+        let reactor = reactor?;
+        let late = Instant::now().saturating_duration_since(deadline);
+        reactor.caught_up().await;
+        if let Poll::Ready(done) = futures::poll!(work.as_mut()) {
+            return Some(done);
+        }
+        let given = late.min(spare);
+        if given < LATE {
+            return None;
+        }
+        spare -= given;
+        deadline = Instant::now() + given;
+    }
+}
+
+/// How late a loop must come to a deadline to have been kept from running, rather than busy
+/// with its ordinary work.
+const LATE: Duration = Duration::from_millis(10);
 
 /// A socket a [`Reactor`] polls.
 pub trait Socket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin {}
@@ -40,7 +86,7 @@ pub(super) async fn open(
     redis: RedisConnectionInfo,
     tcp: TcpSettings,
     config: AsyncConnectionConfig,
-    connect_timeout: std::time::Duration,
+    connect_timeout: Duration,
 ) -> RedisResult<MultiplexedConnection> {
     let (opened, connection) = tokio::sync::oneshot::channel();
     let on = reactor.clone();
@@ -56,9 +102,9 @@ pub(super) async fn open(
             let socket = on.socket(stream)?;
             MultiplexedConnection::new_with_config(&redis, socket, config).await
         };
-        let outcome = match tokio::time::timeout(connect_timeout, connect).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+        let outcome = match within(Some(&on), connect_timeout, connect).await {
+            Some(outcome) => outcome,
+            None => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
         };
         match outcome {
             Ok((connection, driver)) => {

@@ -25,7 +25,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::future::BoxFuture;
@@ -204,6 +204,9 @@ struct Local {
     next: u64,
     /// For settling promises from libuv's callbacks.
     context: js::AsyncContext,
+    /// The sockets polled here, for [`catch_up`]; a dropped one is forgotten as the next is
+    /// made.
+    sockets: Vec<Weak<Io>>,
 }
 
 thread_local! {
@@ -303,6 +306,7 @@ impl NodeLoop {
                 tasks: HashMap::default(),
                 next: 0,
                 context,
+                sockets: Vec::new(),
             })
         });
         Some(Arc::new(Self { shared }))
@@ -314,6 +318,9 @@ impl Reactor for NodeLoop {
     /// its batch), `work` is polled at once, until it waits on something; from anywhere else,
     /// once the loop comes round.
     fn spawn(&self, work: BoxFuture<'static, ()>) {
+        if lock(&self.shared.signal).is_none() {
+            return; // The environment is gone: nothing would ever poll it.
+        }
         if self.shared.here() && !DRAINING.get() {
             lock(&self.shared.incoming).push(work);
             drain();
@@ -370,7 +377,55 @@ impl Reactor for NodeLoop {
             (uv.unref)(handle.0);
         }
         *lock(&io.poll) = Some(handle);
+        LOCAL.with(|local| {
+            if let Some(local) = local.borrow_mut().as_mut() {
+                local.sockets.retain(|io| io.strong_count() > 0);
+                local.sockets.push(Arc::downgrade(&io));
+            }
+        });
         Ok(Box::new(LoopSocket { stream: socket, io }))
+    }
+
+    fn caught_up(&self) -> BoxFuture<'static, ()> {
+        let (done, caught_up) = futures::channel::oneshot::channel::<()>();
+        self.spawn(Box::pin(async move {
+            catch_up();
+            // Polled again once the readers just woken were: they come first in the queue.
+            let mut yielded = false;
+            std::future::poll_fn(|cx| match std::mem::replace(&mut yielded, true) {
+                false => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                true => Poll::Ready(()),
+            })
+            .await;
+            let _ = done.send(());
+        }));
+        // Dropped unsent when the loop is gone: nothing is left to read then.
+        Box::pin(async move {
+            let _ = caught_up.await;
+        })
+    }
+}
+
+/// On Node's thread: every socket polled here is read again, whatever libuv last reported
+/// (a reply may sit in it unread when the loop could not run), its reader woken.
+fn catch_up() {
+    let sockets: Vec<Arc<Io>> = LOCAL.with(|local| {
+        local.borrow().as_ref().map_or_else(Vec::new, |l| {
+            l.sockets.iter().filter_map(Weak::upgrade).collect()
+        })
+    });
+    for io in sockets {
+        let read = {
+            let mut wakers = lock(&io.wakers);
+            wakers.readable = true;
+            wakers.read.take()
+        };
+        if let Some(read) = read {
+            read.wake();
+        }
     }
 }
 
@@ -473,6 +528,11 @@ struct Wakers {
     readable: bool,
     /// Writability is being watched for (only while a write would have blocked).
     watching_write: bool,
+    /// libuv reported an error on the socket (a reset, say) and stopped polling it, for good:
+    /// every read and write now asks the kernel, which hands over what the socket still holds
+    /// (replies that came before the reset) and then the error. Nothing will report the socket
+    /// ready again, so one that would block has failed.
+    failed: bool,
 }
 
 /// A socket's state shared with its poll handle's callback.
@@ -496,7 +556,7 @@ impl LoopSocket {
     fn watch_write(&self, cx: &Context<'_>) {
         let mut wakers = lock(&self.io.wakers);
         wakers.write = Some(cx.waker().clone());
-        if !wakers.watching_write {
+        if !wakers.watching_write && !wakers.failed {
             wakers.watching_write = true;
             if let (Some(uv), Some(poll)) = (uv(), *lock(&self.io.poll)) {
                 // SAFETY: an open poll handle, on its loop's thread.
@@ -512,6 +572,15 @@ impl LoopSocket {
         read: bool,
     ) -> Poll<io::Result<T>> {
         match outcome {
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock && lock(&self.io.wakers).failed => {
+                let reported = self.stream.take_error().ok().flatten();
+                Poll::Ready(Err(reported.unwrap_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "the event loop reported the socket failed",
+                    )
+                })))
+            }
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
                 match read {
                     true => {
@@ -541,7 +610,7 @@ impl tokio::io::AsyncRead for LoopSocket {
         let this = self.get_mut();
         {
             let mut wakers = lock(&this.io.wakers);
-            if !wakers.readable {
+            if !wakers.readable && !wakers.failed {
                 wakers.read = Some(cx.waker().clone());
                 return Poll::Pending;
             }
@@ -620,12 +689,13 @@ unsafe extern "C" fn on_ready(raw: *mut c_void, status: c_int, events: c_int) {
         let (read, write) = {
             let mut wakers = lock(&io.wakers);
             let failed = status < 0;
+            wakers.failed |= failed;
             let readable = failed || events & UV_READABLE != 0;
             wakers.readable |= readable;
             let read = readable.then(|| wakers.read.take()).flatten();
             let writable = failed || events & UV_WRITABLE != 0;
             let write = writable.then(|| wakers.write.take()).flatten();
-            if writable && wakers.watching_write {
+            if writable && wakers.watching_write && !wakers.failed {
                 wakers.watching_write = false;
                 if let Some(uv) = uv() {
                     // SAFETY: this open handle, on its loop's thread.

@@ -1,7 +1,11 @@
 //! Work deferred to the end of the current turn of JavaScript: run as one microtask after
 //! the code running now and the continuations already queued, so every call made in the
-//! meantime can join it. One native function and one `queueMicrotask` per environment are
+//! meantime can join it. One native function and one settled promise per environment are
 //! kept for this, so a turn costs one JavaScript call, not a new function.
+//!
+//! The microtask is queued by the promise's own `then`, never by `globalThis.queueMicrotask`:
+//! a test framework's fake timers replace that global (Jest's do by default), and a job
+//! queued into a fake would wait for a clock nobody advances.
 
 use std::cell::RefCell;
 use std::ptr;
@@ -19,7 +23,10 @@ pub type Job = Box<dyn FnOnce()>;
 struct Turn {
     env: Env,
     run_jobs: Persistent,
-    queue_microtask: Persistent,
+    /// A promise settled once and for all, and its `then`: called with `run_jobs`, it queues
+    /// a microtask in V8's own queue.
+    settled: Persistent,
+    then: Persistent,
     jobs: Vec<Job>,
 }
 
@@ -56,15 +63,18 @@ pub fn at_end(env: Env, job: Job) {
 impl Turn {
     fn new(env: Env) -> Option<Self> {
         let function = js::function(env, c"mastraLeaseEndOfTurn", run, ptr::null_mut(), None)?;
-        let queue = match js::property(env, js::global(env), c"queueMicrotask") {
-            Ok(queue) if js::type_of(env, queue) == sys::ValueType::napi_function => queue,
+        let (deferred, settled) = js::promise(env);
+        js::settle(env, deferred, Ok(js::undefined(env)));
+        let then = match js::property(env, settled, c"then") {
+            Ok(then) if js::type_of(env, then) == sys::ValueType::napi_function => then,
             _ => return None,
         };
-        // Both live as long as the environment.
+        // All live as long as the environment.
         Some(Self {
             env,
             run_jobs: js::persist(env, function)?,
-            queue_microtask: js::persist(env, queue)?,
+            settled: js::persist(env, settled)?,
+            then: js::persist(env, then)?,
             jobs: Vec::new(),
         })
     }
@@ -72,9 +82,13 @@ impl Turn {
     /// Queues the microtask that runs the jobs.
     fn schedule(&self) -> bool {
         let env = self.env;
-        match (self.run_jobs.value(env), self.queue_microtask.value(env)) {
-            (Some(function), Some(queue)) => {
-                js::call_on(env, js::global(env), queue, &[function]).is_some()
+        match (
+            self.run_jobs.value(env),
+            self.settled.value(env),
+            self.then.value(env),
+        ) {
+            (Some(function), Some(settled), Some(then)) => {
+                js::call_on(env, settled, then, &[function]).is_some()
             }
             _ => false,
         }
