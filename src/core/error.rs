@@ -91,6 +91,17 @@ pub enum Error {
         #[source]
         source: redis::RedisError,
     },
+    /// The connection broke after the call was sent, so whether Redis ran it is unknown, and
+    /// running it again could not answer as its first run would have: another call on its
+    /// key was in flight with it (which of them ran, and in what state each found the lease,
+    /// is lost with the replies), or it is a transfer whose lease is no longer with its old
+    /// holder (moved by this transfer's first run, or by someone else: on one server nothing
+    /// tells which). Read the lease to see where it stands.
+    #[error(
+        "the connection to Redis broke after the call was sent: whether it took effect is \
+         unknown (read the lease to see where it stands)"
+    )]
+    OutcomeUnknown,
     /// Redis answered with any other error (OOM, WRONGTYPE, READONLY, ...).
     #[error("Redis returned an error: {0}")]
     Server(#[source] redis::RedisError),
@@ -179,6 +190,7 @@ impl Error {
             Self::Timeout(_) | Self::TlsTimeout(_) => "ERR_LEASE_TIMEOUT",
             Self::Protocol => "ERR_LEASE_PROTOCOL",
             Self::Connection(_) => "ERR_LEASE_CONNECTION",
+            Self::OutcomeUnknown => "ERR_LEASE_OUTCOME_UNKNOWN",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
             Self::Unsupported { .. } => "ERR_LEASE_UNSUPPORTED_COMMAND",
@@ -199,6 +211,7 @@ impl Error {
             | Self::TlsTimeout(_)
             | Self::Protocol
             | Self::Connection(_)
+            | Self::OutcomeUnknown
             | Self::Auth(_)
             | Self::Replication { .. }
             | Self::Unsupported { .. }

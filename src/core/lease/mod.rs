@@ -184,6 +184,14 @@ impl Call {
         }
     }
 
+    /// Whether the call only reads the lease.
+    pub fn reads(&self) -> bool {
+        matches!(
+            self,
+            Call::Owner { .. } | Call::Lease { .. } | Call::Record { .. }
+        )
+    }
+
     /// Whether the call may grant or move a lease (under `minReplicas`, confirmed by `WAIT`).
     pub fn grants(&self) -> bool {
         matches!(

@@ -241,12 +241,15 @@ impl RedisStore {
     /// within `replicaTimeoutMs` of being sent, whatever else is in flight.
     ///
     /// A connection that breaks under a pipeline (a server restart, an idle connection
-    /// closed by the server or a proxy, a failover) leaves unknown whether its calls ran.
-    /// They are sent once more, in order, on a fresh connection and within the same timeout,
-    /// where a second run answers as the first would have: acquire and renew by the same
-    /// owner refresh again, a release or a read is harmless, and a transfer carries an id of
-    /// its own and is told when it is sent again, so the same transfer run twice answers `true`
-    /// twice (see `transfer.lua`).
+    /// closed by the server or a proxy, a failover) leaves unknown whether its calls ran. Those
+    /// whose second run answers as the first would have are sent once more, in order, on a
+    /// fresh connection and within the same timeout: a key's one call (acquire and renew by
+    /// the same holder refresh again, a release or a read is harmless), or its reads alone.
+    /// A transfer is told it is sent again: on a cluster it carries an id of its own, which
+    /// Redis keeps, so the same transfer run twice answers `true` twice; on one server it
+    /// moves a lease still with its old holder, and otherwise cannot know (see
+    /// `transfer.lua`). Every other call, and a key's calls when a write is among several,
+    /// rejects with [`Error::OutcomeUnknown`]: never an answer that was not the first run's.
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
         let started = Instant::now();
         let deadline = started + self.connection.timeout();
@@ -289,7 +292,8 @@ impl RedisStore {
         }
     }
 
-    /// Sends one pipeline, once more when the connection broke under it, and answers each of
+    /// Sends one pipeline, once more when the connection broke under it (what of it can go
+    /// again, [`Part::again`]; the rest is told its outcome is unknown), and answers each of
     /// its calls.
     async fn send(
         &self,
@@ -298,28 +302,50 @@ impl RedisStore {
         timing: Timing,
         answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
     ) {
-        let sent = &pipeline.sent;
+        let mut part = std::borrow::Cow::Borrowed(pipeline);
         for attempt in 0..2 {
+            let pipeline = part.as_ref();
+            let sent = &pipeline.sent;
             let budget = timing.deadline.saturating_duration_since(Instant::now());
+            // Whether any of it may have reached Redis: not when no connection could be had.
+            let mut went = true;
             let result = match self.replication.filter(|_| pipeline.confirm) {
                 Some(wanted) => {
                     self.confirmed(calls, pipeline, timing, wanted, answered)
                         .await
                 }
-                None => self
-                    .on(pipeline.on)
-                    .run_within(budget, |mut link| async move {
-                        self.passes(&mut link, calls, pipeline).await
-                    })
-                    .await
-                    .map(|replies| self.decode_all(calls, sent, replies)),
+                None => {
+                    went = false;
+                    let went = &mut went;
+                    self.on(pipeline.on)
+                        .run_within(budget, |mut link| {
+                            *went = true;
+                            async move { self.passes(&mut link, calls, pipeline).await }
+                        })
+                        .await
+                        .map(|replies| self.decode_all(calls, sent, replies))
+                }
             };
             match result {
                 Ok(answers) => return answered(answers),
+                Err(Error::Connection(_)) if attempt == 0 && !went => {}
                 Err(Error::Connection(_)) if attempt == 0 => {
-                    for &i in sent {
+                    let (again, unknown) = pipeline.again(calls);
+                    if !unknown.is_empty() {
+                        answered(
+                            unknown
+                                .into_iter()
+                                .map(|i| (i, Err(Error::OutcomeUnknown)))
+                                .collect(),
+                        );
+                    }
+                    if again.sent.is_empty() {
+                        return;
+                    }
+                    for &i in &again.sent {
                         calls[i].again.store(true, Ordering::Relaxed);
                     }
+                    part = std::borrow::Cow::Owned(again);
                 }
                 Err(err) => {
                     return answered(sent.iter().map(|&i| (i, Err(err.clone()))).collect());
@@ -338,8 +364,12 @@ impl RedisStore {
         sent.iter()
             .zip(replies)
             .map(|(&i, reply)| {
-                let answer =
-                    decode(&calls[i].call, reply).map_err(|e| self.connection.classify_reply(e));
+                let call = &calls[i].call;
+                // A transfer sent again that cannot tell whether its first run moved the lease.
+                if matches!(call, Call::Transfer { .. }) && reply == Value::Int(-1) {
+                    return (i, Err(Error::OutcomeUnknown));
+                }
+                let answer = decode(call, reply).map_err(|e| self.connection.classify_reply(e));
                 (i, answer)
             })
             .collect()

@@ -17,16 +17,17 @@
 --          the ttl); else absent (or empty)
 -- ARGV[6]  fromMetadata; absent for none
 -- ARGV[7]  toMetadata, stored with the new owner; absent for none
--- Returns  1 when the new holder now holds the lease, 0 when the old one no longer held it.
+-- Returns  1 when the new holder now holds the lease, 0 when the old one no longer held it,
+--          -1 when a send made again knowingly cannot tell which (below).
 -- Atomically: the key is overwritten in place, never deleted, so no other owner can claim
 -- it in between. A lease with a token gets the counter's next one for its new holder, so a
 -- resource that checks tokens refuses the old holder's late writes; one without stays
--- without. The same transfer run again (its reply was lost with a connection) answers 1
--- again, refreshing the TTL: a send made again knowingly takes the new holder holding the
--- lease as its own doing (if the first send never ran and the new holder claimed the lease
--- meanwhile, it holds it all the same); an id kept in the token key, for a fenced lease or
--- for none, is found there. Any other transfer that finds the new holder already holding the
--- lease answers 0. Without a token and without a kept id, the lease handed over is its key
+-- without. The same transfer run again (its reply was lost with a connection): with an id
+-- kept in the token key, for a fenced lease or for none, it is found there and answers 1
+-- again, refreshing the TTL; a send made again knowingly finds the lease still with its old
+-- holder (the first send never ran) and moves it, or answers -1: the lease moved on, by
+-- this transfer's first run or by someone else, and nothing here tells which. Any other
+-- transfer that finds the new holder already holding the lease answers 0. Without a token and without a kept id, the lease handed over is its key
 -- alone, as Mastra's own backend leaves it. A transfer of a lease with a companion key
 -- publishes "transferred" on the lease key's name, as a release does, on the classic channel
 -- where SPUBLISH is refused (waiters look again; the key is not free, but its holder
@@ -54,7 +55,7 @@ else
     token, kept, named = string.match(fence, '^(%d*):([^:]*):(.*)$')
   end
   if current == ARGV[2] and metadata == toMetadata
-      and (again or (id ~= '' and kept == id and named == ARGV[2])) then
+      and id ~= '' and kept == id and named == ARGV[2] then
     -- This transfer, sent again.
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     if toMetadata ~= '' then
@@ -68,6 +69,9 @@ else
     return 1
   end
   if current ~= ARGV[1] or metadata ~= fromMetadata then
+    if again then
+      return -1
+    end
     return 0
   end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])

@@ -83,6 +83,7 @@ pub(super) fn pipeline_size(n: usize) -> usize {
 }
 
 /// A part of a batch sent as one pipeline.
+#[derive(Clone)]
 pub(super) struct Part {
     /// The calls, by their place in the batch, in order.
     pub(super) sent: Vec<usize>,
@@ -107,4 +108,48 @@ pub(super) fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
     sent.iter()
         .map(|&i| count.get(calls[i].call.key()).is_some_and(|&n| n > 1))
         .collect()
+}
+
+impl Part {
+    /// What of this part goes again after the connection broke under it, leaving unknown
+    /// which of its calls Redis ran (a prefix of them, in order), and the calls that cannot:
+    /// those of a key with a write among several calls. A key's one call answers the same
+    /// when run twice (an acquire or renew by the same holder refreshes again, a release or a
+    /// read is harmless; a transfer says whether it can know, see `transfer.lua`), and so do
+    /// reads alone; but a key's later calls change what its earlier ones find when sent
+    /// again (`acquire(A); transfer(A, B)` run twice would answer the acquire `false`), and
+    /// their first answers are lost.
+    pub(super) fn again(&self, calls: &[Sent]) -> (Part, Vec<usize>) {
+        let mut unknowable: HashSet<&str, Hasher> = HashSet::default();
+        if self.keys_repeat {
+            let mut seen: HashMap<&str, bool, Hasher> = HashMap::default();
+            for &i in &self.sent {
+                let call = &calls[i].call;
+                let writes = !call.reads();
+                match seen.get_mut(call.key()) {
+                    Some(wrote) => {
+                        *wrote |= writes;
+                        if *wrote {
+                            unknowable.insert(call.key());
+                        }
+                    }
+                    None => {
+                        seen.insert(call.key(), writes);
+                    }
+                }
+            }
+        }
+        let (unknown, again): (Vec<usize>, Vec<usize>) = self
+            .sent
+            .iter()
+            .partition(|&&i| unknowable.contains(calls[i].call.key()));
+        let keys = self.keys - unknowable.len();
+        let part = Part {
+            sent: again,
+            keys,
+            keys_repeat: self.keys_repeat && keys < self.sent.len() - unknown.len(),
+            ..*self
+        };
+        (part, unknown)
+    }
 }
