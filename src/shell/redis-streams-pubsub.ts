@@ -204,9 +204,13 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
    * Stops every subscription, closes the leases and every connection. Every publish, ack and
    * nack made before it (in the same turn too, unawaited) has reached Redis when it resolves,
    * or failed for good and been logged; events still held stay pending for a sibling.
-   * Idempotent.
+   * Lease calls made once it was called reject with `ERR_LEASE_CLOSED` at once. Idempotent.
    */
   async close(): Promise<void> {
+    // The lease side closes first, before any await: a lease call made while the transport
+    // still drains is refused at once and never reaches Redis. That closes no connection: the
+    // one the leases share is the transport's, closed once what was published before is written.
+    const leasesClosed = this.ownLeases.close()
     this.subscriptions.clear()
     this.byId.clear()
     for (const [timer, { done }] of this.localRetries) {
@@ -215,7 +219,7 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
     }
     this.localRetries.clear()
     await this.transport.close()
-    await this.ownLeases.close()
+    await leasesClosed
   }
 
   /**
