@@ -10,8 +10,9 @@
 //   comes from a proxy in a process of its own (fixtures/reset-after-replies-proxy.mjs): the
 //   in-process fault proxy would be blocked with the loop.
 // - `queueMicrotask` faked (as Jest's modern fake timers do) when a thread makes its first
-//   call, in a process of its own (fixtures/fake-microtask-process.mjs), since the addon keeps
-//   the function it first finds; node-loop-fake-timers.spec.ts has vitest's own fakes.
+//   call, in a process of its own (fixtures/fake-microtask-process.mjs): a thread's first call
+//   is where the addon once took the function it kept for good. node-loop-fake-timers.spec.ts
+//   has vitest's own fakes.
 // - RedisStreamsPubSub: a lease call made once close() was called is refused, while close()
 //   still drains the publishes made before it.
 //

@@ -285,6 +285,7 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
         [{ url, tls: { ca: pem('ca.crt'), servername: 'redis.test' } }, TypeError, /tls\.servername is not supported.*URL's host/],
         [{ url, tls: { rejectUnauthorized: false } }, TypeError, /tls\.rejectUnauthorized is not supported/],
         [{ url: `redis://localhost:${open}`, tls: { ca: pem('ca.crt') } }, RangeError, /tls is set but url is not a rediss:\/\/ URL/],
+        [{ url: `redis://localhost:${open}`, tls: {} }, RangeError, /tls is set but url is not a rediss:\/\/ URL/],
         [{ url: 'redis+unix:///tmp/none.sock', tls: { cert: pem('client.crt'), key } }, RangeError, /not a rediss:\/\/ URL/],
       ]
       const keyLines = key.split('\n').filter((line) => line.length > 20)

@@ -124,6 +124,22 @@ impl Options {
             }
             _ => {}
         }
+        // Any `tls` given, even `{}`, says TLS was meant: a URL without it is refused, as it is
+        // with certificates (the core's check sees only what `tls` holds).
+        let rediss = |url: &str| url.starts_with("rediss://");
+        let asks_tls = match &deployment {
+            Deployment::Single => rediss(&url),
+            Deployment::Cluster { nodes } | Deployment::Sentinel { nodes, .. } => {
+                nodes.iter().any(|node| rediss(node))
+            }
+        };
+        if tls.is_some() && !asks_tls {
+            return Err(Error::option(
+                InputErrorKind::Range,
+                "tls is set but url is not a rediss:// URL: TLS options apply to rediss:// only",
+            )
+            .into());
+        }
         if client.tls == Some(true) && tls.is_none() {
             tls = Some(TlsOptions::default());
         }
