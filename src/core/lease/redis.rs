@@ -248,8 +248,9 @@ impl RedisStore {
     /// A transfer is told it is sent again: on a cluster it carries an id of its own, which
     /// Redis keeps, so the same transfer run twice answers `true` twice; on one server it
     /// moves a lease still with its old holder, and otherwise cannot know (see
-    /// `transfer.lua`). Every other call, and a key's calls when a write is among several,
-    /// rejects with [`Error::OutcomeUnknown`]: never an answer that was not the first run's.
+    /// `transfer.lua`). A key's calls when a write is among several, and such a transfer that
+    /// cannot know, reject with [`Error::OutcomeUnknown`]: never an answer that was not the
+    /// first run's.
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
         let started = Instant::now();
         let deadline = started + self.connection.timeout();
