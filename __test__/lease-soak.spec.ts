@@ -3,7 +3,8 @@
 // (`CLIENT KILL TYPE normal` from a side connection). What must hold:
 //
 // - every call either answers what a fresh key's lifecycle must answer, or rejects with a
-//   transport code (ERR_LEASE_CONNECTION / ERR_LEASE_TIMEOUT): a flap never becomes `false`;
+//   transport code (ERR_LEASE_CONNECTION / ERR_LEASE_TIMEOUT / ERR_LEASE_OUTCOME_UNKNOWN): a
+//   flap never becomes `false`;
 // - the client process's memory and active handles stay flat (measured after a warm-up and
 //   at the end, after a full GC, in a process of its own started with --expose-gc), and it
 //   exits by itself after close();

@@ -184,11 +184,12 @@ impl Call {
         }
     }
 
-    /// Whether the call only reads the lease.
-    pub fn reads(&self) -> bool {
+    /// Whether the call may change who holds the lease (an acquire, a release, a transfer;
+    /// a renew only extends it): what the key's other calls find depends on it.
+    pub fn may_change_holder(&self) -> bool {
         matches!(
             self,
-            Call::Owner { .. } | Call::Lease { .. } | Call::Record { .. }
+            Call::Acquire { .. } | Call::Release { .. } | Call::Transfer { .. }
         )
     }
 

@@ -244,11 +244,13 @@ impl RedisStore {
     /// closed by the server or a proxy, a failover) leaves unknown whether its calls ran. Those
     /// whose second run answers as the first would have are sent once more, in order, on a
     /// fresh connection and within the same timeout: a key's one call (acquire and renew by
-    /// the same holder refresh again, a release or a read is harmless), or its reads alone.
+    /// the same holder refresh again, a release or a read is harmless), or its reads and
+    /// renewals alone.
     /// A transfer is told it is sent again: on a cluster it carries an id of its own, which
     /// Redis keeps, so the same transfer run twice answers `true` twice; on one server it
     /// moves a lease still with its old holder, and otherwise cannot know (see
-    /// `transfer.lua`). A key's calls when a write is among several, and such a transfer that
+    /// `transfer.lua`). A key's calls when an acquire, release or transfer is among several,
+    /// and such a transfer that
     /// cannot know, reject with [`Error::OutcomeUnknown`]: never an answer that was not the
     /// first run's.
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {

@@ -113,28 +113,28 @@ pub(super) fn repeated_keys(calls: &[Sent], sent: &[usize]) -> Vec<bool> {
 impl Part {
     /// What of this part goes again after the connection broke under it, leaving unknown
     /// which of its calls Redis ran (a prefix of them, in order), and the calls that cannot:
-    /// those of a key with a write among several calls. A key's one call answers the same
-    /// when run twice (an acquire or renew by the same holder refreshes again, a release or a
-    /// read is harmless; a transfer says whether it can know, see `transfer.lua`), and so do
-    /// reads alone; but a key's later calls change what its earlier ones find when sent
-    /// again (`acquire(A); transfer(A, B)` run twice would answer the acquire `false`), and
-    /// their first answers are lost.
+    /// those of a key with a call that may change its holder among several. A key's one call
+    /// answers the same when run twice (an acquire or renew by the same holder refreshes
+    /// again, a release or a read is harmless; a transfer says whether it can know, see
+    /// `transfer.lua`), and so do reads and renewals alone; but a key's later calls change
+    /// what its earlier ones find when sent again (`acquire(A); transfer(A, B)` run twice
+    /// would answer the acquire `false`), and their first answers are lost.
     pub(super) fn again(&self, calls: &[Sent]) -> (Part, Vec<usize>) {
         let mut unknowable: HashSet<&str, Hasher> = HashSet::default();
         if self.keys_repeat {
             let mut seen: HashMap<&str, bool, Hasher> = HashMap::default();
             for &i in &self.sent {
                 let call = &calls[i].call;
-                let writes = !call.reads();
+                let moves = call.may_change_holder();
                 match seen.get_mut(call.key()) {
-                    Some(wrote) => {
-                        *wrote |= writes;
-                        if *wrote {
+                    Some(moved) => {
+                        *moved |= moves;
+                        if *moved {
                             unknowable.insert(call.key());
                         }
                     }
                     None => {
-                        seen.insert(call.key(), writes);
+                        seen.insert(call.key(), moves);
                     }
                 }
             }
