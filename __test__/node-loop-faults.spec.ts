@@ -110,22 +110,35 @@ async function heldInRedis(keyPrefix: string, keys: string[], owner: string): Pr
   return owners.filter((o) => o === owner).length
 }
 
+/**
+ * Three rounds of 20 acquires on fresh keys from the provider `ready` answers, Node's loop
+ * blocked for 1.5 s once they were written: each round's answers, tallied, and how many of the
+ * leases Redis holds.
+ */
+async function blockedRounds(keyPrefix: string, ready: () => Promise<RedisLeaseProvider>) {
+  const rounds: Array<{ tally: Record<string, number>; held: number }> = []
+  for (let round = 0; round < 3; round++) {
+    const provider = await ready()
+    const keys = Array.from({ length: 20 }, (_, i) => `round${round}:${i}`)
+    const since = performance.now()
+    const calls = keys.map((key) => provider.acquireLease(key, 'owner', 60_000))
+    blockAfterThisTurn(1_500)
+    const results = await outcomes(calls, since)
+    rounds.push({ tally: tally(results, isGrant), held: await heldInRedis(keyPrefix, keys, 'owner') })
+  }
+  return rounds
+}
+
 describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is blocked', () => {
   it('a loop blocked past commandTimeoutMs once 20 acquires were written: every one Redis granted resolves granted, none rejects ERR_LEASE_TIMEOUT', async ({ annotate }) => {
     const keyPrefix = `node-loop-faults:blocked:${RUN}`
     const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix, commandTimeoutMs: 500 }))
-    const rounds: Array<{ tally: Record<string, number>; held: number }> = []
-    for (let round = 0; round < 3; round++) {
+    const rounds = await blockedRounds(keyPrefix, async () => {
       // Connected (both connections the calls are spread over) before the loop is blocked,
       // again after a round whose failures dropped them.
       await warm((i) => provider.getLeaseOwner(`warm:${i}`))
-      const keys = Array.from({ length: 20 }, (_, i) => `round${round}:${i}`)
-      const since = performance.now()
-      const calls = keys.map((key) => provider.acquireLease(key, 'owner', 60_000))
-      blockAfterThisTurn(1_500)
-      const results = await outcomes(calls, since)
-      rounds.push({ tally: tally(results, isGrant), held: await heldInRedis(keyPrefix, keys, 'owner') })
-    }
+      return provider
+    })
     await annotate(rounds.map((r, i) => `round ${i + 1}: ${JSON.stringify(r.tally)}, ${r.held}/20 held in Redis`).join('; '))
     // Redis holds every lease: only the answers can be wrong.
     expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])
@@ -134,16 +147,9 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is
 
   it('a fresh provider’s first calls, the loop blocked past connectTimeoutMs and commandTimeoutMs while it connects to a server that was there all along: granted, not rejected for time', async ({ annotate }) => {
     const keyPrefix = `node-loop-faults:first:${RUN}`
-    const rounds: Array<{ tally: Record<string, number>; held: number }> = []
-    for (let round = 0; round < 3; round++) {
-      const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix, connectTimeoutMs: 500, commandTimeoutMs: 500 }))
-      const keys = Array.from({ length: 20 }, (_, i) => `round${round}:${i}`)
-      const since = performance.now()
-      const calls = keys.map((key) => provider.acquireLease(key, 'owner', 60_000))
-      blockAfterThisTurn(1_500)
-      const results = await outcomes(calls, since)
-      rounds.push({ tally: tally(results, isGrant), held: await heldInRedis(keyPrefix, keys, 'owner') })
-    }
+    const rounds = await blockedRounds(keyPrefix, async () =>
+      closing(new RedisLeaseProvider({ url: server.url, keyPrefix, connectTimeoutMs: 500, commandTimeoutMs: 500 })),
+    )
     await annotate(rounds.map((r, i) => `round ${i + 1}: ${JSON.stringify(r.tally)}, ${r.held}/20 held in Redis`).join('; '))
     expect(rounds.map((r) => r.tally)).toEqual([{ granted: 20 }, { granted: 20 }, { granted: 20 }])
     expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])

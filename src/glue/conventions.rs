@@ -8,6 +8,8 @@
 //! - Raw `sys::napi_*` calls are made in `js.rs` alone (each wrapped once, for Node's thread),
 //!   except the thread-safe functions' own (`napi_*_threadsafe_function`), made from any
 //!   thread, in `crossing/tsfn.rs`.
+//! - libuv's functions are found and called in `crossing/uv.rs` alone, behind its safe
+//!   wrapper.
 
 use std::path::{Path, PathBuf};
 
@@ -220,5 +222,32 @@ fn raw_napi_calls_live_in_js_rs_and_tsfn_rs() {
     assert!(
         stray.is_empty(),
         "raw N-API calls outside js.rs (wrap them there): {stray:#?}"
+    );
+}
+
+#[test]
+fn libuv_is_called_in_uv_rs_alone() {
+    let mut stray = Vec::new();
+    for (file, text) in glue_files() {
+        if file.ends_with("glue/crossing/uv.rs") || file.ends_with("glue/conventions.rs") {
+            continue;
+        }
+        for needle in [
+            "dlsym",
+            "(uv.",
+            "uv_poll_start",
+            "uv_async_send",
+            "uv_close",
+        ] {
+            for (at, _) in text.match_indices(needle) {
+                if in_code(&text, at) {
+                    stray.push(format!("{file}:{} ({needle})", line_of(&text, at)));
+                }
+            }
+        }
+    }
+    assert!(
+        stray.is_empty(),
+        "libuv reached outside crossing/uv.rs (wrap it there): {stray:#?}"
     );
 }

@@ -26,6 +26,8 @@ mod node_loop;
 mod queue;
 mod tsfn;
 mod turn;
+#[cfg(unix)]
+mod uv;
 
 use std::ffi::c_void;
 use std::future::Future;
