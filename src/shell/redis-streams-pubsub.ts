@@ -1,3 +1,4 @@
+import { AsyncResource } from 'node:async_hooks'
 import { randomUUID } from 'node:crypto'
 
 import type { Event, EventCallback, PubSubDeliveryMode, SubscribeOptions } from '@mastra/core/events'
@@ -135,11 +136,14 @@ export class RedisStreamsPubSub extends PubSubWithLeases {
   async subscribe(topic: string, cb: EventCallback, options?: SubscribeOptions): Promise<void> {
     if (typeof cb !== 'function') throw argumentError(`the callback must be a function, got ${typeof cb}`)
     const { group, startFrom } = subscribeOptions(options)
-    const onEvents = (batch: Array<number | string>) => {
+    // Events are handed over from the addon's thread-safe function, whose async context Node
+    // 22 takes from where it was made and Node 24 does not: bound here, callbacks run in the
+    // subscriber's context (its AsyncLocalStorage stores) on every Node.
+    const onEvents = AsyncResource.bind((batch: Array<number | string>) => {
       for (let i = 0; i + 1 < batch.length; i += 2) {
         this.deliver(topic, batch[i] as number, batch[i + 1] as string, cb, group)
       }
-    }
+    })
     let byCallback = this.subscriptions.get(topic)
     const existing = byCallback?.get(cb)
     if (existing) {
