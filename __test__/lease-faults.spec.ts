@@ -495,6 +495,31 @@ describe('RedisLeaseProvider', () => {
       expect(await p.getLeaseOwner(key)).toBeUndefined()
     })
 
+    it('a server still loading its data after a restart: calls wait for it within commandTimeoutMs and answer, or reject ERR_LEASE_CONNECTION, never ERR_LEASE_REDIS', async ({ annotate }) => {
+      // Loading slowed down (1 ms a key) and answering meanwhile (every 1 KiB): for about 3 s
+      // after the restart every command is answered LOADING and runs nothing.
+      const server = await ownServer({ args: ['--key-load-delay', '1000', '--loading-process-events-interval-bytes', '1024'] })
+      await server.cli('EVAL', "for i = 1, 3000 do redis.call('SET', 'filler:' .. i, 'x') end", 0)
+      await server.cli('SAVE')
+      const loading = async () => (await server.info('persistence')).loading
+      const quick = provider({ url: server.url, commandTimeoutMs: 500 })
+      const patient = provider({ url: server.url, commandTimeoutMs: 10_000 })
+      await server.restart({ whileLoading: true })
+      expect(await loading(), 'the server is loading').toBe('1')
+      const started = performance.now()
+      const [refused, granted] = await Promise.all([
+        settleWithin(quick.acquireLease(uniqueKey('loading-quick'), 'A', LONG), 3_000),
+        patient.acquireLease(uniqueKey('loading-patient'), 'A', LONG),
+      ])
+      const waited = performance.now() - started
+      expect(refused.status).toBe('rejected')
+      if (refused.status === 'rejected') expect(errorCode(refused.reason)).toBe('ERR_LEASE_CONNECTION')
+      expect(refused.elapsed).toBeLessThan(1_500)
+      expect(granted).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await loading()).toBe('0')
+      await annotate(`loading: the 500 ms call rejected ERR_LEASE_CONNECTION after ${Math.round(refused.elapsed)} ms; the 10 s one granted after ${Math.round(waited)} ms`)
+    })
+
     it('a connection the server closed while idle costs no failed call, a transfer included', async () => {
       // Servers with `timeout`, proxies and NATs close idle connections. Mastra counts a
       // rejected acquireLease as acquired, so a spurious connection error is not harmless.

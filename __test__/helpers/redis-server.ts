@@ -54,8 +54,9 @@ export interface RedisServer {
   thaw(): void
   /** SIGKILL, then wait for the process to be gone. */
   kill(): Promise<void>
-  /** Start again on the same port (after kill(), or stops it first). */
-  restart(): Promise<void>
+  /** Start again on the same port (after kill(), or stops it first); with `whileLoading`,
+   * answered once it takes connections, while it may still be loading its data. */
+  restart(options?: { whileLoading?: boolean }): Promise<void>
   /** Stop and clean up; idempotent. Never touches an external server. */
   stop(): Promise<void>
 }
@@ -379,8 +380,9 @@ export class RedisProcess implements RedisServer {
     return path.join(this.dir, 'redis.log')
   }
 
-  /** Spawn and wait for PING; false when the process exits first (e.g. its port is taken). */
-  async start(timeoutMs = 10_000): Promise<boolean> {
+  /** Spawn and wait for PING (or, `whileLoading`, for a LOADING answer to it too); false when
+   * the process exits first (e.g. its port is taken). */
+  async start(timeoutMs = 10_000, whileLoading = false): Promise<boolean> {
     const child = spawn('redis-server', this.spec.argv, { cwd: this.dir, stdio: ['ignore', 'ignore', 'pipe'] })
     live.add(child)
     child.once('exit', () => live.delete(child))
@@ -396,7 +398,12 @@ export class RedisProcess implements RedisServer {
           this.isFrozen = false
           return true
         }
-      } catch {
+      } catch (err) {
+        if (whileLoading && String((err as Error)?.message).startsWith('LOADING')) {
+          this.proc = child
+          this.isFrozen = false
+          return true
+        }
         await sleep(20)
       } finally {
         if (probe) destroyQuietly(probe)
@@ -432,12 +439,12 @@ export class RedisProcess implements RedisServer {
     await waitExit(p, 5000)
   }
   /** Start again on the same port(s) with the same dir, so a cluster node keeps its nodes.conf and id. */
-  async restart() {
+  async restart(options: { whileLoading?: boolean } = {}) {
     await this.kill()
     // The port may linger briefly; the provider under test keeps retrying meanwhile.
     const deadline = performance.now() + 10_000
     while (performance.now() < deadline) {
-      if (await this.start()) return
+      if (await this.start(10_000, options.whileLoading)) return
       await sleep(50)
     }
     const log = existsSync(this.logFile) ? `:\n${tail(this.logFile)}` : ''

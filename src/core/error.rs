@@ -313,6 +313,11 @@ impl Error {
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             return Self::Connection(err);
         }
+        // A server still loading its data after a start runs nothing yet: a connection to a
+        // server not ready, not an error of the command's.
+        if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
+            return Self::Connection(err);
+        }
         if let Some(command) = Self::is_unknown_command(&err) {
             return Self::Unsupported {
                 command,

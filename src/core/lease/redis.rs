@@ -249,7 +249,9 @@ impl RedisStore {
     /// A transfer is told it is sent again: on a cluster it carries an id of its own, which
     /// Redis keeps, so the same transfer run twice answers `true` twice; on one server it
     /// moves a lease still with its old holder, and otherwise cannot know (see
-    /// `transfer.lua`). A key's calls when an acquire, release or transfer is among several,
+    /// `transfer.lua`). A server still loading its data after a start (`LOADING`), which ran
+    /// nothing, is asked again every 50 ms within the same timeout. A key's calls when an
+    /// acquire, release or transfer is among several,
     /// and such a transfer that
     /// cannot know, reject with [`Error::OutcomeUnknown`]: never an answer that was not the
     /// first run's.
@@ -306,7 +308,8 @@ impl RedisStore {
         answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
     ) {
         let mut part = std::borrow::Cow::Borrowed(pipeline);
-        for attempt in 0..2 {
+        let mut broke = false;
+        loop {
             let pipeline = part.as_ref();
             let sent = &pipeline.sent;
             let budget = timing.deadline.saturating_duration_since(Instant::now());
@@ -320,19 +323,27 @@ impl RedisStore {
                 None => {
                     went = false;
                     let went = &mut went;
-                    self.on(pipeline.on)
+                    let replies = self
+                        .on(pipeline.on)
                         .run_within(budget, |mut link| {
                             *went = true;
                             async move { self.passes(&mut link, calls, pipeline).await }
                         })
-                        .await
-                        .map(|replies| self.decode_all(calls, sent, replies))
+                        .await;
+                    match replies {
+                        // Nothing ran: asked again after a pause, while the calls' time allows.
+                        Ok(replies) if loading(&replies) && pause(timing.deadline).await => {
+                            continue;
+                        }
+                        replies => replies.map(|replies| self.decode_all(calls, sent, replies)),
+                    }
                 }
             };
             match result {
                 Ok(answers) => return answered(answers),
-                Err(Error::Connection(_)) if attempt == 0 && !went => {}
-                Err(Error::Connection(_)) if attempt == 0 => {
+                Err(Error::Connection(_)) if !broke && !went => broke = true,
+                Err(Error::Connection(_)) if !broke => {
+                    broke = true;
                     let (again, unknown) = pipeline.again(calls);
                     if !unknown.is_empty() {
                         answered(
@@ -520,6 +531,28 @@ impl RedisStore {
         }
         Ok(replies)
     }
+}
+
+/// Whether every reply says the server is still loading its data after a start (`LOADING`):
+/// then nothing ran, and the same calls may go again as first sends.
+fn loading(replies: &[Value]) -> bool {
+    !replies.is_empty()
+        && replies.iter().all(|reply| {
+            matches!(reply, Value::ServerError(err)
+                if err.kind() == Some(redis::ServerErrorKind::BusyLoading))
+        })
+}
+
+/// Waits a little for a server that is loading its data, if `deadline` leaves time to ask it
+/// again afterwards: `false` when it does not (the calls then fail as with a server not
+/// reached, `ERR_LEASE_CONNECTION`).
+async fn pause(deadline: Instant) -> bool {
+    const PAUSE: Duration = Duration::from_millis(50);
+    if deadline.saturating_duration_since(Instant::now()) <= PAUSE * 2 {
+        return false;
+    }
+    tokio::time::sleep(PAUSE).await;
+    true
 }
 
 /// When a batch began, and when it must be answered by.
