@@ -20,17 +20,15 @@
 // REDIS_URL, since these paths need a plain redis:// server the tests start.
 import './helpers/mastra-node.js' // first: the streams pubsub loads Mastra, which needs Node >= 22.13
 
-import { spawn } from 'node:child_process'
 import path from 'node:path'
-import { createInterface } from 'node:readline'
 
 import { beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { jsonLinesChild, type Line } from './helpers/json-lines-child.js'
+import { jsonLinesChild } from './helpers/json-lines-child.js'
 import { errorCode, leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
-import { NODE } from './helpers/mastra-node.js'
+import { blockAfterThisTurn, startResetProxy, warm, type ResetProxy } from './helpers/node-loop-faults.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 leaseSuite()
@@ -43,39 +41,6 @@ let server: RedisServer
 beforeAll(async () => {
   if (!EXTERNAL_REDIS) server = stopLater(await startRedis())
 })
-
-/** Keeps Node's thread busy for `ms`: no I/O, no timer, no callback of libuv runs meanwhile. */
-function busyWait(ms: number) {
-  const until = performance.now() + ms
-  while (performance.now() < until) {
-    // spinning
-  }
-}
-
-/**
- * Blocks the loop for `ms` once the calls made so far in this turn were written: the addon
- * sends a turn's calls from the microtask its first call queued, so one queued after them
- * runs after that send. Answers when the block began and ended (process.hrtime.bigint(),
- * filled in once it has run).
- */
-function blockAfterThisTurn(ms: number): { from: bigint; to: bigint } {
-  const blocked = { from: 0n, to: 0n }
-  queueMicrotask(() => {
-    blocked.from = process.hrtime.bigint()
-    busyWait(ms)
-    blocked.to = process.hrtime.bigint()
-  })
-  return blocked
-}
-
-/** Calls until one turn of them all succeeds: the first after a dropped connection may meet it broken. */
-async function warm(call: (i: number) => Promise<unknown>) {
-  for (let attempt = 0; attempt < 20; attempt++) {
-    const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => call(i)))
-    if (results.every((r) => r.status === 'fulfilled')) return
-  }
-  throw new Error('could not warm the connections: 20 turns of calls failed')
-}
 
 /** How a call settled, `ms` after `since` (performance.now()). */
 type Outcome = { ms: number } & ({ value: unknown; code?: undefined } | { code: unknown; value?: undefined })
@@ -155,50 +120,6 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is
     expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])
   }, 20_000)
 })
-
-/** The proxy of fixtures/reset-after-replies-proxy.mjs, in a process of its own. */
-async function startResetProxy(target: RedisServer) {
-  const script = path.join(FIXTURES, 'reset-after-replies-proxy.mjs')
-  const child = spawn(NODE, [script, JSON.stringify({ host: target.host, port: target.port })], { stdio: ['pipe', 'pipe', 'pipe'] })
-  closing({ close: async () => void child.kill('SIGKILL') })
-  let stderr = ''
-  child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d))
-  const waiting = new Map<number | 'ready', (line: Line) => void>()
-  createInterface({ input: child.stdout }).on('line', (text) => {
-    const line = JSON.parse(text) as Line
-    const key = line.type === 'ready' ? 'ready' : (line.id as number)
-    waiting.get(key)?.(line)
-    waiting.delete(key)
-  })
-  const answer = (key: number | 'ready') =>
-    new Promise<Line>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`the reset proxy did not answer within 5 s; stderr: ${stderr}`)), 5_000)
-      waiting.set(key, (line) => {
-        clearTimeout(timer)
-        resolve(line)
-      })
-    })
-  const { port } = (await answer('ready')) as Line & { port: number }
-  let nextId = 0
-  const request = async (cmd: string, fields: Record<string, unknown> = {}) => {
-    const id = ++nextId
-    const answered = answer(id)
-    child.stdin.write(`${JSON.stringify({ cmd, id, ...fields })}\n`)
-    return (await answered).value
-  }
-  return {
-    url: `redis://127.0.0.1:${port}`,
-    /**
-     * Each connection open now takes its next chunk of replies, holds it `delay` ms, forwards
-     * its first `bytes` bytes and is reset; answers how many connections it armed.
-     */
-    arm: async (bytes: number, delay: number) => (await request('arm', { bytes, delay })) as number,
-    disarm: () => request('disarm'),
-    /** When each reset so far went (process.hrtime.bigint()). */
-    resets: async () => ((await request('stats')) as { resets: Array<{ at: string }> }).resets.map((r) => BigInt(r.at)),
-  }
-}
-type ResetProxy = Awaited<ReturnType<typeof startResetProxy>>
 
 /** Settled within this of being made, the fault notwithstanding (the timeout is 2,000 ms). */
 const PROMPT_MS = 1_000

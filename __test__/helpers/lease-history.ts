@@ -132,7 +132,9 @@ export function checkLeaseHistory(operations: readonly LeaseOperation[], uses: r
           if (op.op === 'acquire') acquisitions++
           open(op.key, op.owner, op)
         } else if (op.outcome === 'refused') {
-          if ((byHolder.get(holder(op.key, op.owner)) ?? []).some((w) => w.to > op.start)) lost.push(op)
+          // Lost: refused while a window of its own was open (one a racing give-up cut to
+          // nothing never was).
+          if ((byHolder.get(holder(op.key, op.owner)) ?? []).some((w) => w.to > w.from && w.to > op.start)) lost.push(op)
           giveUp(op.key, op.owner, op.end, op)
         } else {
           // Rejected, it may still have run (written on the master, unconfirmed by replicas):
