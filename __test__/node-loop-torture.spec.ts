@@ -164,6 +164,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop under a seeded tor
         made.map(({ call }) => settleWithin(call, bound).catch(() => ({ status: 'pending' as const, elapsed: bound }))),
       )
       let worker: Worker | undefined
+      let restarted: Promise<void> | undefined
       switch (fault) {
         case 'busy':
         case 'reset':
@@ -178,7 +179,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop under a seeded tor
           setTimeout(() => server.thaw(), faultMs)
           break
         case 'restart':
-          void server.restart()
+          restarted = server.restart()
           break
         case 'worker':
           worker = callingWorker(server.url, `${keyPrefix}:worker`)
@@ -201,6 +202,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop under a seeded tor
       await proxy.disarm()
       await worker?.terminate()
       // The next round starts on live connections (a restart done, a broken one replaced).
+      await restarted
       await server.cli('PING')
       for (const client of clients) await warm((i) => client.leases.getLeaseOwner(`warm${i}`))
     }
