@@ -19,10 +19,15 @@ leaseSuite()
 const BIN = path.join(__dirname, '..', 'bin', 'mastra-lease.mjs')
 const THREAD = 'resource-1\u0000thread-1'
 
-/** Runs the command; its exit code, stdout and stderr. */
+/** Runs the command, REDIS_URL unset; its exit code, stdout and stderr. */
 function cli(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return cliWith({ REDIS_URL: undefined }, ...args)
+}
+
+/** Runs the command with `env` over this process's environment (`undefined`: unset). */
+function cliWith(env: NodeJS.ProcessEnv, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(NODE, [BIN, ...args], { cwd: path.join(__dirname, '..'), timeout: 20_000 }, (error, stdout, stderr) => {
+    execFile(NODE, [BIN, ...args], { cwd: path.join(__dirname, '..'), env: { ...process.env, ...env }, timeout: 20_000 }, (error, stdout, stderr) => {
       resolve({ code: error ? Number((error as { code?: unknown }).code ?? 1) : 0, stdout, stderr })
     })
   })
@@ -125,7 +130,70 @@ describe('npx mastra-lease', () => {
     const got = await cli('get', 'resource-1\\0thread-1', '--url', server.url, '--prefix', prefix)
     expect(got).toMatchObject({ code: 0, stdout: expect.stringMatching(/^resource-1\\0thread-1\trun-1\t\d+\t\d+\n$/) })
     const missing = await cli('get', 'nope', '--url', server.url, '--prefix', prefix)
-    expect(missing).toMatchObject({ code: 1, stdout: '', stderr: expect.stringContaining('no live lease on nope') })
+    expect(missing).toMatchObject({ code: 1, stdout: '', stderr: `mastra-lease: no live lease on nope (server ${server.url}, from --url; prefix ${prefix})\n` })
+  })
+
+  it('with no --url, every command reads $REDIS_URL and ends with one stderr line naming it and the prefix; --url wins over it, and says so', async () => {
+    const own = `insp-env:${RUN}`
+    const p = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: own }))
+    await p.acquireLease('a', 'worker-1', 600_000)
+    await p.acquireLease('b', 'worker-2', 600_000)
+    const env = { REDIS_URL: server.url }
+    const named = `server ${server.url}, from REDIS_URL; prefix ${own}`
+    const listed = await cliWith(env, 'list', '--prefix', own)
+    expect(listed).toMatchObject({ code: 0, stderr: `mastra-lease: 2 leases (${named})\n` })
+    expect(listed.stdout.trim().split('\n').map((l) => l.split('\t')[0]).sort()).toEqual(['a', 'b'])
+    expect(await cliWith(env, 'get', 'a', '--prefix', own)).toMatchObject({ code: 0, stdout: expect.stringMatching(/^a\tworker-1\t/), stderr: `mastra-lease: ${named}\n` })
+    expect(await cliWith(env, 'release', 'a', '--owner', 'worker-1', '--prefix', own)).toMatchObject({ code: 0, stderr: `mastra-lease: ${named}\n` })
+    expect(await cliWith(env, 'release', 'b', '--owner', 'worker-9', '--prefix', own)).toMatchObject({
+      code: 1,
+      stderr: `mastra-lease: b is not held by worker-9 (held by worker-2); nothing released (${named})\n`,
+    })
+    // Finding nothing is an answer, and says where it looked.
+    expect(await cliWith(env, 'list', '--prefix', `${own}-empty`)).toEqual({ code: 0, stdout: '', stderr: `mastra-lease: 0 leases (server ${server.url}, from REDIS_URL; prefix ${own}-empty)\n` })
+    // --url over a REDIS_URL where nothing listens: the one given is read, and the line says so.
+    const over = await cliWith({ REDIS_URL: `redis://127.0.0.1:${await freePort()}` }, 'list', '--url', server.url, '--prefix', own)
+    expect(over).toMatchObject({ code: 0, stderr: `mastra-lease: 1 lease (server ${server.url}, from --url, over REDIS_URL; prefix ${own})\n` })
+  })
+
+  it('nothing answering is exit 3 for every command, one stderr line naming the address, never the user or password: a refused port, a unix socket that is not there, a cluster, a server that never answers', async () => {
+    const [user, password] = ['ops-user-7f3', 'hunter2-never-printed']
+    const [port, other] = [await freePort(), await freePort()]
+    const silent = net.createServer(() => {}) // accepts, never answers
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve))
+    try {
+      const mute = (silent.address() as net.AddressInfo).port
+      const socket = `/tmp/mastra-lease-none-${port}.sock`
+      const cases: Array<[NodeJS.ProcessEnv, string[], RegExp]> = [
+        [{ REDIS_URL: `redis://${user}:${password}@127.0.0.1:${port}/2` }, [], new RegExp(`^mastra-lease: ERR_LEASE_CONNECTION: cannot reach Redis at 127\\.0\\.0\\.1:${port}: .* \\(server redis://127\\.0\\.0\\.1:${port}/2, from REDIS_URL; prefix mastra:topic\\)\n$`)],
+        [{ REDIS_URL: undefined }, ['--url', `redis+unix://${socket}?user=${user}&pass=${password}`], new RegExp(`^mastra-lease: ERR_LEASE_CONNECTION: cannot reach Redis at the unix socket ${socket}: .* \\(server redis\\+unix://${socket}, from --url;`)],
+        [{ REDIS_URL: undefined }, ['--cluster', `redis://${user}:${password}@127.0.0.1:${port}`, '--cluster', `redis://${user}:${password}@127.0.0.1:${other}`], new RegExp(`^mastra-lease: ERR_LEASE_CONNECTION: cannot reach Redis at the cluster of seed nodes 127\\.0\\.0\\.1:${port}, 127\\.0\\.0\\.1:${other}: .* \\(server the cluster of redis://127\\.0\\.0\\.1:${port}, redis://127\\.0\\.0\\.1:${other}, from --cluster`)],
+        [{ REDIS_URL: undefined }, ['--url', `redis://${user}:${password}@127.0.0.1:${mute}`], new RegExp(`^mastra-lease: ERR_LEASE_TIMEOUT: .* \\(server redis://127\\.0\\.0\\.1:${mute}, from --url`)],
+      ]
+      const commands = [['list'], ['get', 'k'], ['release', 'k', '--owner', 'o']]
+      const runs = cases.flatMap(([env, where, said]) => commands.map(async (command) => ({ said, run: await cliWith(env, ...command, ...where) })))
+      for (const { said, run } of await Promise.all(runs)) {
+        expect(run.code, run.stderr).toBe(3)
+        expect(run.stdout).toBe('')
+        expect(run.stderr).toMatch(said)
+        expect(run.stderr.split('\n')).toHaveLength(2)
+        expect(run.stderr).not.toContain(user)
+        expect(run.stderr).not.toContain(password)
+      }
+    } finally {
+      silent.close()
+    }
+  })
+
+  it('--help says where the server comes from (--url over REDIS_URL over the default) and the four exit codes', async () => {
+    const help = await cli('--help')
+    expect(help.code).toBe(0)
+    expect(help.stdout).toContain('default: $REDIS_URL, else redis://127.0.0.1:6379')
+    expect(help.stdout).toContain('--url wins over REDIS_URL')
+    expect(help.stdout).toMatch(/^ {2}0 {2}done \(list: whatever it listed, no lease at all included\)$/m)
+    expect(help.stdout).toMatch(/^ {2}1 {2}nothing there: get found no live lease on KEY; release found KEY not held by OWNER$/m)
+    expect(help.stdout).toMatch(/^ {2}2 {2}usage: /m)
+    expect(help.stdout).toMatch(/^ {2}3 {2}Redis failed: nothing answered at the address \(connection refused, timed out/m)
   })
 
   it('a lease without an expiry shows "never" as its TTL in list and get, and null with --json', async () => {
@@ -321,7 +389,7 @@ describe('what an operator reads is what is there', () => {
     await server.cli('ACL', 'SETUSER', user, 'on', '>read-only-secret', '~*', 'resetchannels', '-@all', '+@read')
     const url = `redis://${user}:read-only-secret@127.0.0.1:${server.port}`
     const listed = await cli('list', '--url', url, '--prefix', where)
-    expect(listed).toMatchObject({ code: 0, stderr: '' })
+    expect(listed).toMatchObject({ code: 0, stderr: `mastra-lease: 2 leases (server redis://127.0.0.1:${server.port}, from --url; prefix ${where})\n` })
     expect(listed.stdout.split('\n').filter((l) => l !== '').map((l) => columns(l)[0]).sort()).toEqual(['a', 'res\\0thr'])
     const p = closing(new RedisLeaseProvider({ url, keyPrefix: where }))
     // The token key is read too: the fenced lease shows its token, the plain one none.

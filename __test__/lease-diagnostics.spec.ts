@@ -2,17 +2,23 @@
 // once, start and end, then its settling, with the operation, key, owners and TTL, and its
 // result or its error with the code. Whoever the call goes through: a provider of this
 // package, a pubsub over one, RedisStreamsPubSub, a pubsub over someone else's provider.
+// The subscriber docs/deployment.md shows, run as a user pastes it.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
+import { spawnSync } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { tracingChannel } from 'node:diagnostics_channel'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
+import path from 'node:path'
 
 import { EventEmitterPubSub } from '@mastra/core/events'
+import ts from 'typescript'
 import { afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { leaseChannel, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type LeaseCallContext } from '../dist/esm/index.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { NODE } from './helpers/mastra-node.js'
 import { startRedis, type RedisServer } from './helpers/redis-server.js'
 
 leaseSuite()
@@ -180,5 +186,21 @@ describe('the lease channel', () => {
     expect(leaseChannel.hasSubscribers).toBe(false)
     await p.getLeaseOwner('k')
     expect(seen).toEqual(['start', 'start'])
+  })
+})
+
+describe("docs/deployment.md's subscriber", () => {
+  it('logs each call once, as a user pastes it: a granted acquire on stdout, a rejected renew on stderr with its code', () => {
+    const page = readFileSync(path.join(__dirname, '..', 'docs', 'deployment.md'), 'utf8')
+    const code = /^```ts\n([\s\S]*?)^```/m.exec(page.slice(page.indexOf('### The diagnostics channel')))![1]!
+    // Inside the package, so `import … from 'mastra-lease'` finds this build by the package's name.
+    const dir = path.join(__dirname, '..', 'target', 'diagnostics-example')
+    mkdirSync(dir, { recursive: true })
+    const file = path.join(dir, `subscriber-${RUN}.mjs`)
+    writeFileSync(file, ts.transpileModule(code, { compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext } }).outputText)
+    const run = spawnSync(NODE, [file], { encoding: 'utf8', timeout: 20_000 })
+    expect(run.status, run.stderr).toBe(0)
+    expect(run.stdout).toBe("acquireLease job-1 worker-1 { acquired: true, owner: 'worker-1' }\n")
+    expect(run.stderr).toBe('renewLease job-1 ERR_LEASE_INVALID_TTL\n')
   })
 })

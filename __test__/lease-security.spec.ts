@@ -11,6 +11,7 @@ import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, befor
 
 import { execFile } from 'node:child_process'
 import { readFileSync } from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import { inspect } from 'node:util'
 
@@ -302,7 +303,46 @@ describe('the logger option', () => {
   })
 })
 
+/** No secret in the error: not in its message, stack, cause chain or any property. */
+function expectNoSecret(err: unknown, logged: unknown[], secrets: string[]) {
+  const seen = [String((err as Error | undefined)?.message), String((err as Error | undefined)?.stack), inspect(err, { depth: 10, showHidden: true })]
+  for (let cause = (err as Error | undefined)?.cause; cause !== undefined; cause = (cause as Error).cause) seen.push(inspect(cause, { depth: 10, showHidden: true }))
+  seen.push(JSON.stringify(logged))
+  for (const secret of secrets) for (const text of seen) expect(text).not.toContain(secret)
+}
+
 describe('RedisLeaseProvider', () => {
+  it("a connection error names where Redis was sought (host and port, the unix socket, a cluster's seed nodes, the sentinels and the master's name), and neither the user nor the password", async () => {
+    const [port, other] = [await freePort(), await freePort()]
+    const [user, password] = ['carol-the-operator', 'Pw-never-printed-81']
+    const socket = path.join(os.tmpdir(), `mastra-lease-nothing-${port}.sock`)
+    const cases: Array<[ConstructorParameters<typeof RedisLeaseProvider>[0], string]> = [
+      [{ url: `redis://${user}:${password}@127.0.0.1:${port}/3` }, `cannot reach Redis at 127.0.0.1:${port}: `],
+      [{ url: `redis+unix://${socket}?user=${user}&pass=${password}` }, `cannot reach Redis at the unix socket ${socket}: `],
+      [
+        { cluster: { nodes: [`redis://127.0.0.1:${port}`, `redis://127.0.0.1:${other}`], username: user, password } },
+        `cannot reach Redis at the cluster of seed nodes 127.0.0.1:${port}, 127.0.0.1:${other}: `,
+      ],
+      [
+        { sentinel: { nodes: [`redis://${user}:${password}@127.0.0.1:${port}`], masterName: 'leases', username: user, password } },
+        `cannot reach Redis at the master "leases" of sentinel 127.0.0.1:${port}: `,
+      ],
+    ]
+    for (const [options, named] of cases) {
+      const logged: unknown[] = []
+      const logger = { warn: (...args: unknown[]) => logged.push(args) }
+      const p = provider({ ...options, connectTimeoutMs: 500, commandTimeoutMs: 1_500, logger })
+      const r = await settleWithin(p.getLeaseOwner(uniqueKey('where')), 3_000)
+      expect(r.status, named).toBe('rejected')
+      if (r.status === 'rejected') {
+        expect((r.reason as Error).constructor, named).toBe(Error)
+        expect(errorCode(r.reason), named).toBe('ERR_LEASE_CONNECTION')
+        expect((r.reason as Error).message).toContain(named)
+        expectNoSecret(r.reason, logged, [user, password])
+      }
+    }
+  })
+
   describe('url forms, read in the constructor', () => {
     it('accepts every documented url form without connecting in the constructor', async () => {
       for (const url of [
@@ -335,14 +375,6 @@ describe('RedisLeaseProvider', () => {
     const recorder = () => {
       const lines: unknown[] = []
       return { lines, warn: (...args: unknown[]) => lines.push(args), debug: (...args: unknown[]) => lines.push(args) }
-    }
-
-    /** No secret in the error: not in its message, stack, cause chain or any property. */
-    function expectNoSecret(err: unknown, logged: unknown[], secrets: string[]) {
-      const seen = [String((err as Error | undefined)?.message), String((err as Error | undefined)?.stack), inspect(err, { depth: 10, showHidden: true })]
-      for (let cause = (err as Error | undefined)?.cause; cause !== undefined; cause = (cause as Error).cause) seen.push(inspect(cause, { depth: 10, showHidden: true }))
-      seen.push(JSON.stringify(logged))
-      for (const secret of secrets) for (const text of seen) expect(text).not.toContain(secret)
     }
 
     it('a url with :password@ authenticates the default user', async () => {

@@ -3,7 +3,7 @@
 // which the loader finds as `mastra-lease-linux-x64-gnu`. Installed together they must load
 // without a Rust toolchain, from both ESM and CommonJS.
 import { execFileSync } from 'node:child_process'
-import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -88,6 +88,36 @@ describe('the npm package', () => {
        await m.close()`,
     )
     expect(out.trim()).toBe('true true true function function')
+  })
+
+  it('recordLeaseMetrics() without @opentelemetry/api installed throws ERR_LEASE_MISSING_DEPENDENCY naming the package and its install, from either entry; given a MeterProvider it records', () => {
+    expect(existsSync(path.join(project, 'node_modules', '@opentelemetry', 'api'))).toBe(false)
+    const out = run(
+      'metrics.mjs',
+      `import { recordLeaseMetrics } from 'mastra-lease'
+       import { createRequire } from 'node:module'
+       for (const record of [recordLeaseMetrics, createRequire(import.meta.url)('mastra-lease').recordLeaseMetrics]) {
+         try {
+           record()
+           console.log('recorded')
+         } catch (e) {
+           console.log(JSON.stringify({ name: e.name, code: e.code, message: e.message, cause: e.cause?.code }))
+         }
+       }
+       // The way out the message offers: a MeterProvider of the application's own.
+       const instrument = { record() {}, add() {} }
+       const meter = { createHistogram: () => instrument, createCounter: () => instrument }
+       console.log(typeof recordLeaseMetrics({ getMeter: () => meter }))`,
+    )
+    const [esm, cjs, given] = out.trim().split('\n')
+    expect(esm).toBe(cjs)
+    expect(JSON.parse(esm!)).toEqual({
+      name: 'Error',
+      code: 'ERR_LEASE_MISSING_DEPENDENCY',
+      message: 'recordLeaseMetrics() needs @opentelemetry/api, an optional peer dependency of mastra-lease, and cannot load it: install it (npm install @opentelemetry/api), or pass it a MeterProvider',
+      cause: 'MODULE_NOT_FOUND',
+    })
+    expect(given).toBe('function')
   })
 
   it('loads the addon from the platform package, with no .node beside the loader', () => {

@@ -2,9 +2,9 @@
 // The operator's view of the leases in a Redis: list them, read one, release one by naming its
 // owner (compare-and-delete: there is no way to take a lease from an owner you do not name).
 //
-// Exit codes: 0 done; 1 nothing to do (no live lease on the key; not held by that owner);
-// 2 a usage error; 3 Redis failed (unreachable, timed out, refused). Credentials in the URL
-// are never printed.
+// Every run says on stderr which Redis it read (--url, else $REDIS_URL, else the default) and
+// why that one, so that "no leases" is never mistaken for "the wrong server". Exit codes (in
+// USAGE). Credentials in the URL are never printed.
 import { parseArgs } from 'node:util'
 
 import { RedisLeaseProvider } from 'mastra-lease'
@@ -14,8 +14,9 @@ const USAGE = String.raw`usage:
   mastra-lease get KEY           [--url URL | --cluster URL...] [--prefix PREFIX] [--json]
   mastra-lease release KEY --owner OWNER [--url URL | --cluster URL...] [--prefix PREFIX]
 
-  --url       the Redis to read (default: $REDIS_URL, else redis://127.0.0.1:6379)
-  --cluster   a seed node of a Redis Cluster, instead of --url (repeat for more)
+  --url       the Redis to read (default: $REDIS_URL, else redis://127.0.0.1:6379);
+              --url wins over REDIS_URL
+  --cluster   a seed node of a Redis Cluster, instead of --url and REDIS_URL (repeat for more)
   --prefix    the providers' keyPrefix (default mastra:topic)
   --json      one JSON object per lease instead of tab-separated columns (with rawKey and
               rawOwner, the bytes in base64, for a key or an owner that is not UTF-8), the
@@ -27,7 +28,18 @@ invisible, spacing and bidi characters (U+202E, ...) as \uHHHH, and the bytes of
 owner that are not UTF-8 as \xHH (80 to ff), which no lease call can name: such a lease
 ends at its TTL, or when its key is deleted. Mastra's thread keys hold a NUL between resource and
 thread: resource\0thread. A KEY or OWNER given to get and release is read the same way
-(quote it for the shell: 'resource\0thread'); any other escape is a usage error.`
+(quote it for the shell: 'resource\0thread'); any other escape is a usage error.
+
+Every run ends with one line on stderr naming the server it read, where that came from
+(--url, REDIS_URL, --cluster or the default) and the prefix; never a user or password.
+
+Exit codes:
+  0  done (list: whatever it listed, no lease at all included)
+  1  nothing there: get found no live lease on KEY; release found KEY not held by OWNER
+  2  usage: an unknown command or option, a bad KEY, OWNER or URL
+  3  Redis failed: nothing answered at the address (connection refused, timed out, a host
+     that does not resolve), or what answered refused (credentials, an ACL, a command it
+     lacks) or is not Redis`
 
 const EXIT = { done: 0, nothing: 1, usage: 2, redis: 3 }
 
@@ -98,6 +110,25 @@ const typed = (text, what) =>
 /** An error's text without credentials that a URL in it might carry. */
 const redacted = (text) => String(text).replace(/(\w+:\/\/)[^/@\s]*@/g, '$1***@')
 
+/**
+ * A URL as the operator is told it: without its user and password, and without its query but
+ * the database (a unix socket's `?pass=` and `?user=`).
+ */
+function shownUrl(text) {
+  let url
+  try {
+    url = new URL(text)
+  } catch {
+    return 'a URL that does not parse'
+  }
+  const db = url.searchParams.get('db')
+  url.username = ''
+  url.password = ''
+  url.search = db === null ? '' : `?db=${encodeURIComponent(db)}`
+  url.hash = ''
+  return url.href
+}
+
 let parsed
 try {
   parsed = parseArgs({
@@ -129,9 +160,23 @@ if (values.url !== undefined && values.cluster !== undefined) fail(EXIT.usage, '
 const k = key === undefined ? undefined : typed(key, 'KEY')
 const owner = values.owner === undefined ? undefined : typed(values.owner, 'OWNER')
 
+// Which Redis, and why that one: an empty REDIS_URL counts as unset.
+const env = process.env.REDIS_URL || undefined
+const over = env === undefined ? '' : ', over REDIS_URL'
+const [where, server] = values.cluster
+  ? [{ cluster: { nodes: values.cluster } }, `the cluster of ${values.cluster.map(shownUrl).join(', ')}, from --cluster${over}`]
+  : values.url !== undefined
+    ? [{ url: values.url }, `${shownUrl(values.url)}, from --url${over}`]
+    : env !== undefined
+      ? [{ url: env }, `${shownUrl(env)}, from REDIS_URL`]
+      : [{ url: 'redis://127.0.0.1:6379' }, 'redis://127.0.0.1:6379, the default: no --url, REDIS_URL unset']
+const read = `server ${server}; prefix ${shown(values.prefix ?? 'mastra:topic')}`
+
+/** Tells the operator `message` on stderr, with the server it is about: one line. */
+const say = (message) => process.stderr.write(`mastra-lease: ${message === '' ? read : `${message} (${read})`}\n`)
+
 let leases
 try {
-  const where = values.cluster ? { cluster: { nodes: values.cluster } } : { url: values.url ?? process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' }
   // The warning meant for Mastra's users (lease calls are failing, and Mastra counts a failed
   // acquire as acquired) means nothing here, where the failure is this run's own error; the
   // provider's other warnings (the eviction policy) are the operator's to read.
@@ -140,7 +185,8 @@ try {
   const limits = { maxKeyBytes: 1 << 26, maxOwnerBytes: 1 << 26 }
   leases = new RedisLeaseProvider({ ...where, ...(values.prefix === undefined ? {} : { keyPrefix: values.prefix }), connectionName: 'mastra-lease-cli', logger, ...limits })
 } catch (error) {
-  fail(EXIT.usage, redacted(error.message))
+  say(redacted(error.message))
+  process.exit(EXIT.usage)
 }
 
 /**
@@ -174,24 +220,28 @@ let code = EXIT.done
 try {
   if (command === 'list') {
     let cursor
+    let listed = 0
     do {
       const page = await leases.listLeases(cursor === undefined ? {} : { cursor })
       if (page.leases.length > 0) process.stdout.write(`${page.leases.map((l) => line(l.key, l, l.rawKey)).join('\n')}\n`)
+      listed += page.leases.length
       cursor = page.cursor
     } while (cursor !== undefined)
+    say(`${listed} lease${listed === 1 ? '' : 's'}`)
   } else if (command === 'get') {
     const lease = await leases.getLease(k)
     if (lease === undefined) {
-      process.stderr.write(`mastra-lease: no live lease on ${shown(k)}\n`)
+      say(`no live lease on ${shown(k)}`)
       code = EXIT.nothing
     } else {
       process.stdout.write(`${line(k, lease)}\n`)
+      say('')
     }
   } else {
     const before = await leases.getLeaseRecord(k)
     if (before?.owner !== owner) {
       const held = before === undefined ? 'no live lease' : `held by ${shown(before.owner)}`
-      process.stderr.write(`mastra-lease: ${shown(k)} is not held by ${shown(owner)} (${held}); nothing released\n`)
+      say(`${shown(k)} is not held by ${shown(owner)} (${held}); nothing released`)
       code = EXIT.nothing
     } else {
       // Compare-and-delete: only if `owner` still holds it, with the metadata it held it with
@@ -199,11 +249,12 @@ try {
       await leases.releaseLease(k, owner, before.metadata)
       const after = await leases.getLease(k)
       process.stdout.write(`released ${shown(k)} (held by ${shown(owner)}${after ? `; now held by ${shown(after.owner)}` : ''})\n`)
+      say('')
     }
   }
 } catch (error) {
   const bad = typeof error?.code === 'string' && /^ERR_LEASE_INVALID_/.test(error.code)
-  process.stderr.write(`mastra-lease: ${error?.code ?? 'error'}: ${redacted(error?.message ?? error)}\n`)
+  say(`${error?.code ?? 'error'}: ${redacted(error?.message ?? error).replace(/\s*\n\s*/g, ' ')}`)
   code = bad ? EXIT.usage : EXIT.redis
 } finally {
   await leases.close()

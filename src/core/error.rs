@@ -2,6 +2,7 @@
 //! the JavaScript error (a bad lease argument one per argument: key, owner, metadata, TTL),
 //! and a kind that chooses between `TypeError`, `RangeError` and `Error`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything a call into the core can fail with: a lease operation, a publish, a subscribe.
@@ -61,9 +62,10 @@ pub enum Error {
          not Redis, or not Redis alone"
     )]
     Protocol,
-    /// Redis could not be reached, or the connection broke during the call.
-    #[error("cannot reach Redis: {0}")]
-    Connection(#[source] redis::RedisError),
+    /// Redis could not be reached, or the connection broke during the call; where it was
+    /// sought, when the connection that met it is known ([`Error::at`]).
+    #[error("cannot reach Redis{1}: {0}")]
+    Connection(#[source] redis::RedisError, At),
     /// Redis refused the credentials or the ACL user may not run the command.
     #[error("Redis refused access: {0}")]
     Auth(#[source] redis::RedisError),
@@ -108,6 +110,21 @@ pub enum Error {
     /// A bug in this library (for example a caught panic); never the caller's fault.
     #[error("internal error in mastra-lease: {0}")]
     Internal(String),
+}
+
+/// Where a connection error happened, as its message names it: the server's host and port,
+/// its unix socket, a cluster's seed nodes, the sentinels and the master's name. Never
+/// credentials: it is made from addresses alone. Nothing when not known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct At(Option<Arc<str>>);
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(place) => write!(f, " at {place}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a [`Error::Closed`] says was closed, and what was refused.
@@ -189,7 +206,7 @@ impl Error {
             Self::Closed(_) => "ERR_LEASE_CLOSED",
             Self::Timeout(_) | Self::TlsTimeout(_) => "ERR_LEASE_TIMEOUT",
             Self::Protocol => "ERR_LEASE_PROTOCOL",
-            Self::Connection(_) => "ERR_LEASE_CONNECTION",
+            Self::Connection(..) => "ERR_LEASE_CONNECTION",
             Self::OutcomeUnknown => "ERR_LEASE_OUTCOME_UNKNOWN",
             Self::Auth(_) => "ERR_LEASE_AUTH",
             Self::Replication { .. } => "ERR_LEASE_REPLICATION",
@@ -210,7 +227,7 @@ impl Error {
             Self::Timeout(_)
             | Self::TlsTimeout(_)
             | Self::Protocol
-            | Self::Connection(_)
+            | Self::Connection(..)
             | Self::OutcomeUnknown
             | Self::Auth(_)
             | Self::Replication { .. }
@@ -246,6 +263,15 @@ impl Error {
             source = cause.source();
         }
         message
+    }
+
+    /// A connection error unreachable at `place` (see [`At`]); any other error as it is, and
+    /// a connection error that already names where it was.
+    pub(crate) fn at(self, place: &Arc<str>) -> Self {
+        match self {
+            Self::Connection(err, At(None)) => Self::Connection(err, At(Some(place.clone()))),
+            other => other,
+        }
     }
 
     pub(crate) fn argument(argument: Argument, kind: InputErrorKind, message: String) -> Self {
@@ -311,12 +337,12 @@ impl Error {
             return Self::Auth(err);
         }
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-            return Self::Connection(err);
+            return Self::Connection(err, At::default());
         }
         // A server still loading its data after a start runs nothing yet: a connection to a
         // server not ready, not an error of the command's.
         if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading) {
-            return Self::Connection(err);
+            return Self::Connection(err, At::default());
         }
         if let Some(command) = Self::is_unknown_command(&err) {
             return Self::Unsupported {
@@ -330,7 +356,7 @@ impl Error {
         ) {
             return Self::Server(err);
         }
-        Self::Connection(err)
+        Self::Connection(err, At::default())
     }
 }
 
@@ -377,7 +403,7 @@ mod tests {
         ));
         assert!(matches!(
             Error::from_redis(unrelated, timeout),
-            Error::Connection(_)
+            Error::Connection(..)
         ));
     }
 

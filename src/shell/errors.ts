@@ -3,6 +3,15 @@ export function coded<E extends Error>(error: E, code: string, fields: object = 
   return Object.assign(error, { code }, fields)
 }
 
+/**
+ * The `ERR_LEASE_MISSING_DEPENDENCY` that `feature` throws when `dependency`, an optional peer
+ * dependency it needs, cannot be loaded (`cause`: why): what to install, and how.
+ */
+export function missingDependency(feature: string, dependency: string, cause: unknown, otherwise: string): Error & { code: string } {
+  const message = `${feature} needs ${dependency}, an optional peer dependency of mastra-lease, and cannot load it: install it (npm install ${dependency}), or ${otherwise}`
+  return coded(new Error(message, { cause }), 'ERR_LEASE_MISSING_DEPENDENCY')
+}
+
 /** The methods of `names` that `value` lacks; a getter or a Proxy trap that throws counts as lacking. */
 export function missing(value: unknown, names: readonly string[]): string[] {
   return names.filter((name) => {

@@ -5,7 +5,7 @@
 import type { Attributes, Counter, Histogram, MeterProvider } from '@opentelemetry/api'
 
 import { leaseChannel, type LeaseCallContext } from './diagnostics.js'
-import { coded } from './errors.js'
+import { coded, missingDependency } from './errors.js'
 
 /** The instrument scope's name: what the metrics are grouped under. */
 const SCOPE = 'mastra-lease'
@@ -43,8 +43,7 @@ function globalMeterProvider(): () => MeterProvider {
   try {
     api = require('@opentelemetry/api') as typeof import('@opentelemetry/api')
   } catch (cause) {
-    const message = 'recordLeaseMetrics(): @opentelemetry/api is not installed; install it, or pass a MeterProvider'
-    throw coded(new TypeError(message, { cause }), 'ERR_LEASE_INVALID_OPTION')
+    throw missingDependency('recordLeaseMetrics()', '@opentelemetry/api', cause, 'pass it a MeterProvider')
   }
   return () => api.metrics.getMeterProvider()
 }
@@ -58,8 +57,10 @@ function globalMeterProvider(): () => MeterProvider {
  *   `code`) when it failed; its count is the number of calls.
  * - `mastra_lease.lease.granted`, `.refused`, `.lost` (counters, `{lease}`).
  *
- * Answers a function that stops recording. While it records, every lease call is traced, which
- * an in-memory call feels and a Redis call hardly does (docs/benchmarks.md).
+ * Answers a function that stops recording. Without `meterProvider`, throws
+ * `ERR_LEASE_MISSING_DEPENDENCY` when @opentelemetry/api is not installed. While it records,
+ * every lease call is traced, which an in-memory call feels and a Redis call hardly does
+ * (docs/benchmarks.md).
  */
 export function recordLeaseMetrics(meterProvider?: MeterProvider): () => void {
   if (meterProvider !== undefined && typeof (meterProvider as Partial<MeterProvider>)?.getMeter !== 'function') {

@@ -1,7 +1,9 @@
 //! Where a deployment is and how to sign in there: a URL's connection info with the
 //! credentials and database the options give beside it, the seeds of a cluster or of the
 //! sentinels, a cluster node by address, the TLS material's fit with the URLs, and URLs kept
-//! out of messages.
+//! out of messages (where a deployment is, as messages name it: [`place`]).
+
+use std::sync::Arc;
 
 use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
 
@@ -147,6 +149,46 @@ pub(super) fn seeds(
     Ok(infos)
 }
 
+/// Where `options` reach, as an error names it ([`At`](crate::core::error::At)): the server's
+/// address, a cluster's seed nodes, the sentinels and the master's name. Made from the parsed
+/// addresses alone, so no credentials, database or query of a URL can show.
+pub(super) fn place(options: &ConnectionOptions) -> Arc<str> {
+    let listed = |one: &str, urls: &[String]| {
+        let addresses: Vec<_> = urls.iter().map(|url| address(url)).collect();
+        let plural = if addresses.len() == 1 { "" } else { "s" };
+        format!("{one}{plural} {}", addresses.join(", "))
+    };
+    match &options.deployment {
+        Deployment::Single => address(&options.url),
+        Deployment::Cluster { nodes } => format!("the cluster of {}", listed("seed node", nodes)),
+        Deployment::Sentinel { nodes, master_name } => {
+            format!(
+                "the master {master_name:?} of {}",
+                listed("sentinel", nodes)
+            )
+        }
+    }
+    .into()
+}
+
+/// A URL's address: `host:port` (`[v6]:port`), marked when over TLS, or the unix socket.
+fn address(url: &str) -> String {
+    let host_port = |host: &str, port: u16| match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    };
+    match url.into_connection_info().map(|info| info.addr().clone()) {
+        Ok(ConnectionAddr::Tcp(host, port)) => host_port(&host, port),
+        Ok(ConnectionAddr::TcpTls { host, port, .. }) => {
+            format!("{} (TLS)", host_port(&host, port))
+        }
+        Ok(ConnectionAddr::Unix(path)) => format!("the unix socket {}", path.display()),
+        Ok(other) => other.to_string(),
+        // Not reached: a connection is made of URLs that parsed.
+        Err(_) => "<url>".to_owned(),
+    }
+}
+
 /// Removes every URL (and so any password in one) from a message.
 pub(super) fn redact_all(message: &str, urls: &[String]) -> String {
     urls.iter()
@@ -201,6 +243,56 @@ impl NodeClients {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_place_names_addresses_and_never_credentials_database_or_query() {
+        let single = |url: &str| {
+            let options = ConnectionOptions {
+                url: url.to_owned(),
+                ..ConnectionOptions::default()
+            };
+            place(&options).to_string()
+        };
+        assert_eq!(
+            single("redis://alice:s3cret@127.0.0.1:6390/4"),
+            "127.0.0.1:6390"
+        );
+        assert_eq!(
+            single("redis://:s3cret@redis.internal"),
+            "redis.internal:6379"
+        );
+        assert_eq!(single("redis://[::1]:6390"), "[::1]:6390");
+        assert_eq!(
+            single("rediss://bob:pw@cache.example:6380"),
+            "cache.example:6380 (TLS)"
+        );
+        assert_eq!(
+            single("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
+            "the unix socket /run/redis.sock"
+        );
+        let nodes = |urls: &[&str]| urls.iter().map(|u| (*u).to_owned()).collect::<Vec<_>>();
+        let cluster = ConnectionOptions {
+            deployment: Deployment::Cluster {
+                nodes: nodes(&["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]),
+            },
+            ..ConnectionOptions::default()
+        };
+        assert_eq!(
+            &*place(&cluster),
+            "the cluster of seed nodes 10.0.0.1:7000, 10.0.0.2:7001"
+        );
+        let sentinel = ConnectionOptions {
+            deployment: Deployment::Sentinel {
+                nodes: nodes(&["redis://s:pw@10.0.0.3:26379"]),
+                master_name: "mymaster".to_owned(),
+            },
+            ..ConnectionOptions::default()
+        };
+        assert_eq!(
+            &*place(&sentinel),
+            "the master \"mymaster\" of sentinel 10.0.0.3:26379"
+        );
+    }
 
     #[test]
     fn every_connection_is_made_with_the_socket_options() {

@@ -111,6 +111,8 @@ pub struct Connection {
     /// yet: a timeout before the first answer over TLS names the likely cause.
     tls: bool,
     answered: AtomicBool,
+    /// Where the connection reaches, as its connection errors name it (addresses only).
+    place: Arc<str>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -183,6 +185,7 @@ impl Connection {
             setup,
             tls,
             answered: AtomicBool::new(false),
+            place: address::place(options),
         })
     }
 
@@ -264,7 +267,7 @@ impl Connection {
         };
         match tokio::time::timeout(bound, attempt).await {
             Ok(Ok(opened)) => Ok(opened),
-            Ok(Err(err)) => Err(Error::from_redis(err, bound)),
+            Ok(Err(err)) => Err(Error::from_redis(err, bound).at(&self.place)),
             Err(_) => Err(Error::Timeout(bound)),
         }
     }
@@ -280,7 +283,10 @@ impl Connection {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(self.subject));
         }
-        self.listener.listen(channel, wake).await
+        self.listener
+            .listen(channel, wake)
+            .await
+            .map_err(|err| err.at(&self.place))
     }
 
     /// Stops calling listener `id` of `channel`.
@@ -321,7 +327,7 @@ impl Connection {
     {
         let deadline = tokio::time::Instant::now() + self.timeout;
         match self.run_within(self.timeout, &work).await {
-            Err(Error::Connection(_)) => {
+            Err(Error::Connection(..)) => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 self.run_within(left, work).await
             }
@@ -405,8 +411,9 @@ impl Connection {
         }
     }
 
-    /// Classifies a redis-rs error as the variant a caller can act on, and forgets a
-    /// connection Redis refused to authenticate so the next call tries again. Behind
+    /// Classifies a redis-rs error as the variant a caller can act on (a connection error
+    /// naming where it sought Redis), and forgets a connection Redis refused to authenticate
+    /// so the next call tries again. Behind
     /// Sentinel, a connection that broke or reached a demoted master (READONLY) is given up
     /// too, and the error is a connection error: the next call finds the new master. On a
     /// cluster, a request cut short by a moving slot or a failover (MOVED, TRYAGAIN,
@@ -418,6 +425,11 @@ impl Connection {
     /// [`Connection::classify`] for an error met on connection `number` (`None`: the
     /// current one).
     fn classify_on(&self, err: redis::RedisError, number: Option<u64>) -> Error {
+        self.sorted_on(err, number).at(&self.place)
+    }
+
+    /// [`Connection::classify_on`] but for the place.
+    fn sorted_on(&self, err: redis::RedisError, number: Option<u64>) -> Error {
         if err.is_unrecoverable_error() || err.is_io_error() {
             // The manager replaces the connection after these: the next one is set up.
             self.setup.renew();
@@ -438,13 +450,13 @@ impl Connection {
             // Every link to the old master goes, the idle lent ones too.
             self.forget_any(number);
             self.exclusive.forget_idle();
-            Error::Connection(err)
+            Error::Connection(err, Default::default())
         } else if self.target.is_cluster() && (moving || broken) {
             // The cluster connection follows the new slot owners by itself; the lent links
             // read them again.
             self.exclusive.forget_slots();
             match moving {
-                true => Error::Connection(err),
+                true => Error::Connection(err, Default::default()),
                 false => Error::from_redis(err, self.timeout),
             }
         } else {
@@ -473,7 +485,7 @@ impl Connection {
     /// Classifies the error in one reply of a pipeline. The connection answered, so it is kept,
     /// even for NOPERM: a key outside the user's ACL must not cost a reconnect per call.
     pub fn classify_reply(&self, err: redis::RedisError) -> Error {
-        Error::from_redis(err, self.timeout)
+        Error::from_redis(err, self.timeout).at(&self.place)
     }
 
     /// After a call succeeded on a connection not yet set up: names it and reads the

@@ -341,8 +341,8 @@ impl RedisStore {
             };
             match result {
                 Ok(answers) => return answered(answers),
-                Err(Error::Connection(_)) if !broke && !went => broke = true,
-                Err(Error::Connection(_)) if !broke => {
+                Err(Error::Connection(..)) if !broke && !went => broke = true,
+                Err(Error::Connection(..)) if !broke => {
                     broke = true;
                     let (again, unknown) = pipeline.again(calls);
                     if !unknown.is_empty() {

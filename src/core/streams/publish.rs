@@ -144,7 +144,7 @@ async fn append_group(
                 appended_id(value).map_err(|err| via.classify(err))
             })
             .collect(),
-        Err(err @ Error::Connection(_)) => {
+        Err(err @ Error::Connection(..)) => {
             shared.notice(
                 Level::Debug,
                 "a connection broke under appends; sending them again, each once",
@@ -241,7 +241,7 @@ async fn append_again(
                     answers[*k] = id.map(Ok);
                 }
             }
-            Err(Error::Connection(_)) => {}
+            Err(Error::Connection(..)) => {}
             Err(err) => {
                 for k in events {
                     answers[*k] = Some(Err(err.clone()));
