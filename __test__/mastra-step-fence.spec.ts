@@ -264,7 +264,7 @@ describe.skipIf(EXTERNAL_REDIS)("the evented step fence in worker processes behi
     annotate,
   }) => {
     const keyPrefix = uniquePrefix('step-fence-in-flight')
-    const config = { keyPrefix, stepMs: 1_500, ttlMs: TTL_MS, streams: { inFlightTimeoutMs: 400, blockMs: 100, maxInFlight: 1 } }
+    const config = { keyPrefix, stepMs: 2_000, ttlMs: TTL_MS, streams: { inFlightTimeoutMs: 600, blockMs: 100, maxInFlight: 1 } }
     const fleet = [stepWorker(config), stepWorker(config), stepWorker(config)]
     await Promise.all(fleet.map((w) => w.ready()))
     const publisher = closing(new RedisStreamsPubSub({ url: redis.url, keyPrefix }))
