@@ -18,7 +18,7 @@ import { InMemoryServerCache } from '@mastra/core/cache'
 import { CachingPubSub, EventEmitterPubSub, isLeaseProvider, NoopLeaseProvider, type LeaseProvider, type PubSub } from '@mastra/core/events'
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest'
 
-import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type LeaseState } from '../dist/esm/index.js'
+import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases } from '../dist/esm/index.js'
 import {
   claimThread,
   handleStepRun,
@@ -35,7 +35,9 @@ import {
 } from './fixtures/lease-callers.mjs'
 import { recordLeases, type LeaseOperation } from './fixtures/lease-recorder.mjs'
 import { createMockModel } from './fixtures/mock-model.mjs'
-import { leaseFailureWarnings, sleep } from './helpers/lease.js'
+import { leaseFailureWarnings, sleep, type LeaseApi, type LeaseRecordApi } from './helpers/lease.js'
+import { perTest } from './helpers/per-test.js'
+import { PROVIDER_KINDS, providerFleet, type ProviderKind } from './helpers/provider-fleet.js'
 import { until } from './helpers/redis-process.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { uniquePrefix } from './helpers/streams.js'
@@ -45,46 +47,26 @@ process.env.MASTRA_TELEMETRY_DISABLED = '1'
 leaseFailureWarnings()
 
 let redis: RedisServer
-const closeAfter: Array<{ close(): Promise<void> }> = []
+const { providers, ownServer } = perTest()
 const stopAfter: Array<{ stop(): unknown }> = []
-const servers: RedisServer[] = []
 beforeAll(async () => {
   redis = await startRedis()
 })
 afterEach(async () => {
   await Promise.allSettled(stopAfter.splice(0).map(async (s) => s.stop()))
-  await Promise.allSettled(closeAfter.splice(0).map((c) => c.close()))
-  await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
 })
 afterAll(async () => {
   await redis?.stop()
 })
 
-const closing = <T extends { close(): Promise<void> }>(value: T): T => {
-  closeAfter.push(value)
+/** `value`, closed after the test. */
+const closing = <T extends LeaseApi>(value: T): T => {
+  providers.push(value)
   return value
 }
 
-/** A server of the test's own, which it may freeze. */
-async function ownServer(): Promise<RedisServer> {
-  const server = await startRedis()
-  servers.push(server)
-  return server
-}
-
-type Leases = LeaseProvider & { close(): Promise<void>; getLease(key: string): Promise<LeaseState | undefined> }
-const KINDS = ['MemoryLeaseProvider', 'RedisLeaseProvider', 'RedisStreamsPubSub'] as const
-type Kind = (typeof KINDS)[number]
-
-/** `n` processes' providers of one kind sharing one store (one in-memory table; one server, each its own connection). */
-function fleet(kind: Kind, n: number): Leases[] {
-  const keyPrefix = uniquePrefix('callers')
-  if (kind === 'MemoryLeaseProvider') {
-    const shared = closing(new MemoryLeaseProvider())
-    return Array.from({ length: n }, () => shared)
-  }
-  return Array.from({ length: n }, () => closing(kind === 'RedisLeaseProvider' ? new RedisLeaseProvider({ url: redis.url, keyPrefix }) : new RedisStreamsPubSub({ url: redis.url, keyPrefix })))
-}
+/** `n` processes' providers of one kind sharing one store (helpers/provider-fleet.ts). */
+const fleet = (kind: ProviderKind, n: number) => providerFleet(kind, n, redis.url, providers)
 
 /** `leases` whose calls can be held up: `pause()` until `resume()`, as a paused process's would be. */
 function pausable(leases: LeaseProvider) {
@@ -117,9 +99,9 @@ const newThreadKey = () => `resource-${randomUUID()}\0thread-${randomUUID()}`
 const FAST: ClaimTiming = { ttlMs: 1_200, renewMs: 400 }
 
 describe('the thread claim lease', () => {
-  for (const kind of KINDS) {
+  for (const kind of PROVIDER_KINDS) {
     it(`(${kind}) two sources claim one thread: the first claims it, the second is refused with the first's source id; once the first unsubscribes, the second claims it`, async () => {
-      const [a, b] = fleet(kind, 2) as [Leases, Leases]
+      const [a, b] = fleet(kind, 2) as [LeaseRecordApi, LeaseRecordApi]
       const thread = newThreadKey()
       const first = await claimThread(a, thread, 'source-a', { timing: FAST })
       const second = await claimThread(b, thread, 'source-b', { timing: FAST })
@@ -134,7 +116,7 @@ describe('the thread claim lease', () => {
     })
 
     it(`(${kind}) a holder that yields transfers the claim to the claimant, whose acquire then takes it as its own; the holder's unsubscribe releases nothing of the claimant's`, async () => {
-      const [a, b] = fleet(kind, 2) as [Leases, Leases]
+      const [a, b] = fleet(kind, 2) as [LeaseRecordApi, LeaseRecordApi]
       const operations: LeaseOperation[] = []
       const thread = newThreadKey()
       const holder = await claimThread(recordLeases(a, (op) => operations.push(op)), thread, 'source-a', { timing: FAST })
@@ -164,7 +146,7 @@ describe('the thread claim lease', () => {
     })
 
     it(`(${kind}) a source whose calls were held up past the claim's TTL (a paused process) loses the claim: another source claims the lapsed thread, the paused one's renewal answers false, its acquire is refused, and it calls onOwnershipLost, its release leaving the new holder's claim in place`, async () => {
-      const [a, b] = fleet(kind, 2) as [Leases, Leases]
+      const [a, b] = fleet(kind, 2) as [LeaseRecordApi, LeaseRecordApi]
       const operations: LeaseOperation[] = []
       const source = pausable(recordLeases(a, (op) => operations.push(op)))
       const thread = newThreadKey()
@@ -260,13 +242,13 @@ describe("a signal provider's poll lease, on 1.71's own SignalProvider, Agent an
   const RESOURCES = ['github:acme/app#1', 'github:acme/app#2', 'github:acme/app#3']
 
   /** `n` apps' pubsubs of one kind sharing one lease store. */
-  function pubsubs(kind: Kind, n: number): Array<PubSub & Leases> {
+  function pubsubs(kind: ProviderKind, n: number): Array<PubSub & LeaseRecordApi> {
     const keyPrefix = uniquePrefix('signals')
-    const shared = new MemoryLeaseProvider()
+    const shared = kind === 'MemoryLeaseProvider' ? new MemoryLeaseProvider() : undefined
     return Array.from({ length: n }, () =>
       closing(
         kind === 'MemoryLeaseProvider'
-          ? withLeases(new EventEmitterPubSub(), shared)
+          ? withLeases(new EventEmitterPubSub(), shared!)
           : kind === 'RedisLeaseProvider'
             ? withLeases(new EventEmitterPubSub(), new RedisLeaseProvider({ url: redis.url, keyPrefix }))
             : new RedisStreamsPubSub({ url: redis.url, keyPrefix }),
@@ -277,13 +259,13 @@ describe("a signal provider's poll lease, on 1.71's own SignalProvider, Agent an
   type Poll = { by: string; resource: string; at: number }
   const pollers = (polls: Poll[], resource: string, since = 0) => new Set(polls.filter((p) => p.resource === resource && p.at >= since).map((p) => p.by))
 
-  for (const kind of KINDS) {
+  for (const kind of PROVIDER_KINDS) {
     it(`(${kind}) two apps' providers of one id polling the same three resources every 100 ms: each resource is polled by one of them, under a lease of the 1000 ms floor renewed every cycle; once the holder stops, its leases released, the other polls each of them at its next cycle, well within the TTL`, async ({
       annotate,
     }) => {
       const polls: Poll[] = []
       const make = (by: string) => new PollLeaseSignalProvider({ id: 'github', pollInterval: 100, pollResource: async (resource) => void polls.push({ by, resource, at: performance.now() }) })
-      const [pa, pb] = pubsubs(kind, 2) as [PubSub & Leases, PubSub & Leases]
+      const [pa, pb] = pubsubs(kind, 2) as [PubSub & LeaseRecordApi, PubSub & LeaseRecordApi]
       const providers: Record<string, PollLeaseSignalProvider> = { a: make('a'), b: make('b') }
       app(pa, providers.a!)
       app(pb, providers.b!)

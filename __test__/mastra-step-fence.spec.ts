@@ -13,7 +13,6 @@ import './helpers/mastra-node.js' // first: fails clearly on Node < 22.13, befor
 import { randomUUID } from 'node:crypto'
 import path from 'node:path'
 
-import type { LeaseProvider } from '@mastra/core/events'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
@@ -21,7 +20,9 @@ import { handleStepRun, stepFenceKey, stepRunEvent, stepTaking, type StepResult 
 import { alwaysAcquired, recordLeases, type LeaseOperation } from './fixtures/lease-recorder.mjs'
 import { checkStepFenceHistory, stepFigures, type StepRecord } from './helpers/fence-history.js'
 import { jsonLinesChild } from './helpers/json-lines-child.js'
-import { leaseFailureWarnings, sleep } from './helpers/lease.js'
+import { leaseFailureWarnings, sleep, type LeaseApi } from './helpers/lease.js'
+import { perTest } from './helpers/per-test.js'
+import { PROVIDER_KINDS, providerFleet, type ProviderKind } from './helpers/provider-fleet.js'
 import { until } from './helpers/redis-process.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { pendingCount } from './helpers/streams-suite.js'
@@ -35,45 +36,20 @@ const WORKER = path.join(__dirname, 'fixtures', 'step-fence-worker.mjs')
 const TTL_MS = 1_200
 
 let redis: RedisServer
-const closeAfter: Array<{ close(): Promise<void> }> = []
-const servers: RedisServer[] = []
+const { providers, ownServer } = perTest()
 const workers: Array<{ kill(): void }> = []
 beforeAll(async () => {
   redis = await startRedis()
 })
-afterEach(async () => {
+afterEach(() => {
   for (const w of workers.splice(0)) w.kill()
-  await Promise.allSettled(closeAfter.splice(0).map((c) => c.close()))
-  await Promise.allSettled(servers.splice(0).map((s) => s.stop()))
 })
 afterAll(async () => {
   await redis?.stop()
 })
 
-const closing = <T extends { close(): Promise<void> }>(value: T): T => {
-  closeAfter.push(value)
-  return value
-}
-
-/** A server of the test's own, which it may stop or freeze. */
-async function ownServer(): Promise<RedisServer> {
-  const server = await startRedis()
-  servers.push(server)
-  return server
-}
-
-const KINDS = ['MemoryLeaseProvider', 'RedisLeaseProvider', 'RedisStreamsPubSub'] as const
-type Kind = (typeof KINDS)[number]
-
-/** `n` handlers' providers of one kind sharing one store: one in-memory table, or one server with a prefix each its own connection. */
-function fleet(kind: Kind, n: number, url = redis.url): Array<LeaseProvider & { close(): Promise<void> }> {
-  const keyPrefix = uniquePrefix('step-fence')
-  if (kind === 'MemoryLeaseProvider') {
-    const shared = closing(new MemoryLeaseProvider())
-    return Array.from({ length: n }, () => shared)
-  }
-  return Array.from({ length: n }, () => closing(kind === 'RedisLeaseProvider' ? new RedisLeaseProvider({ url, keyPrefix }) : new RedisStreamsPubSub({ url, keyPrefix })))
-}
+/** `n` handlers' providers of one kind sharing one store (helpers/provider-fleet.ts). */
+const fleet = (kind: ProviderKind, n: number, url = redis.url) => providerFleet(kind, n, url, providers)
 
 /** A history being recorded: the lease calls of every provider `leases()` wraps, and the deliveries. */
 function stepHistory() {
@@ -82,7 +58,7 @@ function stepHistory() {
   return {
     operations,
     records,
-    leases: (provider: LeaseProvider & { close(): Promise<void> }) => recordLeases(provider, (op) => operations.push(op)),
+    leases: (provider: LeaseApi) => recordLeases(provider, (op) => operations.push(op)),
     record: (r: StepRecord) => void records.push(r),
   }
 }
@@ -98,7 +74,7 @@ function checked(operations: LeaseOperation[], records: StepRecord[]) {
 const warnings = (records: StepRecord[]) => records.flatMap((r) => (r.type === 'warn' ? [r.message] : []))
 
 describe('the evented step fence in one process', () => {
-  for (const kind of KINDS) {
+  for (const kind of PROVIDER_KINDS) {
     it(`(${kind}) a step's delivery and three redeliveries at once, each on its own connection: one runs, three are dropped as duplicates; after the step succeeded a duplicate is dropped until the fence's TTL and runs the step again after it; history-checked`, async ({
       annotate,
     }) => {
@@ -147,8 +123,9 @@ describe('the evented step fence in one process', () => {
 
   it("the checker finds what a provider that grants every acquire lets through: two deliveries of one step running while both hold the fence", async () => {
     const h = stepHistory()
-    const memory = closing(new MemoryLeaseProvider())
-    const broken = h.leases(alwaysAcquired(memory) as unknown as LeaseProvider & { close(): Promise<void> })
+    const memory = new MemoryLeaseProvider()
+    providers.push(memory)
+    const broken = h.leases(alwaysAcquired(memory))
     const [runId, eventId] = [`run-${randomUUID()}`, randomUUID()]
     await Promise.all([1, 2].map((attempt) => handleStepRun(broken, stepRunEvent(runId, eventId, attempt), stepTaking(100), { ttlMs: TTL_MS, record: h.record })))
     const report = checkStepFenceHistory(h.operations, h.records)
@@ -197,7 +174,11 @@ describe.skipIf(EXTERNAL_REDIS)('the evented step fence when its server fails', 
     const own = await ownServer()
     const h = stepHistory()
     const keyPrefix = uniquePrefix('step-fence-frozen')
-    const [first, second] = [0, 1].map(() => h.leases(closing(new RedisLeaseProvider({ url: own.url, keyPrefix, commandTimeoutMs: 300 }))))
+    const [first, second] = [0, 1].map(() => {
+      const provider = new RedisLeaseProvider({ url: own.url, keyPrefix, commandTimeoutMs: 300 })
+      providers.push(provider)
+      return h.leases(provider)
+    })
     const [runId, eventId] = [`run-${randomUUID()}`, randomUUID()]
     const long = handleStepRun(first!, stepRunEvent(runId, eventId, 1), stepTaking(4_000), { ttlMs: TTL_MS, record: h.record })
     await sleep(500) // the heartbeat renewed once
@@ -267,7 +248,8 @@ describe.skipIf(EXTERNAL_REDIS)("the evented step fence in worker processes behi
     const config = { keyPrefix, stepMs: 2_000, ttlMs: TTL_MS, streams: { inFlightTimeoutMs: 600, blockMs: 100, maxInFlight: 1 } }
     const fleet = [stepWorker(config), stepWorker(config), stepWorker(config)]
     await Promise.all(fleet.map((w) => w.ready()))
-    const publisher = closing(new RedisStreamsPubSub({ url: redis.url, keyPrefix }))
+    const publisher = new RedisStreamsPubSub({ url: redis.url, keyPrefix })
+    providers.push(publisher)
     const runId = `run-${randomUUID()}`
     await Promise.all([1, 2, 3, 4].map((n) => publisher.publish('workflows', { type: 'workflow.step.run', runId, data: { n } })))
 
@@ -301,7 +283,8 @@ describe.skipIf(EXTERNAL_REDIS)("the evented step fence in worker processes behi
     const config = { keyPrefix, stepMs: 2_500, ttlMs, streams: { reclaimIdleMs, reclaimIntervalMs: 100, blockMs: 100 } }
     const first = stepWorker(config)
     await first.ready()
-    const publisher = closing(new RedisStreamsPubSub({ url: redis.url, keyPrefix }))
+    const publisher = new RedisStreamsPubSub({ url: redis.url, keyPrefix })
+    providers.push(publisher)
     await publisher.publish('workflows', { type: 'workflow.step.run', runId: `run-${randomUUID()}`, data: {} })
     await until('the first worker to start the step', 10_000, async () => (of(first.records, 'run-start').length === 1 ? undefined : 'not started'), 10)
     const sibling = stepWorker(config)
