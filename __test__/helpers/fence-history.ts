@@ -1,6 +1,6 @@
-// The history checker of the durable-execution fence suite: what executions that claim runs as
-// Mastra's durable agents do (fixtures/execution-fence.mjs) recorded, checked for the two
-// properties the fence exists for.
+// The history checkers of Mastra's fences. First the durable-execution fence's: what executions
+// that claim runs as Mastra's durable agents do (fixtures/execution-fence.mjs) recorded, checked
+// for the two properties the fence exists for.
 //
 // - No step commits under two owners at once. A step counts from the reply of the verify before
 //   it to the sending of the verify after it, and commits when both verifies held. Two
@@ -9,8 +9,13 @@
 // - A takeover leaves the old owner nothing: once a transfer away from an execution has been
 //   answered, no verify that execution sends afterwards holds.
 //
+// Then the evented step fence's (`checkStepFenceHistory`, fixtures/lease-callers.mjs): two
+// deliveries of one step never both run while both hold the fence.
+//
 // Times are monotonic nanoseconds (process.hrtime.bigint(), one clock for every process of
 // this machine), as bigints or as their decimal text from a child's JSON line.
+
+import { checkLeaseHistory, type LeaseOperation } from './lease-history.js'
 
 type Time = bigint | string
 
@@ -86,3 +91,97 @@ export function checkFenceHistory(records: readonly FenceRecord[]): FenceReport 
 /** A report as one line of figures. */
 export const figures = (r: FenceReport) =>
   `${r.claims} executions, ${r.takeovers} takeovers, ${r.committed} of ${r.steps} steps committed, ${r.failedVerifies} verifies failed; ${r.overlaps.length} overlaps, ${r.lateVerifies.length} late verifies`
+
+/** What the evented step fence (`handleStepRun`, fixtures/lease-callers.mjs) reports of each delivery. */
+export type StepRecord =
+  | { type: 'run-start'; key: string; owner: string; eventId: string; attempt: number; fenced: boolean; at: Time }
+  | { type: 'run-end'; key: string; owner: string; at: Time; ok: boolean }
+  | { type: 'drop'; key: string; owner: string; eventId: string; attempt: number; at: Time }
+  | { type: 'warn'; key: string; owner: string; message: string; error?: string }
+
+export interface StepFenceReport {
+  /** Deliveries handled: run (fenced or not) or dropped as duplicates. */
+  deliveries: number
+  runs: number
+  /** Runs whose acquire threw: the step ran anyway, under no fence. */
+  unfenced: number
+  dropped: number
+  /** Pairs of runs of one step that ran at once, whether or not both held the fence. */
+  concurrent: number
+  /** Fenced runs that ended after their fence had lapsed (lost while the step ran). */
+  pastFence: number
+  /** Two runs of one step that ran while both held the fence, one line each: must be none. */
+  bothHeld: string[]
+  /** Holds of one fence by two owners at once (the lease history's overlaps): must be none. */
+  leaseOverlaps: string[]
+}
+
+const NEVER = BigInt(Number.MAX_SAFE_INTEGER) * 1_000_000n
+
+/**
+ * Checks a step fence's history: `operations` are its lease calls (recorded with
+ * `recordLeases`), from which the lease checker (helpers/lease-history.ts) derives when each
+ * owner believed it held the fence; `records` the deliveries. A run lasts from `run-start` to
+ * its `run-end` (forever for a process killed mid-step, whose hold ends where its last grant's
+ * TTL does).
+ */
+export function checkStepFenceHistory(operations: readonly LeaseOperation[], records: readonly StepRecord[]): StepFenceReport {
+  const lease = checkLeaseHistory(operations)
+  const id = (key: string, owner: string) => `${key}\u0000${owner}`
+  const holds = new Map<string, Array<[bigint, bigint]>>()
+  for (const w of lease.windows) {
+    if (w.to <= w.from) continue
+    const list = holds.get(id(w.key, w.owner)) ?? []
+    list.push([w.from, w.to])
+    holds.set(id(w.key, w.owner), list)
+  }
+  const ends = new Map<string, bigint>()
+  for (const r of records) if (r.type === 'run-end') ends.set(id(r.key, r.owner), ns(r.at))
+  const runs = records
+    .filter((r): r is Extract<StepRecord, { type: 'run-start' }> => r.type === 'run-start')
+    .map((r) => {
+      const start = ns(r.at)
+      const end = ends.get(id(r.key, r.owner)) ?? NEVER
+      // The parts of the run during which its owner held the fence.
+      const held = (holds.get(id(r.key, r.owner)) ?? [])
+        .map(([from, to]): [bigint, bigint] => [from > start ? from : start, to < end ? to : end])
+        .filter(([from, to]) => to > from)
+      return { ...r, start, end, held }
+    })
+  const origin = runs.reduce((min, r) => (r.start < min ? r.start : min), NEVER)
+  const at = (t: bigint) => (t === NEVER ? 'never' : ms(t, origin))
+
+  let concurrent = 0
+  const bothHeld: string[] = []
+  for (let i = 0; i < runs.length; i++) {
+    for (let j = i + 1; j < runs.length; j++) {
+      const [a, b] = [runs[i]!, runs[j]!]
+      if (a.key !== b.key || a.owner === b.owner) continue
+      if (a.start < b.end && b.start < a.end) concurrent++
+      for (const [af, at_] of a.held) {
+        for (const [bf, bt] of b.held) {
+          if (af < bt && bf < at_) {
+            bothHeld.push(
+              `${a.key}: delivery ${a.attempt} (${a.owner}) held and ran over [${at(af)}, ${at(at_)}] ms, delivery ${b.attempt} (${b.owner}) over [${at(bf)}, ${at(bt)}] ms`,
+            )
+          }
+        }
+      }
+    }
+  }
+  const lastHold = (r: (typeof runs)[number]) => (holds.get(id(r.key, r.owner)) ?? []).reduce((max, [, to]) => (to > max ? to : max), 0n)
+  return {
+    deliveries: runs.length + records.filter((r) => r.type === 'drop').length,
+    runs: runs.length,
+    unfenced: runs.filter((r) => !r.fenced).length,
+    dropped: records.filter((r) => r.type === 'drop').length,
+    concurrent,
+    pastFence: runs.filter((r) => r.fenced && r.end !== NEVER && r.end > lastHold(r)).length,
+    bothHeld,
+    leaseOverlaps: lease.overlaps.map((o) => o.description),
+  }
+}
+
+/** A step fence report as one line of figures. */
+export const stepFigures = (r: StepFenceReport) =>
+  `${r.deliveries} deliveries: ${r.runs} ran (${r.unfenced} unfenced), ${r.dropped} dropped as duplicates; ${r.concurrent} pairs ran at once, ${r.pastFence} ran past their fence; ${r.bothHeld.length} ran while both held it`
