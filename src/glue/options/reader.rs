@@ -184,6 +184,23 @@ impl Options {
         }
     }
 
+    /// A function option, valid during this call only.
+    pub(super) fn function(&self, name: &'static str, what: &str) -> Read<Option<Value>> {
+        match self.get(name)? {
+            None => Ok(None),
+            Some((value, ValueType::napi_function)) => Ok(Some(value)),
+            Some((_, kind)) => Err(Error::option(
+                InputErrorKind::Type,
+                format!(
+                    "{}: {name} must be {what}, got {}",
+                    self.class,
+                    type_name(kind)
+                ),
+            )
+            .into()),
+        }
+    }
+
     pub(super) fn string(&self, name: &'static str) -> Read<Option<String>> {
         match self.get(name)? {
             Some((value, kind)) => self.text(value, kind, name).map(Some),
