@@ -78,6 +78,9 @@ impl Options {
                 "inFlightTimeoutMs" | "hardMaxStreamLength" | "blockMs" | "maxStreamLength" => {
                     "; it is an option of RedisStreamsPubSub".to_owned()
                 }
+                "clock" => "; it is an option of MemoryLeaseProvider: Redis keeps the time \
+                            of leases in Redis (a test's fake clock cannot move it)"
+                    .to_owned(),
                 "fencingTokens" => "; it is gone: acquireLease grants without a \
                                     token, as Mastra's own backend does, and a fenced grant is \
                                     asked for per call (acquireFencedLease, hold())"

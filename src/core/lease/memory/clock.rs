@@ -73,9 +73,17 @@ fn finite(reading: f64) -> Result<()> {
     if reading.is_finite() {
         return Ok(());
     }
+    // Named as JavaScript names them.
+    let got = match reading {
+        f64::INFINITY => "Infinity",
+        f64::NEG_INFINITY => "-Infinity",
+        _ => "NaN",
+    };
     Err(Error::option(
         InputErrorKind::Range,
-        format!("MemoryLeaseProvider: the clock must answer a finite number of milliseconds, got {reading}"),
+        format!(
+            "MemoryLeaseProvider: the clock must answer a finite number of milliseconds, got {got}"
+        ),
     ))
 }
 
