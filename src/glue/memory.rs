@@ -50,63 +50,81 @@ struct JsClock {
     /// an `Rc` while read: the clock may call the table, `close()` included.
     function: RefCell<Option<Rc<js::Held>>>,
     time: FollowedClock,
+    /// What the clock threw at the reading under way, for the error's `cause`: taken by the
+    /// table function that throws that error, before it returns.
+    thrown: Cell<Option<Value>>,
 }
 
 impl JsClock {
     /// Reads the clock once (refusing a clock that throws or answers no finite number), and
     /// keeps it.
     fn new(env: js::Env, function: Value) -> std::result::Result<Self, OptionError> {
-        let time = FollowedClock::new(read(env, function)?)?;
+        let first = read(env, function).map_err(|(error, cause)| OptionError { error, cause })?;
+        let time = FollowedClock::new(first)?;
         let held = js::Held::new(env, function)
             .ok_or_else(|| Error::Internal("could not keep the clock".into()))?;
         Ok(Self {
             function: RefCell::new(Some(Rc::new(held))),
             time,
+            thrown: Cell::new(None),
         })
     }
 
-    /// The instant the clock reads now, or why it could not be read.
-    fn now(&self, env: js::Env) -> std::result::Result<Instant, OptionError> {
+    /// The instant the clock reads now, or why it could not be read (what it threw, if it
+    /// did, kept in `thrown`).
+    #[cold]
+    #[inline(never)]
+    fn now(&self, env: js::Env) -> Result<Instant> {
         let held = self.function.borrow().clone();
         let function = held
             .as_ref()
             .and_then(|held| held.value())
             .ok_or(Error::Closed(Subject::LeaseProvider))?;
-        Ok(self.time.at(read(env, function)?)?)
+        let reading = read(env, function).map_err(|(error, thrown)| {
+            self.thrown.set(thrown);
+            error
+        })?;
+        self.time.at(reading)
     }
 }
 
-/// One reading of a clock, in milliseconds: what it answered, if a number.
-fn read(env: js::Env, clock: Value) -> std::result::Result<f64, OptionError> {
-    let answer = js::try_call(env, clock, &[]).map_err(|thrown| OptionError {
-        error: Error::option(
+/// One reading of a clock, in milliseconds: what it answered, if a number; or why not, with
+/// what it threw if it did.
+fn read(env: js::Env, clock: Value) -> std::result::Result<f64, (Error, Option<Value>)> {
+    let answer = js::try_call(env, clock, &[]).map_err(|thrown| {
+        let error = Error::option(
             InputErrorKind::Type,
             format!(
                 "MemoryLeaseProvider: the clock threw: {}",
                 js::describe(env, thrown)
             ),
-        ),
-        cause: Some(thrown),
+        );
+        (error, Some(thrown))
     })?;
     js::number_checked(env, answer).ok_or_else(|| {
         let kind = super::args::type_name(js::type_of(env, answer));
-        Error::option(
+        let error = Error::option(
             InputErrorKind::Type,
             format!(
                 "MemoryLeaseProvider: the clock must answer a number of milliseconds, got {kind}"
             ),
-        )
-        .into()
+        );
+        (error, None)
     })
 }
 
 impl Table {
     /// The time of a call: the table's own monotonic clock, or its `clock` option's.
-    fn now(&self, env: js::Env) -> std::result::Result<Instant, OptionError> {
+    fn now(&self, env: js::Env) -> Result<Instant> {
         match &self.clock {
             None => Ok(Instant::now()),
             Some(clock) => clock.now(env),
         }
+    }
+
+    /// What the clock threw at this call's reading, if it did: the `cause` of its error.
+    fn thrown(&self) -> Option<Value> {
+        self.clock.as_ref().and_then(|clock| clock.thrown.take())
     }
 
     /// One round of a sweep: reclaims up to [`SWEEP_CHUNK`] expired leases, and answers
@@ -114,6 +132,7 @@ impl Table {
     /// A clock that cannot be read leaves the round to the next (the calls reject meanwhile).
     fn sweep(&self, env: js::Env) -> bool {
         let Ok(now) = self.now(env) else {
+            self.thrown();
             return false;
         };
         let looked = self.store.reclaim_expired_at(now, SWEEP_CHUNK);
@@ -179,9 +198,8 @@ pub fn memory_lease_table<'env>(
 }
 
 /// A native function of a table: what it answers (as a JavaScript value), or the coded error
-/// to throw (with what the clock threw, when that was it).
-type TableFn<const N: usize> =
-    fn(&Table, js::Env, [Value; N]) -> std::result::Result<Value, OptionError>;
+/// to throw.
+type TableFn<const N: usize> = fn(&Table, js::Env, [Value; N]) -> Result<Value>;
 
 /// The object of functions, each holding the table alive for as long as it lives itself.
 fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
@@ -254,7 +272,7 @@ fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
     // `ping()`: 0 (milliseconds: there is no server to reach); throws once closed.
     bind(env, object, table, c"ping", |t, e, []| {
         if t.closed.get() {
-            return Err(Error::Closed(Subject::LeaseProvider).into());
+            return Err(Error::Closed(Subject::LeaseProvider));
         }
         Ok(js::number_value(e, 0.0))
     })?;
@@ -268,7 +286,7 @@ fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
         stats
             .into_unknown(&Env::from_raw(e))
             .map(|stats| stats.raw())
-            .map_err(|err| Error::Internal(err.reason).into())
+            .map_err(|err| Error::Internal(err.reason))
     })?;
     // `sweep()`: one round of reclaiming expired leases; `true` when more are due.
     bind(env, object, table, c"sweep", |t, e, []| {
@@ -314,14 +332,10 @@ unsafe extern "C" fn run<const N: usize>(env: js::Env, info: sys::napi_callback_
     };
     // SAFETY: the function was made by `bind` with a `Bound<N>`, which lives until `free`.
     let bound = unsafe { &*data.cast::<Bound<N>>() };
-    match catching(|| Ok((bound.call)(&bound.table, env, args))) {
-        Ok(Ok(value)) => value,
-        Ok(Err(err)) => {
-            err.throw(env);
-            ptr::null_mut()
-        }
+    match catching(|| (bound.call)(&bound.table, env, args)) {
+        Ok(value) => value,
         Err(err) => {
-            js::throw(env, &err, None);
+            js::throw(env, &err, bound.table.thrown());
             ptr::null_mut()
         }
     }
@@ -342,22 +356,15 @@ fn lease_call(
     env: js::Env,
     operation: Operation,
     call: Result<Call>,
-) -> std::result::Result<Value, OptionError> {
-    let mut cause = None;
+) -> Result<Value> {
     let outcome = call.and_then(|call| {
         if table.closed.get() {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
-        let now = table.now(env).map_err(|unread| {
-            cause = unread.cause;
-            unread.error
-        })?;
-        table.store.apply_at(now, call)
+        table.store.apply_at(table.now(env)?, call)
     });
     table.stats.record(operation, outcome.as_ref());
-    outcome
-        .map(|answer| answered(env, answer))
-        .map_err(|error| OptionError { error, cause })
+    outcome.map(|answer| answered(env, answer))
 }
 
 /// A lease answer as a table function gives it: as a Redis call resolves (`reply::to_js`),
