@@ -455,6 +455,40 @@ pub fn persist(env: Env, value: Value) -> Option<Persistent> {
     (status == sys::Status::napi_ok).then_some(Persistent(reference))
 }
 
+/// A strong reference to a value, deleted when dropped: for a value kept only as long as what
+/// holds it (a provider's clock), where [`Persistent`] keeps its value for the environment's
+/// life. Dropped on the thread of its environment, as everything holding one is `!Send`.
+pub struct Held {
+    env: Env,
+    reference: sys::napi_ref,
+}
+
+impl Held {
+    /// A strong reference to `value`, a live value of this environment.
+    pub fn new(env: Env, value: Value) -> Option<Self> {
+        let mut reference = ptr::null_mut();
+        // SAFETY: a strong reference to a live value of this environment.
+        let status = unsafe { sys::napi_create_reference(env, value, 1, &mut reference) };
+        (status == sys::Status::napi_ok).then_some(Self { env, reference })
+    }
+
+    /// The value referred to (`None` if it could not be read).
+    pub fn value(&self) -> Option<Value> {
+        let mut out = ptr::null_mut();
+        // SAFETY: the reference was made in this environment and lives until `drop`.
+        unsafe { sys::napi_get_reference_value(self.env, self.reference, &mut out) };
+        (!out.is_null()).then_some(out)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: deleted once, on its environment's thread (a finalizer's included, where
+        // N-API allows deleting references).
+        unsafe { sys::napi_delete_reference(self.env, self.reference) };
+    }
+}
+
 /// Compiles and runs `source`, a constant expression, and keeps what it evaluates to.
 pub fn compile(env: Env, source: &str) -> Option<Persistent> {
     let source = string(env, source);
@@ -472,6 +506,26 @@ pub fn compile(env: Env, source: &str) -> Option<Persistent> {
 /// (the exception cleared).
 pub fn call(env: Env, function: Value, args: &[Value]) -> Option<Value> {
     call_on(env, undefined(env), function, args)
+}
+
+/// `function(...args)` with `this` undefined: what it returned, or what it threw (cleared).
+pub fn try_call(env: Env, function: Value, args: &[Value]) -> Result<Value, Value> {
+    let mut out = ptr::null_mut();
+    // SAFETY: a call of a live function of this environment with values made in it.
+    let status = unsafe {
+        sys::napi_call_function(
+            env,
+            undefined(env),
+            function,
+            args.len(),
+            args.as_ptr(),
+            &mut out,
+        )
+    };
+    if status != sys::Status::napi_ok || out.is_null() {
+        return Err(take_exception(env));
+    }
+    Ok(out)
 }
 
 /// `function.call(this, ...args)`: what it returned, or `None` when it threw (the exception

@@ -6,12 +6,14 @@
 //! methods, so a call skips napi-rs's instance lookup and borrow bookkeeping
 //! (`docs/benchmarks.md` has what each piece cost). Everything runs on Node's thread, the
 //! sweep of expired leases too (the shell calls `sweep()` on a timer), so the table takes no
-//! lock and counts without atomics.
+//! lock and counts without atomics. A table made with a `clock` reads it there too, at each
+//! call: one JavaScript call more, paid only by the tables that have one.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::rc::Rc;
+use std::time::Instant;
 
 use napi::bindgen_prelude::{Env, ToNapiValue, Unknown};
 use napi::{sys, JsValue};
@@ -20,30 +22,120 @@ use napi_derive::napi;
 use super::args;
 use super::crossing::catching;
 use super::js::{self, Value};
-use super::options;
+use super::options::{self, OptionError};
 use super::reply::{to_js, LeaseStats, Reply};
 use super::unknown;
+use crate::core::lease::memory::FollowedClock;
 use crate::core::lease::stats::{Operation, Stats};
-use crate::core::{Answer, Call, Error, MemoryStore, Result, Subject};
+use crate::core::{Answer, Call, Error, InputErrorKind, MemoryStore, Result, Subject};
 
 /// Expired leases one `sweep()` reclaims at most, so a large backlog is swept over several
 /// turns of Node's event loop rather than in one long one.
 const SWEEP_CHUNK: usize = 10_000;
 
 /// What the functions of one table share: the leases, the counters `stats()` reads, whether
-/// `close()` was called, and how many deadlines the sweep under way has looked at.
+/// `close()` was called, how many deadlines the sweep under way has looked at, and the
+/// `clock` option's clock, if it was given.
 struct Table {
     store: MemoryStore,
     stats: Stats<Cell<u64>>,
     closed: Cell<bool>,
     swept: Cell<usize>,
+    clock: Option<JsClock>,
+}
+
+/// A `clock` option: the function read for the time, and the instants its readings make.
+struct JsClock {
+    /// Taken by `close()`, so a clock that holds its provider does not keep it alive. Held by
+    /// an `Rc` while read: the clock may call the table, `close()` included.
+    function: RefCell<Option<Rc<js::Held>>>,
+    time: FollowedClock,
+    /// What the clock threw at the reading under way, for the error's `cause`: taken by the
+    /// table function that throws that error, before it returns.
+    thrown: Cell<Option<Value>>,
+}
+
+impl JsClock {
+    /// Reads the clock once (refusing a clock that throws or answers no finite number), and
+    /// keeps it.
+    fn new(env: js::Env, function: Value) -> std::result::Result<Self, OptionError> {
+        let first = read(env, function).map_err(|(error, cause)| OptionError { error, cause })?;
+        let time = FollowedClock::new(first)?;
+        let held = js::Held::new(env, function)
+            .ok_or_else(|| Error::Internal("could not keep the clock".into()))?;
+        Ok(Self {
+            function: RefCell::new(Some(Rc::new(held))),
+            time,
+            thrown: Cell::new(None),
+        })
+    }
+
+    /// The instant the clock reads now, or why it could not be read (what it threw, if it
+    /// did, kept in `thrown`).
+    #[cold]
+    #[inline(never)]
+    fn now(&self, env: js::Env) -> Result<Instant> {
+        let held = self.function.borrow().clone();
+        let function = held
+            .as_ref()
+            .and_then(|held| held.value())
+            .ok_or(Error::Closed(Subject::LeaseProvider))?;
+        let reading = read(env, function).map_err(|(error, thrown)| {
+            self.thrown.set(thrown);
+            error
+        })?;
+        self.time.at(reading)
+    }
+}
+
+/// One reading of a clock, in milliseconds: what it answered, if a number; or why not, with
+/// what it threw if it did.
+fn read(env: js::Env, clock: Value) -> std::result::Result<f64, (Error, Option<Value>)> {
+    let answer = js::try_call(env, clock, &[]).map_err(|thrown| {
+        let error = Error::option(
+            InputErrorKind::Type,
+            format!(
+                "MemoryLeaseProvider: the clock threw: {}",
+                js::describe(env, thrown)
+            ),
+        );
+        (error, Some(thrown))
+    })?;
+    js::number_checked(env, answer).ok_or_else(|| {
+        let kind = super::args::type_name(js::type_of(env, answer));
+        let error = Error::option(
+            InputErrorKind::Type,
+            format!(
+                "MemoryLeaseProvider: the clock must answer a number of milliseconds, got {kind}"
+            ),
+        );
+        (error, None)
+    })
 }
 
 impl Table {
+    /// The time of a call: the table's own monotonic clock, or its `clock` option's.
+    fn now(&self, env: js::Env) -> Result<Instant> {
+        match &self.clock {
+            None => Ok(Instant::now()),
+            Some(clock) => clock.now(env),
+        }
+    }
+
+    /// What the clock threw at this call's reading, if it did: the `cause` of its error.
+    fn thrown(&self) -> Option<Value> {
+        self.clock.as_ref().and_then(|clock| clock.thrown.take())
+    }
+
     /// One round of a sweep: reclaims up to [`SWEEP_CHUNK`] expired leases, and answers
     /// whether more are due. A sweep of many ends by giving their memory back to the system.
-    fn sweep(&self) -> bool {
-        let looked = self.store.reclaim_expired(SWEEP_CHUNK);
+    /// A clock that cannot be read leaves the round to the next (the calls reject meanwhile).
+    fn sweep(&self, env: js::Env) -> bool {
+        let Ok(now) = self.now(env) else {
+            self.thrown();
+            return false;
+        };
+        let looked = self.store.reclaim_expired_at(now, SWEEP_CHUNK);
         let swept = self.swept.get() + looked;
         let more = looked == SWEEP_CHUNK;
         self.swept.set(if more { swept } else { 0 });
@@ -82,12 +174,17 @@ pub fn memory_lease_table<'env>(
     options: Option<Unknown<'env>>,
 ) -> napi::Result<Unknown<'env>> {
     let raw = env.raw();
-    let made = options::memory(raw, options.map(|o| o.raw())).and_then(|limits| {
+    let made = options::memory(raw, options.map(|o| o.raw())).and_then(|read| {
+        let clock = match read.clock {
+            Some(function) => Some(JsClock::new(raw, function)?),
+            None => None,
+        };
         let table = Rc::new(Table {
-            store: MemoryStore::new(limits),
+            store: MemoryStore::new(read.limits),
             stats: Stats::default(),
             closed: Cell::new(false),
             swept: Cell::new(0),
+            clock,
         });
         Ok(functions(raw, &table)?)
     });
@@ -166,6 +263,9 @@ fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
     bind(env, object, table, c"close", |t, e, []| {
         if !t.closed.replace(true) {
             t.store.clear();
+            if let Some(clock) = &t.clock {
+                clock.function.borrow_mut().take();
+            }
         }
         Ok(js::undefined(e))
     })?;
@@ -190,7 +290,7 @@ fn functions(env: js::Env, table: &Rc<Table>) -> Result<Value> {
     })?;
     // `sweep()`: one round of reclaiming expired leases; `true` when more are due.
     bind(env, object, table, c"sweep", |t, e, []| {
-        Ok(js::boolean(e, t.sweep()))
+        Ok(js::boolean(e, t.sweep(e)))
     })?;
     Ok(object)
 }
@@ -235,7 +335,7 @@ unsafe extern "C" fn run<const N: usize>(env: js::Env, info: sys::napi_callback_
     match catching(|| (bound.call)(&bound.table, env, args)) {
         Ok(value) => value,
         Err(err) => {
-            js::throw(env, &err, None);
+            js::throw(env, &err, bound.table.thrown());
             ptr::null_mut()
         }
     }
@@ -249,8 +349,8 @@ unsafe extern "C" fn free<const N: usize>(_env: js::Env, data: *mut c_void, _hin
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(bound)));
 }
 
-/// One lease call on the table, its arguments read into `call`: counted, then answered as
-/// [`answered`] says.
+/// One lease call on the table, its arguments read into `call`, at the table's time:
+/// counted, then answered as [`answered`] says.
 fn lease_call(
     table: &Table,
     env: js::Env,
@@ -261,7 +361,7 @@ fn lease_call(
         if table.closed.get() {
             return Err(Error::Closed(Subject::LeaseProvider));
         }
-        table.store.apply(call)
+        table.store.apply_at(table.now(env)?, call)
     });
     table.stats.record(operation, outcome.as_ref());
     outcome.map(|answer| answered(env, answer))

@@ -125,7 +125,9 @@ function transfer(
  * across processes. The embedded default.
  *
  * Same methods as `RedisLeaseProvider`; calls are answered on the spot by the native table,
- * with no thread hop. Time is a monotonic clock, so wall-clock changes never move a deadline.
+ * with no thread hop. Time is a monotonic clock, so wall-clock changes never move a deadline;
+ * or, with `options.clock` (`() => Date.now()`), the clock a test's fake timers move, so a
+ * lease expires as the test advances it (docs/testing.md).
  * Bad input and calls after `close()` reject with the same coded errors as on Redis. Every
  * lease call is traced on the `mastra-lease:lease` diagnostics channel.
  */

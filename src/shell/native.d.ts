@@ -322,6 +322,17 @@ export interface ListLeasesOptions {
 /** Options of `new MemoryLeaseProvider(options?)`. */
 export interface MemoryLeaseProviderOptions {
   /**
+   * The clock the leases' time follows: a function answering milliseconds (from
+   * any origin), read at each lease call and each sweep, and once here. Give
+   * `() => Date.now()` for leases to expire with a test's fake clock (vitest's and
+   * Jest's fake timers move `Date`). Only its steps forward count: a reading below
+   * the last moves nothing, so a clock set back never brings a lease back nor keeps
+   * one longer. A reading that is not a finite number, or a clock that throws,
+   * rejects the call (throws here) with `ERR_LEASE_INVALID_OPTION` and changes
+   * nothing. Default: a monotonic clock of the table's own, which no fake moves.
+   */
+  clock?: (() => number) | undefined
+  /**
    * Longest lease key accepted, in UTF-8 bytes (for `RedisStreamsPubSub`,
    * also the longest topic or group name). Default 4096.
    */

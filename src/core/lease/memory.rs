@@ -1,9 +1,11 @@
 //! Leases in this process's memory: the embedded default, for a single process.
 //!
-//! Time is a monotonic clock (`Instant`), so changes to the wall clock never extend or cut a
-//! lease. Expired leases are reclaimed two ways: every call reclaims a few of the oldest,
-//! and [`MemoryStore::reclaim_expired`] (run periodically by the owner of the store) sweeps
-//! the rest, so a million leases that expire do not stay resident.
+//! Time is an `Instant` each call is given: the monotonic clock's (`Instant::now()`), so
+//! changes to the wall clock never extend or cut a lease, or a [`FollowedClock`]'s, for an
+//! embedder that follows another clock (a test's fake one). Expired leases are reclaimed two
+//! ways: every call reclaims a few of the oldest, and [`MemoryStore::reclaim_expired_at`]
+//! (run periodically by the owner of the store) sweeps the rest, so a million leases that
+//! expire do not stay resident.
 //!
 //! A store is used on one thread (the glue's: Node's, where its calls are made and its sweep
 //! runs), so it takes no lock.
@@ -20,6 +22,9 @@ use hashbrown::HashMap;
 
 use super::{Answer, Call, Grant, Holder, Limits};
 use crate::core::error::Result;
+
+mod clock;
+pub use clock::FollowedClock;
 
 /// How many expired leases each call reclaims on its way, so no single call pays for a
 /// large backlog: the periodic sweep does that.
@@ -90,12 +95,6 @@ impl MemoryStore {
         }
     }
 
-    /// Executes one call on the spot: arguments checked first, then the operation. The call is
-    /// taken whole, so a lease it makes keeps the call's own key and holder, not copies.
-    pub fn apply(&self, call: Call) -> Result<Answer> {
-        self.apply_at(Instant::now(), call)
-    }
-
     /// Leases resident in memory, including expired ones not yet reclaimed.
     pub fn resident(&self) -> usize {
         self.table().leases.len()
@@ -106,20 +105,17 @@ impl MemoryStore {
         *self.table() = Table::default();
     }
 
-    /// Reclaims up to `budget` expired leases; answers how many deadlines it looked at, so a
-    /// caller sweeping a large backlog can let other work run between rounds.
-    pub fn reclaim_expired(&self, budget: usize) -> usize {
-        self.table().reclaim(Instant::now(), budget)
-    }
-
-    /// [`MemoryStore::reclaim_expired`] at a given instant, for the property tests.
-    #[cfg(test)]
-    pub(super) fn reclaim_expired_at(&self, now: Instant, budget: usize) -> usize {
+    /// Reclaims up to `budget` leases expired at `now`; answers how many deadlines it looked
+    /// at, so a caller sweeping a large backlog can let other work run between rounds.
+    pub fn reclaim_expired_at(&self, now: Instant, budget: usize) -> usize {
         self.table().reclaim(now, budget)
     }
 
-    /// [`MemoryStore::apply`] at a given instant: the clock seam the property tests use.
-    pub(super) fn apply_at(&self, now: Instant, call: Call) -> Result<Answer> {
+    /// Executes one call on the spot at `now`: arguments checked first, then the operation.
+    /// The call is taken whole, so a lease it makes keeps the call's own key and holder, not
+    /// copies. A store's calls all take one clock's instants (`Instant::now()`'s, or one
+    /// [`FollowedClock`]'s), each no earlier than the last.
+    pub fn apply_at(&self, now: Instant, call: Call) -> Result<Answer> {
         call.check(&self.limits)?;
         let mut table = self.table_at(now);
         Ok(match call {

@@ -61,9 +61,26 @@ fn read<T>(
     Ok(read)
 }
 
-/// `new MemoryLeaseProvider(options)`: its limits.
-pub fn memory(env: Env, value: Option<Value>) -> Read<Limits> {
-    read(env, value, "MemoryLeaseProvider", Options::limits)
+/// What `new MemoryLeaseProvider(options)` is made of.
+pub struct Memory {
+    pub limits: Limits,
+    /// The `clock` function, if any (valid during this call only).
+    pub clock: Option<Value>,
+}
+
+/// `new MemoryLeaseProvider(options)`.
+pub fn memory(env: Env, value: Option<Value>) -> Read<Memory> {
+    read(env, value, "MemoryLeaseProvider", memory_options)
+}
+
+fn memory_options(options: &Options) -> Read<Memory> {
+    Ok(Memory {
+        clock: options.function(
+            "clock",
+            "a function answering milliseconds, such as () => Date.now()",
+        )?,
+        limits: options.limits()?,
+    })
 }
 
 /// `listLeases(options)`: the cursor to go on from, and about how many keys a page scans.

@@ -78,6 +78,9 @@ impl Options {
                 "inFlightTimeoutMs" | "hardMaxStreamLength" | "blockMs" | "maxStreamLength" => {
                     "; it is an option of RedisStreamsPubSub".to_owned()
                 }
+                "clock" => "; it is an option of MemoryLeaseProvider: Redis keeps the time \
+                            of leases in Redis (a test's fake clock cannot move it)"
+                    .to_owned(),
                 "fencingTokens" => "; it is gone: acquireLease grants without a \
                                     token, as Mastra's own backend does, and a fenced grant is \
                                     asked for per call (acquireFencedLease, hold())"
@@ -179,6 +182,23 @@ impl Options {
             Some((_, kind)) => Err(Error::option(
                 InputErrorKind::Type,
                 format!("logger.debug must be a function, got {}", type_name(kind)),
+            )
+            .into()),
+        }
+    }
+
+    /// A function option, valid during this call only.
+    pub(super) fn function(&self, name: &'static str, what: &str) -> Read<Option<Value>> {
+        match self.get(name)? {
+            None => Ok(None),
+            Some((value, ValueType::napi_function)) => Ok(Some(value)),
+            Some((_, kind)) => Err(Error::option(
+                InputErrorKind::Type,
+                format!(
+                    "{}: {name} must be {what}, got {}",
+                    self.class,
+                    type_name(kind)
+                ),
             )
             .into()),
         }

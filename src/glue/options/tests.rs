@@ -8,7 +8,9 @@ use super::connection::{CLUSTER, SENTINEL, TLS};
 use super::node_redis::{CLUSTER_DEFAULTS, REDIS_OPTIONS, ROOT_NODE, SOCKET};
 use super::reader::Options;
 use super::types::*;
-use super::{list_leases_options, redis_lease_options, redis_streams_options, Read};
+use super::{
+    list_leases_options, memory_options, redis_lease_options, redis_streams_options, Read,
+};
 
 /// A declared struct's fields, as JavaScript spells them. The pattern names every field and
 /// has no `..`, so this fails to compile when the struct gains or loses a field the list
@@ -78,12 +80,13 @@ fn every_constructor_declares_the_options_it_reads_and_no_others() {
     same(
         "MemoryLeaseProviderOptions",
         declared!(MemoryLeaseProviderOptions {
+            clock,
             max_key_bytes,
             max_owner_bytes,
             max_metadata_bytes,
             max_ttl_ms,
         }),
-        read_by(Options::limits),
+        read_by(memory_options),
     );
     same(
         "RedisLeaseProviderOptions",

@@ -102,7 +102,18 @@ macro_rules! options {
 
 options! {
     #[doc = " Options of `new MemoryLeaseProvider(options?)`."]
-    pub struct MemoryLeaseProviderOptions with limits {}
+    pub struct MemoryLeaseProviderOptions with limits {
+        #[doc = " The clock the leases' time follows: a function answering milliseconds (from"]
+        #[doc = " any origin), read at each lease call and each sweep, and once here. Give"]
+        #[doc = " `() => Date.now()` for leases to expire with a test's fake clock (vitest's and"]
+        #[doc = " Jest's fake timers move `Date`). Only its steps forward count: a reading below"]
+        #[doc = " the last moves nothing, so a clock set back never brings a lease back nor keeps"]
+        #[doc = " one longer. A reading that is not a finite number, or a clock that throws,"]
+        #[doc = " rejects the call (throws here) with `ERR_LEASE_INVALID_OPTION` and changes"]
+        #[doc = " nothing. Default: a monotonic clock of the table's own, which no fake moves."]
+        #[napi(ts_type = "() => number")]
+        pub clock: Option<Value>,
+    }
 }
 
 /// TLS material for a `rediss://` URL (option `tls`), each a PEM string or `Buffer`. Without
