@@ -31,6 +31,8 @@ function examplesOf(file: string): Example[] {
 
 const documents = ['README.md', ...readdirSync(path.join(root, 'docs')).map((f) => `docs/${f}`).filter((f) => f.endsWith('.md'))]
 const examples = documents.flatMap(examplesOf)
+// Test files (docs/testing.md's) run under their own runner, in testing-doc.spec.ts.
+const programs = examples.filter((e) => !/from '(vitest|@jest\/globals)'/.test(e.code))
 
 // What a user's own code sees of the package: everything it exports, and the addon's bindings.
 const packageTypes = `import * as lease from 'mastra-lease'
@@ -107,7 +109,7 @@ describe('the documentation examples', () => {
       expect(tsc(seven, dirs.get('7')!, '-p', 'tsconfig.json')).toBe('')
     }, 120_000)
 
-    it.for(examples.map((e) => e.name))('%s runs against a Redis server and exits by itself', { timeout: 30_000 }, (name) => {
+    it.for(programs.map((e) => e.name))('%s runs against a Redis server and exits by itself', { timeout: 30_000 }, (name) => {
       const run = spawnSync(process.execPath, [path.join(dirs.get('7')!, 'out', `${name}.mjs`)], {
         cwd: dirs.get('7')!,
         env: { ...process.env, REDIS_URL: server.url, NO_COLOR: '1' },
@@ -127,12 +129,12 @@ describe('the documentation examples', () => {
 // The README points to these whole programs (demo.mjs is what `npm run demo` runs; the
 // leader election has a spec of its own).
 describe('the example programs', () => {
-  const programs = ['demo.mjs', 'mastra.mjs']
+  const files = ['demo.mjs', 'mastra.mjs']
   const places = [
     { on: 'in memory', env: () => ({ REDIS_URL: '' }) },
     { on: 'on Redis', env: () => ({ REDIS_URL: server.url }) },
   ]
-  it.for(programs.flatMap((program) => places.map((place) => [program, place.on] as const)))('examples/%s runs %s and exits 0', { timeout: 60_000 }, ([program, on]) => {
+  it.for(files.flatMap((file) => places.map((place) => [file, place.on] as const)))('examples/%s runs %s and exits 0', { timeout: 60_000 }, ([program, on]) => {
     const place = places.find((p) => p.on === on)!
     const run = spawnSync(process.execPath, [path.join(root, 'examples', program)], {
       cwd: root,

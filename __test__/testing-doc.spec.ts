@@ -1,8 +1,8 @@
-// docs/testing.md's examples run as a user runs them: those that import vitest under vitest,
-// those that import @jest/globals under Jest (compiled to CommonJS, as ts-jest would), the
-// others under Node, each in a child process from a folder inside the package, so that
-// `import … from 'mastra-lease'` finds this build. (documentation-examples.spec.ts type-checks
-// them with every other document's.)
+// docs/testing.md's test files run as a user runs them: those that import vitest under
+// vitest, those that import @jest/globals under Jest (compiled to CommonJS, as ts-jest would),
+// each in a child process from a folder inside the package, so that `import … from
+// 'mastra-lease'` finds this build. documentation-examples.spec.ts type-checks them with every
+// other document's block, and runs the others, plain programs, under Node.
 import { spawnSync } from 'node:child_process'
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
@@ -15,17 +15,17 @@ import { NODE } from './helpers/mastra-node.js'
 const root = path.resolve(__dirname, '..')
 const folder = path.join(root, 'target', 'testing-examples')
 
-type Runner = 'vitest' | 'jest' | 'node'
+type Runner = 'vitest' | 'jest'
 
 const examples = [...readFileSync(path.join(root, 'docs', 'testing.md'), 'utf8').matchAll(/^```ts\n([\s\S]*?)^```/gm)].map((block, i) => {
   const code = block[1]!
-  const runner: Runner = /from 'vitest'/.test(code) ? 'vitest' : /from '@jest\/globals'/.test(code) ? 'jest' : 'node'
+  const runner: Runner | undefined = /from 'vitest'/.test(code) ? 'vitest' : /from '@jest\/globals'/.test(code) ? 'jest' : undefined
   return { name: `testing-${i + 1}`, code, runner }
-})
+}).filter((e): e is typeof e & { runner: Runner } => e.runner !== undefined)
 
-/** A module compiled as TypeScript would emit it. */
-const compiled = (code: string, module: ts.ModuleKind) =>
-  ts.transpileModule(code, { compilerOptions: { module, target: ts.ScriptTarget.ES2022 } }).outputText
+/** A test file compiled to CommonJS, as ts-jest would. */
+const compiled = (code: string) =>
+  ts.transpileModule(code, { compilerOptions: { module: ts.ModuleKind.CommonJS, target: ts.ScriptTarget.ES2022 } }).outputText
 
 /** The command that runs one example, once written into the folder. */
 function command(example: (typeof examples)[number]): string[] {
@@ -36,13 +36,9 @@ function command(example: (typeof examples)[number]): string[] {
       return [vitest, 'run', '--root', folder, '--config', path.join(folder, 'vitest.config.mjs'), `${example.name}.spec.mts`]
     }
     case 'jest': {
-      writeFileSync(path.join(folder, `${example.name}.test.cjs`), compiled(example.code, ts.ModuleKind.CommonJS))
+      writeFileSync(path.join(folder, `${example.name}.test.cjs`), compiled(example.code))
       const jest = path.join(root, 'node_modules', 'jest', 'bin', 'jest.js')
       return [jest, '--config', path.join(folder, 'jest.config.cjs'), '--ci', '--runInBand', '--runTestsByPath', path.join(folder, `${example.name}.test.cjs`)]
-    }
-    case 'node': {
-      writeFileSync(path.join(folder, `${example.name}.mjs`), compiled(example.code, ts.ModuleKind.ESNext))
-      return [path.join(folder, `${example.name}.mjs`)]
     }
   }
 }
@@ -62,8 +58,8 @@ beforeAll(() => {
 })
 
 describe('docs/testing.md', () => {
-  it('has examples for vitest, Jest and Node', () => {
-    expect(new Set(examples.map((e) => e.runner))).toEqual(new Set(['vitest', 'jest', 'node']))
+  it('has test files for vitest and Jest', () => {
+    expect(new Set(examples.map((e) => e.runner))).toEqual(new Set(['vitest', 'jest']))
   })
 
   it.each(examples.map((e) => [e.name, e.runner, e] as const))('%s runs under %s and passes', (_name, _runner, example) => {

@@ -273,7 +273,7 @@ impl Default for Limits {
     }
 }
 
-/// The largest `maxTtlMs` accepted: about 285 years, far below where Redis' PX arithmetic
+/// The largest `maxTtlMs` accepted: about 285,000 years (2^53 ms), far below where Redis' PX arithmetic
 /// or `Instant` addition could overflow.
 pub const TTL_CEILING_MS: u64 = 1 << 53;
 
