@@ -189,7 +189,9 @@ describe('connections of RedisStreamsPubSub', () => {
     await b.count(1, 2_000)
     await a.count(2, 2_000)
     const denied = ((await redis.cli('ACL', 'LOG')) as unknown[][]).map((entry) => String(entry[entry.indexOf('object') + 1]))
-    expect(new Set(denied)).toEqual(new Set(['client|setname', 'client|id']))
+    // Besides, on a server that has it (Redis 7.2 and later, Valkey), the CLIENT SETINFO
+    // redis-rs sends as it connects, its answer ignored.
+    expect(new Set(denied.filter((object) => object !== 'client|setinfo'))).toEqual(new Set(['client|setname', 'client|id']))
   })
 
   it('lease calls and publishes never wait behind a blocking read', async () => {

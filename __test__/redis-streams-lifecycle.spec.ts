@@ -56,6 +56,30 @@ describe('RedisStreamsPubSub', () => {
       expect(inbox.numbers).toEqual([1, 2])
     })
 
+    // Redis ends a read blocked on a stream that is deleted with UNBLOCKED, Valkey with
+    // NOGROUP (and both a read whose group is destroyed). Either way the group is gone, and
+    // made again.
+    it.each([
+      ['the stream is deleted (DEL)', (key: string) => redis.cli('DEL', key)],
+      ['its group is destroyed (XGROUP DESTROY)', (key: string) => redis.cli('XGROUP', 'DESTROY', key, 'g')],
+    ])('a group subscriber whose blocked read ends because %s makes the group again without a warning', async (_what, remove) => {
+      const prefix = uniquePrefix('nogroup-blocked')
+      const logger = recordingLogger()
+      const pubsub = open({ keyPrefix: prefix, blockMs: 5_000, logger })
+      const inbox = new Inbox()
+      await pubsub.subscribe('jobs', inbox.cb, { group: 'g' })
+      await pubsub.publish('jobs', ev(1))
+      await inbox.count(1)
+      await sleep(200) // its next read is blocked
+      expect(await remove(`${prefix}:jobs`)).toBe(1)
+      await sleep(200)
+      await pubsub.publish('jobs', ev(2))
+      await inbox.count(2, 8_000)
+      expect(inbox.numbers).toEqual([1, 2])
+      expect(logger.warnings()).toEqual([])
+      expect(logger.lines.map((l) => l.message)).toContain('mastra-lease streams: recreated consumer group after NOGROUP')
+    })
+
     it('a fan-out subscriber carries on after its stream is deleted', async () => {
       const prefix = uniquePrefix('fanout-del')
       const pubsub = open({ keyPrefix: prefix })

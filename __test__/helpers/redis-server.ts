@@ -7,7 +7,8 @@
 //
 // `RedisProcess` is the one redis-server process (spawn, wait for PING, freeze, kill,
 // restart); `startRedis()` runs one, and the Cluster and Sentinel helpers
-// (redis-cluster.ts, redis-sentinel.ts over redis-process.ts) run several.
+// (redis-cluster.ts, redis-sentinel.ts over redis-process.ts) run several. Each runs
+// `redis-server`, or the program `useServerProgram()` names (valkey.spec.ts: valkey-server).
 import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import net from 'node:net'
@@ -229,6 +230,16 @@ export async function monitor(server: RedisServer, ms: number): Promise<string[]
 // Server processes
 // ---------------------------------------------------------------------------
 
+let program = 'redis-server'
+/**
+ * The program of every server the helpers start from now on (startRedis, startCluster,
+ * startSentinel): `redis-server` from the PATH, unless a spec file names another that takes
+ * its flags (valkey.spec.ts: `valkey-server`). Each spec file is a process of its own.
+ */
+export function useServerProgram(path: string) {
+  program = path
+}
+
 const live = new Set<ChildProcess>()
 // Last resort: never leave a server behind, least of all a SIGSTOPped one.
 process.once('exit', () => {
@@ -337,6 +348,8 @@ export class RedisProcess implements RedisServer {
   readonly info: (section: string) => Promise<Record<string, string>>
   readonly commandCalls: () => Promise<Record<string, number>>
   readonly flushScripts: () => Promise<void>
+  /** The program it runs (useServerProgram's when it was made), again on restart(). */
+  readonly program = program
   private proc: ChildProcess | undefined
   private isFrozen = false
   private readonly connection: ServerConnection
@@ -383,7 +396,7 @@ export class RedisProcess implements RedisServer {
   /** Spawn and wait for PING (or, `whileLoading`, for a LOADING answer to it too); false when
    * the process exits first (e.g. its port is taken). */
   async start(timeoutMs = 10_000, whileLoading = false): Promise<boolean> {
-    const child = spawn('redis-server', this.spec.argv, { cwd: this.dir, stdio: ['ignore', 'ignore', 'pipe'] })
+    const child = spawn(this.program, this.spec.argv, { cwd: this.dir, stdio: ['ignore', 'ignore', 'pipe'] })
     live.add(child)
     child.once('exit', () => live.delete(child))
     child.stderr?.resume()
@@ -519,5 +532,5 @@ export async function startRedis(opts: RedisServerOptions = {}): Promise<RedisSe
     if (await server.start()) return server
   }
   rmSync(dir, { recursive: true, force: true })
-  throw new Error('could not start redis-server')
+  throw new Error(`could not start ${program}`)
 }

@@ -446,13 +446,17 @@ mod tests {
         let wait = Error::from_redis(reply("ERR unknown command 'WAIT'"), timeout);
         assert!(wait.to_string().contains("minReplicas"), "{wait}");
         // Inside a script the server does not name the command: that stays a script error.
-        let in_script =
-            "ERR Unknown Redis command called from script script: dd13fa9e, on @user_script:1.";
-        assert_eq!(Error::is_unknown_command(&reply(in_script)), None);
-        assert_eq!(
-            Error::from_redis(reply(in_script), timeout).code(),
-            "ERR_LEASE_REDIS"
-        );
+        for in_script in [
+            "ERR Unknown Redis command called from script script: dd13fa9e, on @user_script:1.",
+            // Valkey
+            "ERR Unknown command called from script script: on @user_script:1.",
+        ] {
+            assert_eq!(Error::is_unknown_command(&reply(in_script)), None);
+            assert_eq!(
+                Error::from_redis(reply(in_script), timeout).code(),
+                "ERR_LEASE_REDIS"
+            );
+        }
         assert_eq!(
             Error::from_redis(reply("WRONGTYPE Operation"), timeout).code(),
             "ERR_LEASE_REDIS"

@@ -183,7 +183,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                 };
                 deliver(shared, consumer, entries, source).await;
             }
-            Ok(Err(err)) if err.code() == Some("NOGROUP") => {
+            Ok(Err(err)) if group_gone(&err) => {
                 connection = Some(conn);
                 recover_group(shared, consumer).await;
                 // Grows only if recovery keeps failing (a successful read resets it).
@@ -312,6 +312,19 @@ pub(super) async fn stop(
 
 fn is_nogroup(err: &Error) -> bool {
     matches!(err, Error::Server(e) if e.code() == Some("NOGROUP"))
+}
+
+/// Whether a read's answer says its group is gone, for [`recover_group`]: NOGROUP, or what
+/// Redis answers a read that was blocked when its stream was deleted (`UNBLOCKED the stream
+/// key no longer exists`), where Valkey answers NOGROUP.
+fn group_gone(err: &redis::RedisError) -> bool {
+    match err.code() {
+        Some("NOGROUP") => true,
+        Some("UNBLOCKED") => err
+            .detail()
+            .is_some_and(|detail| detail.contains("stream key no longer exists")),
+        _ => false,
+    }
 }
 
 /// The next read: XREADGROUP `>` (entries never delivered to any consumer of the group) of
@@ -572,5 +585,36 @@ impl Backoff {
 
     pub fn reset(&mut self) {
         self.0 = BACKOFF_MIN;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_gone;
+
+    /// The error a server's reply line makes, as redis-rs hands it over.
+    fn reply(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn a_read_whose_stream_or_group_was_deleted_recovers_whichever_way_the_server_says_it() {
+        for gone in [
+            // Valkey, for a deleted stream or group; Redis for a deleted group
+            "NOGROUP No such key 'k' or consumer group 'g' in XREADGROUP with GROUP option",
+            "NOGROUP the consumer group this client was blocked on no longer exists",
+            // Redis, for a deleted stream
+            "UNBLOCKED the stream key no longer exists",
+        ] {
+            assert!(group_gone(&reply(gone)), "{gone}");
+        }
+        for other in [
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+            "UNBLOCKED client unblocked via CLIENT UNBLOCK",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ] {
+            assert!(!group_gone(&reply(other)), "{other}");
+        }
     }
 }

@@ -17,9 +17,10 @@
 --          them from the pending list; on 6.2 they come back as nil and are skipped).
 local reply = redis.pcall('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
 if reply.err then
-  -- Inside a script Redis does not name a command it lacks: a server without XAUTOCLAIM
-  -- (before 6.2, or renamed away) is told as outside one, by name.
-  if string.find(reply.err, 'Unknown Redis command', 1, true) then
+  -- Inside a script the server does not name a command it lacks ('Unknown Redis command
+  -- called from script', Valkey's 'Unknown command called from script'): a server without
+  -- XAUTOCLAIM (before 6.2, or renamed away) is told as outside one, by name.
+  if string.find(reply.err, 'Unknown %a* ?command called from script') then
     return redis.error_reply("ERR unknown command 'XAUTOCLAIM'")
   end
   return reply
