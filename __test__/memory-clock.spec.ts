@@ -6,7 +6,7 @@ import { EventEmitterPubSub } from '@mastra/core/events'
 import { afterEach, describe, expect, it, vi } from 'vitest'
 
 import { MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
-import { fencingScript, leaseScript, LEASE_SCRIPT_ANSWERS } from './fixtures/fake-clock-script.cjs'
+import { besideMastra, fencingScript, LEASE_SCRIPT_ANSWERS } from './fixtures/fake-clock-script.cjs'
 import { closing, leaseSuite } from './helpers/lease-runs.js'
 
 leaseSuite()
@@ -35,23 +35,17 @@ describe('MemoryLeaseProvider({ clock: () => Date.now() }) under vitest’s fake
   it('a lease expires when vi.advanceTimersByTime passes its TTL and not before; renewals, refusals and transfers follow the fake clock, answering as Mastra’s EventEmitterPubSub does', async () => {
     vi.useFakeTimers()
     const advance = (ms: number) => vi.advanceTimersByTimeAsync(ms)
-    const ours = await leaseScript(followingDate(), advance)
-    const mastra = new EventEmitterPubSub()
-    const theirs = await leaseScript(mastra, advance)
-    await mastra.close()
+    const { ours, mastras } = await besideMastra(followingDate(), new EventEmitterPubSub(), advance)
     expect(ours).toEqual(LEASE_SCRIPT_ANSWERS)
-    expect(theirs).toEqual(LEASE_SCRIPT_ANSWERS)
+    expect(mastras).toEqual(LEASE_SCRIPT_ANSWERS)
   })
 
   it('vi.setSystemTime moves it the same way, with no timer run', async () => {
     vi.useFakeTimers()
     const advance = (ms: number) => vi.setSystemTime(Date.now() + ms)
-    const ours = await leaseScript(followingDate(), advance)
-    const mastra = new EventEmitterPubSub()
-    const theirs = await leaseScript(mastra, advance)
-    await mastra.close()
+    const { ours, mastras } = await besideMastra(followingDate(), new EventEmitterPubSub(), advance)
     expect(ours).toEqual(LEASE_SCRIPT_ANSWERS)
-    expect(theirs).toEqual(LEASE_SCRIPT_ANSWERS)
+    expect(mastras).toEqual(LEASE_SCRIPT_ANSWERS)
   })
 
   it('a fenced lease that expired in fake time goes to the next owner with a greater token, and the old holder’s renewal finds it lost', async () => {

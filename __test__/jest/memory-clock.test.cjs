@@ -5,7 +5,7 @@
 const { EventEmitterPubSub } = require('@mastra/core/events')
 const { MemoryLeaseProvider } = require('mastra-lease')
 
-const { fencingScript, leaseScript, LEASE_SCRIPT_ANSWERS } = require('../fixtures/fake-clock-script.cjs')
+const { besideMastra, fencingScript, LEASE_SCRIPT_ANSWERS } = require('../fixtures/fake-clock-script.cjs')
 
 const providers = []
 /** A provider whose leases follow `Date.now()`, the clock Jest's fake timers move. */
@@ -26,22 +26,16 @@ afterEach(async () => {
 describe("MemoryLeaseProvider({ clock: () => Date.now() }) under Jest's modern fake timers", () => {
   test('a lease expires when jest.advanceTimersByTime passes its TTL and not before; renewals, refusals and transfers follow the fake clock, answering as EventEmitterPubSub does', async () => {
     const advance = (ms) => jest.advanceTimersByTime(ms)
-    const ours = await leaseScript(followingDate(), advance)
-    const mastra = new EventEmitterPubSub()
-    const theirs = await leaseScript(mastra, advance)
-    await mastra.close()
+    const { ours, mastras } = await besideMastra(followingDate(), new EventEmitterPubSub(), advance)
     expect(ours).toEqual(LEASE_SCRIPT_ANSWERS)
-    expect(theirs).toEqual(LEASE_SCRIPT_ANSWERS)
+    expect(mastras).toEqual(LEASE_SCRIPT_ANSWERS)
   })
 
   test('jest.setSystemTime moves it the same way, with no timer run', async () => {
     const advance = (ms) => jest.setSystemTime(Date.now() + ms)
-    const ours = await leaseScript(followingDate(), advance)
-    const mastra = new EventEmitterPubSub()
-    const theirs = await leaseScript(mastra, advance)
-    await mastra.close()
+    const { ours, mastras } = await besideMastra(followingDate(), new EventEmitterPubSub(), advance)
     expect(ours).toEqual(LEASE_SCRIPT_ANSWERS)
-    expect(theirs).toEqual(LEASE_SCRIPT_ANSWERS)
+    expect(mastras).toEqual(LEASE_SCRIPT_ANSWERS)
   })
 
   test('a fenced lease that expired in fake time goes to the next owner with a greater token', async () => {
