@@ -24,8 +24,9 @@ export function jsonLinesChild(script: string, config: unknown, onLine: (line: L
     }
   })
   child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
+  // 'close', not 'exit': at 'exit' the child's stdout may still hold its last lines.
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.once('exit', (code, signal) => resolve({ code, signal })),
+    child.once('close', (code, signal) => resolve({ code, signal })),
   )
   return {
     child,
