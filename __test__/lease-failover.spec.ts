@@ -27,8 +27,12 @@ leaseSuite()
 const leaseWarnings = leaseFailureWarnings()
 
 const COMMAND_TIMEOUT = 1_500
-/** What a call may reject with while a master is down or being replaced. */
-const FAILOVER_CODES = ['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT', 'ERR_LEASE_REPLICATION']
+/**
+ * What a call may reject with while a master is down or being replaced. A call whose
+ * connection broke after it was sent may be told its outcome is unknown (a transfer sent again
+ * on one server, through Sentinel, whose lease moved on): a true answer, checked by the history.
+ */
+const FAILOVER_CODES = ['ERR_LEASE_CONNECTION', 'ERR_LEASE_TIMEOUT', 'ERR_LEASE_REPLICATION', 'ERR_LEASE_OUTCOME_UNKNOWN']
 
 /**
  * Four processes contending for `keys` for `durationMs`, while `fault()` runs: acquire,
