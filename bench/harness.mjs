@@ -1,10 +1,10 @@
-// Shared by bench/lease.mjs and bench/streams.mjs: a private redis-server (or REDIS_URL),
-// key cleanup, the warm-up + alternating-order best-of runner, percentiles and table output.
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+// Shared by the benches: a private redis-server (or REDIS_URL), one under callgrind, key cleanup, the warm-up + alternating-order best-of runner, percentiles and table output.
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createServer } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { createClient } from 'redis';
 
 export const hr = process.hrtime.bigint;
@@ -61,6 +61,42 @@ export async function setupRedis({ prefix, tmpPrefix = 'bench-' }) {
   };
   const version = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1];
   return { ownServer, port, url, admin, cleanup, shutdown, version };
+}
+
+/**
+ * A redis-server of its own under valgrind's callgrind, for Redis's instructions per call: a
+ * count that stays put whatever else the machine does, where its CPU counters move by a
+ * quarter between runs on a noisy VM. `zero()` zeroes the counters; `instructions()` answers
+ * those counted since. About 50 times slower than a plain server.
+ */
+export async function startCallgrindRedis() {
+  const out = mkdtempSync(join(tmpdir(), 'redis-callgrind-'));
+  let port; do port = await freePort(); while (port === 6379);
+  const server = spawn('valgrind', ['--tool=callgrind', `--callgrind-out-file=${out}/cg.out`,
+    'redis-server', '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', out],
+  { stdio: 'ignore' });
+  const stop = () => { server.kill(); rmSync(out, { recursive: true, force: true }); };
+  process.on('exit', stop);
+  const url = `redis://127.0.0.1:${port}`;
+  const admin = createClient({ url });
+  admin.on('error', () => {});
+  for (let tries = 0; ; tries++) {
+    try { await admin.connect(); break; } catch (e) { if (tries > 100) throw e; await sleep(300); }
+  }
+  const control = (flag) => execFileSync('callgrind_control', [flag, String(server.pid)], { stdio: 'ignore' });
+  const instructions = async () => {
+    const before = new Set(readdirSync(out));
+    control('-d');
+    for (;;) {
+      const fresh = readdirSync(out).filter((f) => !before.has(f) && f.startsWith('cg.out'));
+      if (fresh.length) {
+        await sleep(300); // let callgrind finish writing it
+        return Number(/^(?:summary|totals): (\d+)/m.exec(readFileSync(join(out, fresh[0]), 'utf8'))[1]);
+      }
+      await sleep(100);
+    }
+  };
+  return { url, admin, zero: () => control('-z'), instructions, stop: async () => { await admin.close(); stop(); } };
 }
 
 // ---------- runs ----------------------------------------------------------------------------

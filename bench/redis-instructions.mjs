@@ -10,42 +10,12 @@
 // The commands are the ones each side sends: ours from src/core/lease/*.lua (passed the
 // arguments the Rust encoder passes on one server, src/core/lease/redis/commands.rs), Mastra's as its
 // backend sends them (bench/lease.mjs's peer).
-import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { createClient } from 'redis';
+import { readFileSync } from 'node:fs';
+import { startCallgrindRedis } from './harness.mjs';
 import { MASTRA_LUA } from './mastra-scripts.mjs';
 
 const N = Number(process.env.N ?? 4000);
-const out = mkdtempSync(join(tmpdir(), 'redis-instructions-'));
-const port = await new Promise((res) => { const s = createServer().listen(0, '127.0.0.1', () => { const { port: p } = s.address(); s.close(() => res(p)); }); });
-const server = spawn('valgrind', ['--tool=callgrind', `--callgrind-out-file=${out}/cg.out`,
-  'redis-server', '--port', String(port), '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
-const stop = () => { server.kill(); rmSync(out, { recursive: true, force: true }); };
-process.on('exit', stop);
-const admin = createClient({ url: `redis://127.0.0.1:${port}` });
-admin.on('error', () => {});
-for (let tries = 0; ; tries++) {
-  try { await admin.connect(); break; } catch (e) { if (tries > 100) throw e; await sleep(300); }
-}
-const control = (flag) => execFileSync('callgrind_control', [flag, String(server.pid)], { stdio: 'ignore' });
-/** Instructions counted since the last zeroing. */
-async function dump() {
-  const before = new Set(readdirSync(out));
-  control('-d');
-  for (;;) {
-    const fresh = readdirSync(out).filter((f) => !before.has(f));
-    if (fresh.length) {
-      await sleep(300); // let callgrind finish writing it
-      return Number(/^(?:summary|totals): (\d+)/m.exec(readFileSync(join(out, fresh[0]), 'utf8'))[1]);
-    }
-    await sleep(100);
-  }
-}
-
+const { admin, zero, instructions: dump, stop } = await startCallgrindRedis();
 const lua = (name) => readFileSync(new URL(`../src/core/lease/${name}.lua`, import.meta.url), 'utf8');
 const P = 'p:lease:', MD = 'p:lease-metadata:', F = 'p:fence:{0}';
 const keys = (k) => [P + k, MD + k, `${F}:${k}`, F];
@@ -72,7 +42,7 @@ async function count(send, prepare) {
     for (let k = i; k < Math.min(i + 1000, N); k++) prepare(m, k);
     await m.execAsPipeline();
   }
-  control('-z');
+  zero();
   for (let i = 0; i < N; i += 64) {
     const m = admin.multi();
     for (let k = i; k < Math.min(i + 64, N); k++) send(m, k);
@@ -89,6 +59,5 @@ for (const [call, theirs, mine, prepare] of CALLS) {
   console.log(`${call.padEnd(34)}${Math.round(m).toLocaleString('en-US').padStart(10)}${Math.round(o).toLocaleString('en-US').padStart(10)}${`${(o / m).toFixed(2)}x`.padStart(16)}`);
 }
 console.log(`${'the lifecycle'.padEnd(34)}${Math.round(total.mastra).toLocaleString('en-US').padStart(10)}${Math.round(total.ours).toLocaleString('en-US').padStart(10)}${`${(total.ours / total.mastra).toFixed(2)}x`.padStart(16)}`);
-await admin.close();
-stop();
+await stop();
 process.exit(0);
