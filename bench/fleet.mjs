@@ -153,9 +153,12 @@ async function main() {
       p.once('exit', (code) => reject(new Error(`a ${contestant} worker exited (${code})`)));
     });
     await Promise.all(procs.map(next));
+    await redis.admin.configResetStat();
     const before = CALLGRIND ? (redis.zero(), 0) : await cpuSeconds();
     const reports = await Promise.all(procs.map((p) => { const r = next(p); p.send({ go: true }); return r; }));
     const redisCost = CALLGRIND ? await redis.instructions() : (await cpuSeconds()) - before;
+    const commands = Object.fromEntries([...(await redis.admin.info('commandstats')).matchAll(/cmdstat_(\S+?):calls=(\d+)/g)]
+      .map(([, name, calls]) => [name, Number(calls)]));
     await Promise.all(procs.map((p) => { const exited = new Promise((r) => p.once('exit', r)); p.send({ close: true }); return exited; }));
     const turns = reports.reduce((n, r) => n + r.turns, 0);
     const sorted = (key) => reports.flatMap((r) => r[key]).sort((x, y) => x - y);
@@ -166,6 +169,7 @@ async function main() {
       turnsPerSecond: turns / Math.max(...reports.map((r) => r.seconds)),
       turnP99Ms: pct(sorted('turnMs'), 0.99),
       deliveryP99Us: pct(sorted('deliveryUs'), 0.99),
+      commands,
     };
   }
 
@@ -199,6 +203,14 @@ async function main() {
     row('turns/s (this machine, clients beside)', (r) => r.turnsPerSecond);
     row('turn p99 (ms)', (r) => r.turnP99Ms, 1);
     row('chunk delivery p99 (µs)', (r) => r.deliveryP99Us);
+  }
+  // What each side sent in its last run, per turn (the stats' own commands left out).
+  console.log('\ncommands per turn (last run)');
+  for (const contestant of [OURS, PEER]) {
+    const { commands, turns } = runs[contestant].at(-1);
+    const sent = Object.entries(commands).filter(([name]) => !['info', 'config|resetstat'].includes(name))
+      .sort(([, a], [, b]) => b - a).map(([name, calls]) => `${name} ${fmt(calls / turns, 1)}`);
+    console.log(`  ${NAMES[contestant]}: ${sent.join(', ')}`);
   }
   const bad = [...runs[OURS], ...runs[PEER]].reduce((n, r) => n + r.bad, 0);
   if (bad) console.log(`\nINVALID: ${bad} wrong answers or lost events`);
