@@ -1,4 +1,5 @@
-// Shared by the benches: a private redis-server (or REDIS_URL), one under callgrind, key cleanup, the warm-up + alternating-order best-of runner, percentiles and table output.
+// Shared by the benches: a private redis-server (or REDIS_URL), one under callgrind, key
+// cleanup, the warm-up + alternating-order runner (medians of five), percentiles and tables.
 import { execFileSync, spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -70,6 +71,11 @@ export async function setupRedis({ prefix, tmpPrefix = 'bench-' }) {
  * those counted since. About 50 times slower than a plain server.
  */
 export async function startCallgrindRedis() {
+  try {
+    execFileSync('valgrind', ['--version'], { stdio: 'ignore' });
+  } catch {
+    throw new Error('valgrind is not on the PATH: the instruction counts need it (apt install valgrind)');
+  }
   const out = mkdtempSync(join(tmpdir(), 'redis-callgrind-'));
   let port; do port = await freePort(); while (port === 6379);
   const server = spawn('valgrind', ['--tool=callgrind', `--callgrind-out-file=${out}/cg.out`,
@@ -102,25 +108,38 @@ export async function startCallgrindRedis() {
 // ---------- runs ----------------------------------------------------------------------------
 export const pct = (sorted, p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
 
+/** Measured runs per contestant and workload (`BENCH_ROUNDS`, five unless told). */
+export const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+
+const middle = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
 /**
  * Warms every contestant up once, then runs each `rounds` times, every other round in reverse
- * order; keeps each one's fastest run (by `opsPerSec`) and sums `bad` over all runs, the
- * warm-up's included (a wrong answer there still counts). `between(name)` runs after every run.
+ * order. Each contestant's result is the median of its runs, figure by figure (throughput,
+ * percentiles, CPU per call), with `runs` holding every run's throughput for the min–max;
+ * `bad` is summed over all runs, the warm-up's included (a wrong answer there still counts).
+ * `between(name)` runs after every run.
  */
-export async function bestOf(names, { warmup, run, between, rounds = 2 }) {
-  const res = {};
+export async function medianOf(names, { warmup, run, between, rounds = ROUNDS }) {
+  const runs = Object.fromEntries(names.map((nm) => [nm, []]));
+  const bad = Object.fromEntries(names.map((nm) => [nm, 0]));
   for (const nm of names) {
-    res[nm] = { ...(await warmup(nm)), opsPerSec: -1 };
+    bad[nm] += (await warmup(nm)).bad ?? 0;
     await between?.(nm);
   }
   const orders = Array.from({ length: rounds }, (_, i) => (i % 2 ? [...names].reverse() : names));
   for (const order of orders) {
     for (const nm of order) {
-      const r = await run(nm);
+      runs[nm].push(await run(nm));
       await between?.(nm);
-      const prev = res[nm];
-      res[nm] = { ...(!prev || r.opsPerSec > prev.opsPerSec ? r : prev), bad: (prev?.bad ?? 0) + r.bad };
     }
+  }
+  const res = {};
+  for (const nm of names) {
+    const all = runs[nm];
+    const figures = Object.keys(all[0]).filter((k) => all.every((r) => typeof r[k] === 'number'));
+    res[nm] = { ...all[0], ...Object.fromEntries(figures.map((k) => [k, middle(all.map((r) => r[k]))])),
+      runs: all.map((r) => r.opsPerSec), bad: bad[nm] + all.reduce((n, r) => n + (r.bad ?? 0), 0) };
   }
   return res;
 }
@@ -128,14 +147,20 @@ export async function bestOf(names, { warmup, run, between, rounds = 2 }) {
 // ---------- report --------------------------------------------------------------------------
 export const fmt = (x, d = 0) => (x == null || Number.isNaN(x) ? '-' : x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }));
 
-/** One row per contestant per workload: throughput, p50, p99 (µs) and the correctness check. */
+/** min–max of a result's runs, when it has several. */
+const spread = (r) => (r.runs?.length > 1 ? `${fmt(Math.min(...r.runs))}–${fmt(Math.max(...r.runs))}` : '');
+
+/**
+ * One row per contestant per workload: throughput (the median of the runs, and their
+ * min–max), p50, p99 (µs) and the correctness check.
+ */
 export function printResults(W, { unit = 'calls/s', labelWidth = 36, nameWidth = 29 } = {}) {
-  console.log(`\n${'workload'.padEnd(labelWidth)}${'contestant'.padEnd(nameWidth)}${unit.padStart(12)}${'p50 µs'.padStart(10)}${'p99 µs'.padStart(10)}  check`);
+  console.log(`\n${'workload'.padEnd(labelWidth)}${'contestant'.padEnd(nameWidth)}${unit.padStart(12)}${'min–max'.padStart(20)}${'p50 µs'.padStart(10)}${'p99 µs'.padStart(10)}  check`);
   for (const w of W) {
     let first = true;
     for (const [nm, r] of Object.entries(w.results)) {
       const head = first ? `${w.label} @${w.inFlight}` : ''; first = false;
-      console.log(`${head.padEnd(labelWidth)}${nm.padEnd(nameWidth)}${fmt(r.opsPerSec).padStart(12)}${fmt(r.p50Us, 1).padStart(10)}${fmt(r.p99Us, 1).padStart(10)}  ${r.bad ? `INVALID (${r.bad})` : 'ok'}`);
+      console.log(`${head.padEnd(labelWidth)}${nm.padEnd(nameWidth)}${fmt(r.opsPerSec).padStart(12)}${spread(r).padStart(20)}${fmt(r.p50Us, 1).padStart(10)}${fmt(r.p99Us, 1).padStart(10)}  ${r.bad ? `INVALID (${r.bad})` : 'ok'}`);
     }
   }
 }

@@ -14,7 +14,7 @@ import { createClient } from 'redis';
 import IORedis from 'ioredis';
 import { GlideClient } from '@valkey/valkey-glide';
 import { EventEmitterPubSub } from '@mastra/core/events';
-import { hr, SCALE, setupRedis, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
+import { hr, SCALE, setupRedis, pct, medianOf, printResults, ratioRow, printRatios } from './harness.mjs';
 import { MASTRA_LUA, MastraAlgorithm } from './mastra-scripts.mjs';
 
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
@@ -217,10 +217,10 @@ async function serverCpu() {
   return get('used_cpu_user_main_thread') + get('used_cpu_sys_main_thread');
 }
 
-// Warm up every contestant, then two rounds in alternating order; keep each one's best run.
+// Warm up every contestant, then five rounds in alternating order; each one's medians count.
 async function runWorkload(wl, contestants) {
   process.stdout.write(`${wl.label} @${wl.inFlight} in flight ...`);
-  const res = await bestOf(Object.keys(contestants), {
+  const res = await medianOf(Object.keys(contestants), {
     warmup: (nm) => measure(wl, nm, contestants[nm], Math.ceil(wl.units / 10)),
     run: (nm) => measure(wl, nm, contestants[nm], wl.units),
     between: cleanup,

@@ -1,11 +1,12 @@
-// What each call of Mastra's lease lifecycle costs redis-server, counted in instructions by
-// valgrind's callgrind, ours against Mastra's own backend's commands: a count that stays put
-// whatever else the machine does, where Redis's CPU counters in bench/lease.mjs move by a
-// third between runs on a noisy VM. redis-server runs under callgrind; for each command kind,
-// N calls on fresh keys (or on keys held as the lifecycle would hold them) go 64 to a pipeline
-// between a zeroing and a dump of the counters, so only that command's work is counted.
+// What each call of Mastra's lease lifecycle, and one event, costs redis-server, counted in
+// instructions by valgrind's callgrind, ours against Mastra's own backend's: a count that
+// stays put whatever else the machine does, where Redis's CPU counters in bench/lease.mjs move
+// by a third between runs on a noisy VM. redis-server runs under callgrind; for each command
+// kind, N calls on fresh keys (or on keys held as the lifecycle would hold them) go 64 to a
+// pipeline between a zeroing and a dump of the counters, so only that command's work is
+// counted. An event is counted through the clients themselves (below).
 //
-//   node bench/redis-instructions.mjs       (needs valgrind and redis-server; about 2 minutes)
+//   node bench/redis-instructions.mjs       (needs valgrind and redis-server; about 3 minutes)
 //
 // The commands are the ones each side sends: ours from src/core/lease/*.lua (passed the
 // arguments the Rust encoder passes on one server, src/core/lease/redis/commands.rs), Mastra's as its
@@ -13,9 +14,10 @@
 import { readFileSync } from 'node:fs';
 import { startCallgrindRedis } from './harness.mjs';
 import { MASTRA_LUA } from './mastra-scripts.mjs';
+import { NodeRedisStreamsPubSub } from './mastra-streams.mjs';
 
 const N = Number(process.env.N ?? 4000);
-const { admin, zero, instructions: dump, stop } = await startCallgrindRedis();
+const { url, admin, zero, instructions: dump, stop } = await startCallgrindRedis();
 const lua = (name) => readFileSync(new URL(`../src/core/lease/${name}.lua`, import.meta.url), 'utf8');
 const P = 'p:lease:', MD = 'p:lease-metadata:', F = 'p:fence:{0}';
 const keys = (k) => [P + k, MD + k, `${F}:${k}`, F];
@@ -59,5 +61,30 @@ for (const [call, theirs, mine, prepare] of CALLS) {
   console.log(`${call.padEnd(34)}${Math.round(m).toLocaleString('en-US').padStart(10)}${Math.round(o).toLocaleString('en-US').padStart(10)}${`${(o / m).toFixed(2)}x`.padStart(16)}`);
 }
 console.log(`${'the lifecycle'.padEnd(34)}${Math.round(total.mastra).toLocaleString('en-US').padStart(10)}${Math.round(total.ours).toLocaleString('en-US').padStart(10)}${`${(total.ours / total.mastra).toFixed(2)}x`.padStart(16)}`);
+
+// Per event, through the clients themselves (how they read and ack decides what Redis does):
+// N events published 64 at a time, each read by one group consumer and acked, ours
+// (`RedisStreamsPubSub`, the build in dist/) against Mastra's stream layout on node-redis.
+const { RedisStreamsPubSub } = await import('../dist/esm/index.js');
+async function perEvent(make) {
+  await admin.flushAll();
+  const pubsub = make({ url, keyPrefix: 'ev' });
+  let acked = 0, allAcked;
+  const done = new Promise((resolve) => { allAcked = resolve; });
+  await pubsub.subscribe('jobs', async (event, ack) => { await ack(); if (++acked === N) allAcked(); }, { group: 'g' });
+  zero();
+  let published = 0;
+  await Promise.all(Array.from({ length: 64 }, async () => {
+    while (published < N) { published++; await pubsub.publish('jobs', { type: 'job', runId: 'r', data: { n: published } }); }
+  }));
+  await done;
+  const per = (await dump()) / N;
+  await pubsub.close();
+  return per;
+}
+const make = { ours: (o) => new RedisStreamsPubSub(o), mastra: (o) => new NodeRedisStreamsPubSub(o) };
+await perEvent(make.mastra); // warm-up
+const event = { mastra: await perEvent(make.mastra), ours: await perEvent(make.ours) };
+console.log(`${'an event: published, read, acked'.padEnd(34)}${Math.round(event.mastra).toLocaleString('en-US').padStart(10)}${Math.round(event.ours).toLocaleString('en-US').padStart(10)}${`${(event.ours / event.mastra).toFixed(2)}x`.padStart(16)}`);
 await stop();
 process.exit(0);

@@ -14,13 +14,12 @@ import { NodeRedisStreamsPubSub } from './mastra-streams.mjs';
 import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { hr, SCALE, setupRedis, pct, bestOf, fmt, printResults } from './harness.mjs';
+import { hr, SCALE, setupRedis, pct, medianOf, fmt, printResults } from './harness.mjs';
 
 const PREFIX = 'sbench';
 const GROUP = 'bench-workers';
 const TYPE = 'bench.event';
 const MAX_LAG = Number(process.env.BENCH_MAX_LAG ?? 256); // well under MAXLEN ~ 10,000 (Mastra's default): trimming never drops an unread event
-const ROUNDS = 4; // measured runs per contestant, alternating order; the best one counts
 const DEADLINE_MS = 30_000; // a run that has not delivered everything by then is invalid
 const T0 = hr(); // stamps are ns since this, small enough to be exact as a JS number
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
@@ -178,10 +177,9 @@ async function runWorkload(wl) {
     ct.pub = ct.subs[0].ps;
     cts[name] = ct;
   }
-  const results = await bestOf(Object.keys(cts), {
+  const results = await medianOf(Object.keys(cts), {
     warmup: (nm) => measure(wl, nm, cts[nm], Math.ceil(wl.units / 10)),
     run: (nm) => measure(wl, nm, cts[nm], wl.units),
-    rounds: ROUNDS,
   });
   await sleep(200); // a late duplicate would land now
   for (const [name, ct] of Object.entries(cts)) {
@@ -238,8 +236,8 @@ async function localOnly(units) {
     const sorted = lat.subarray(0, count).sort();
     return { opsPerSec: count / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), bad: delivered === 2 * count ? 0 : 1 };
   };
-  const results = await bestOf(Object.keys(contestants), {
-    warmup: (nm) => measure(nm, Math.ceil(units / 10)), run: (nm) => measure(nm, units), rounds: ROUNDS });
+  const results = await medianOf(Object.keys(contestants), {
+    warmup: (nm) => measure(nm, Math.ceil(units / 10)), run: (nm) => measure(nm, units) });
   for (const ps of Object.values(contestants)) await ps.close();
   console.log(' done');
   return { label: '(e) localOnly to 3 subscribers', inFlight: 1, peer: EE, results };
@@ -249,7 +247,7 @@ const local = await localOnly(n(100_000));
 // ---------- report --------------------------------------------------------------------------
 printResults(W, { unit: 'events/s', labelWidth: 34, nameWidth: 28 });
 printResults([local], { unit: 'publishes/s', labelWidth: 34, nameWidth: 28 });
-console.log(`\n${'per event (best run)'.padEnd(34)}${'contestant'.padEnd(28)}${'publish/s'.padStart(12)}${'gated'.padStart(8)}${'node CPU µs'.padStart(13)}${'redis CPU µs'.padStart(14)}${'ctx sw'.padStart(8)}${'ev/read'.padStart(9)}  split over consumers`);
+console.log(`\n${'per event (medians)'.padEnd(34)}${'contestant'.padEnd(28)}${'publish/s'.padStart(12)}${'gated'.padStart(8)}${'node CPU µs'.padStart(13)}${'redis CPU µs'.padStart(14)}${'ctx sw'.padStart(8)}${'ev/read'.padStart(9)}  split over consumers`);
 for (const w of W) {
   let first = true;
   for (const [nm, r] of Object.entries(w.results)) {

@@ -14,7 +14,7 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { createClient, createCluster } from 'redis';
-import { hr, SCALE, pct, bestOf, printResults, ratioRow, printRatios } from './harness.mjs';
+import { hr, SCALE, pct, medianOf, printResults, ratioRow, printRatios } from './harness.mjs';
 
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
 const TTL = 60_000;
@@ -151,7 +151,7 @@ async function measure(name, units) {
 
 const units = n(20_000);
 process.stdout.write(`lifecycle @${IN_FLIGHT} in flight ...`);
-const results = await bestOf(Object.keys(contestants), {
+const results = await medianOf(Object.keys(contestants), {
   warmup: (nm) => measure(nm, Math.ceil(units / 10)),
   run: (nm) => measure(nm, units),
   between: async () => {
