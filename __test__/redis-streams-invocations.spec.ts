@@ -108,8 +108,9 @@ describe('an invocation that settles its events and closes loses none of them', 
   })
 
   it('in one process, acks and nacks made in the turn of close() have reached Redis when close() resolves, round after round', async ({ annotate }) => {
-    let lost = 0
     const rounds = 200
+    const lost: string[] = []
+    let handedBack = 0
     for (let round = 0; round < rounds; round++) {
       const prefix = uniquePrefix(`invocation-in-process-${round}`)
       const key = `${prefix}:jobs`
@@ -117,17 +118,45 @@ describe('an invocation that settles its events and closes loses none of them', 
       for (let n = 1; n <= JOBS; n++) await publisher.publish('jobs', ev(n))
       const worker = new RedisStreamsPubSub({ url: redis.url, keyPrefix: prefix, reclaimIntervalMs: 0 })
       const settles: Array<() => Promise<void>> = []
+      // Odd jobs acked, even ones nacked.
       const inbox = new Inbox((event, ack, nack) => void settles.push(event.data && (event.data as { n: number }).n % 2 ? ack : nack))
       await worker.subscribe('jobs', inbox.cb, { group: 'workers' })
       await inbox.count(JOBS)
       for (const settle of settles) void settle()
       await worker.close()
-      const nacked = (await entries(redis, key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
-      if ((await pendingCount(redis, key, 'workers')) > 0 || nacked !== 2) lost++
+      const outcome = await settledJobs(key)
+      // The closing worker's reader may read a nacked job's new entry before it stops, and
+      // hand it back unchanged (appended again, the read one acked): a second copy of that
+      // job at attempt 2, nothing lost.
+      handedBack += outcome.attempt2 - outcome.redelivered.length
+      if (outcome.pending > 0 || outcome.redelivered.join() !== '2,4' || outcome.later > 0) {
+        lost.push(`round ${round}: ${JSON.stringify(outcome)}`)
+      }
     }
-    await annotate(`settles lost in ${lost} of ${rounds} closes`)
-    expect(lost).toBe(0)
+    await annotate(`settles lost in ${lost.length} of ${rounds} closes; a nacked job handed back again by the closing reader in ${handedBack} (entries appended again unchanged)`)
+    expect(lost).toEqual([])
   })
+
+  /**
+   * What a round left in Redis: the group's pending count, the jobs present at attempt 2
+   * (each nacked job once appended again: 2 and 4), how many entries are at attempt 2, and
+   * how many at a later attempt (none: nothing was nacked twice); `entries` lists them all
+   * (`id n attempt`), for the report of a round that lost something.
+   */
+  async function settledJobs(key: string) {
+    const all = (await entries(redis, key)).map(([id, fields]) => {
+      const event = JSON.parse(fields[1]!) as { data: { n: number }; deliveryAttempt?: number }
+      return { id, n: event.data.n, attempt: event.deliveryAttempt ?? 1 }
+    })
+    const atTwo = all.filter((e) => e.attempt === 2)
+    return {
+      pending: await pendingCount(redis, key, 'workers'),
+      redelivered: [...new Set(atTwo.map((e) => e.n))].sort((a, b) => a - b),
+      attempt2: atTwo.length,
+      later: all.filter((e) => e.attempt > 2).length,
+      entries: all.map((e) => `${e.id} ${e.n} ${e.attempt}`),
+    }
+  }
 })
 
 describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster, an invocation that settles its events and closes loses none of them', () => {
