@@ -72,7 +72,14 @@ async function settleRuns(where: Deployment, how: 'ack' | 'nack', through: 'call
     })
     if (code !== 0 || !said.some((l) => l.type === 'closed')) failures.push(`run ${run}: exit ${code}, ${stderr}`)
     const pending = await where.pending(key)
-    const redelivered = (await where.entries(key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
+    // The jobs present at attempt 2. A job may be there twice: the invocation's group reader
+    // may read a nacked job's new entry before it stops, and hand it back unchanged.
+    const redelivered = new Set(
+      (await where.entries(key))
+        .map(([, fields]) => JSON.parse(fields[1]!) as { data: { n: number }; deliveryAttempt?: number })
+        .filter((event) => event.deliveryAttempt === 2)
+        .map((event) => event.data.n),
+    ).size
     if (pending > 0 || (how === 'nack' && redelivered !== JOBS)) lost++
   }
   for (let run = 0; run < runs; run += parallel) {
