@@ -39,6 +39,9 @@ async function invocation(config: Record<string, unknown>, timeoutMs = 20_000) {
 
 const JOBS = 5
 
+/** Blocks this thread (Node's loop with it) for `ms`. */
+const blockThread = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
+
 /** Where a run's stream lives, and how to read its group's state back. */
 interface Deployment {
   options: RedisStreamsPubSubOptions
@@ -188,6 +191,40 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster, an invocation that settles 
     const nacks = await settleRuns(clustered(), 'nack', 'callback', 15, 5)
     await annotate(`cluster: acks lost in ${acks} of 20 invocations, nacks in ${nacks} of 15`)
     expect({ acks, nacks }).toEqual({ acks: 0, nacks: 0 })
+  })
+
+  // On a cluster the transport's calls go on the runtime's threads, not Node's loop. An ack
+  // or publish made while a flush waits for an earlier one is not the flush's to wait for,
+  // but it is close()'s: it leaves at the end of its turn, which may be after close() began.
+  it('an ack and a publish made while a flush waits, in the turn of close(), have reached Redis when close() resolves', async () => {
+    const prefix = uniquePrefix('ack-behind-flush')
+    const key = `${prefix}:jobs`
+    const worker = new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix: prefix, reclaimIntervalMs: 0, blockMs: 100 })
+    for (let n = 1; n <= 2; n++) await worker.publish('jobs', ev(n))
+    const acks: Array<() => Promise<void>> = []
+    const inbox = new Inbox((_event, ack) => void acks.push(ack))
+    await worker.subscribe('jobs', inbox.cb, { group: 'workers' })
+    await inbox.count(2)
+    const master = await cluster.masterOfSlot(await cluster.keySlot(key))
+    // Every write (XACK among them) waits on the master for 500 ms.
+    await master.cli('CLIENT', 'PAUSE', 500, 'WRITE')
+    void acks[0]!()
+    await sleep(50) // the first ack is waiting in Redis
+    void worker.flush() // waits for it
+    blockThread(50) // the flush's wait has begun
+    void acks[1]!()
+    const published = worker.publish('jobs', ev(3)).then(
+      () => 'published',
+      (err: unknown) => String(err),
+    )
+    const closed = worker.close()
+    // This turn, and with it the second ack's and the publish's send, ends after the pause:
+    // the first ack and the flush are done by then, and close() has gone on.
+    blockThread(1_500)
+    await closed
+    expect(await published).toBe('published')
+    const jobs = ((await master.cli('XRANGE', key, '-', '+')) as Array<[string, string[]]>).map(([, fields]) => JSON.parse(fields[1]!).data.n)
+    expect({ pending: Number(((await master.cli('XPENDING', key, 'workers')) as unknown[])[0]), jobs }).toEqual({ pending: 0, jobs: [1, 2, 3] })
   })
 })
 
