@@ -143,7 +143,7 @@ describe('an invocation that settles its events and closes loses none of them', 
         lost.push(`round ${round}: ${JSON.stringify(outcome)}`)
       }
     }
-    await annotate(`settles lost in ${lost.length} of ${rounds} closes; a nacked job handed back again by the closing reader in ${handedBack} (entries appended again unchanged)`)
+    await annotate(`settles lost in ${lost.length} of ${rounds} closes (nacked jobs read again by the closing reader and handed back: ${handedBack})`)
     expect(lost).toEqual([])
   })
 
