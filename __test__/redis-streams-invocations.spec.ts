@@ -39,6 +39,9 @@ async function invocation(config: Record<string, unknown>, timeoutMs = 20_000) {
 
 const JOBS = 5
 
+/** Blocks this thread (Node's loop with it) for `ms`. */
+const blockThread = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
+
 /** Where a run's stream lives, and how to read its group's state back. */
 interface Deployment {
   options: RedisStreamsPubSubOptions
@@ -72,7 +75,14 @@ async function settleRuns(where: Deployment, how: 'ack' | 'nack', through: 'call
     })
     if (code !== 0 || !said.some((l) => l.type === 'closed')) failures.push(`run ${run}: exit ${code}, ${stderr}`)
     const pending = await where.pending(key)
-    const redelivered = (await where.entries(key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
+    // The jobs present at attempt 2. A job may be there twice: the invocation's group reader
+    // may read a nacked job's new entry before it stops, and hand it back unchanged.
+    const redelivered = new Set(
+      (await where.entries(key))
+        .map(([, fields]) => JSON.parse(fields[1]!) as { data: { n: number }; deliveryAttempt?: number })
+        .filter((event) => event.deliveryAttempt === 2)
+        .map((event) => event.data.n),
+    ).size
     if (pending > 0 || (how === 'nack' && redelivered !== JOBS)) lost++
   }
   for (let run = 0; run < runs; run += parallel) {
@@ -108,8 +118,9 @@ describe('an invocation that settles its events and closes loses none of them', 
   })
 
   it('in one process, acks and nacks made in the turn of close() have reached Redis when close() resolves, round after round', async ({ annotate }) => {
-    let lost = 0
     const rounds = 200
+    const lost: string[] = []
+    let handedBack = 0
     for (let round = 0; round < rounds; round++) {
       const prefix = uniquePrefix(`invocation-in-process-${round}`)
       const key = `${prefix}:jobs`
@@ -117,17 +128,45 @@ describe('an invocation that settles its events and closes loses none of them', 
       for (let n = 1; n <= JOBS; n++) await publisher.publish('jobs', ev(n))
       const worker = new RedisStreamsPubSub({ url: redis.url, keyPrefix: prefix, reclaimIntervalMs: 0 })
       const settles: Array<() => Promise<void>> = []
+      // Odd jobs acked, even ones nacked.
       const inbox = new Inbox((event, ack, nack) => void settles.push(event.data && (event.data as { n: number }).n % 2 ? ack : nack))
       await worker.subscribe('jobs', inbox.cb, { group: 'workers' })
       await inbox.count(JOBS)
       for (const settle of settles) void settle()
       await worker.close()
-      const nacked = (await entries(redis, key)).filter(([, fields]) => JSON.parse(fields[1]!).deliveryAttempt === 2).length
-      if ((await pendingCount(redis, key, 'workers')) > 0 || nacked !== 2) lost++
+      const outcome = await settledJobs(key)
+      // The closing worker's reader may read a nacked job's new entry before it stops, and
+      // hand it back unchanged (appended again, the read one acked): a second copy of that
+      // job at attempt 2, nothing lost.
+      handedBack += outcome.attempt2 - outcome.redelivered.length
+      if (outcome.pending > 0 || outcome.redelivered.join() !== '2,4' || outcome.later > 0) {
+        lost.push(`round ${round}: ${JSON.stringify(outcome)}`)
+      }
     }
-    await annotate(`settles lost in ${lost} of ${rounds} closes`)
-    expect(lost).toBe(0)
+    await annotate(`settles lost in ${lost.length} of ${rounds} closes (nacked jobs read again by the closing reader and handed back: ${handedBack})`)
+    expect(lost).toEqual([])
   })
+
+  /**
+   * What a round left in Redis: the group's pending count, the jobs present at attempt 2
+   * (each nacked job once appended again: 2 and 4), how many entries are at attempt 2, and
+   * how many at a later attempt (none: nothing was nacked twice); `entries` lists them all
+   * (`id n attempt`), for the report of a round that lost something.
+   */
+  async function settledJobs(key: string) {
+    const all = (await entries(redis, key)).map(([id, fields]) => {
+      const event = JSON.parse(fields[1]!) as { data: { n: number }; deliveryAttempt?: number }
+      return { id, n: event.data.n, attempt: event.deliveryAttempt ?? 1 }
+    })
+    const atTwo = all.filter((e) => e.attempt === 2)
+    return {
+      pending: await pendingCount(redis, key, 'workers'),
+      redelivered: [...new Set(atTwo.map((e) => e.n))].sort((a, b) => a - b),
+      attempt2: atTwo.length,
+      later: all.filter((e) => e.attempt > 2).length,
+      entries: all.map((e) => `${e.id} ${e.n} ${e.attempt}`),
+    }
+  }
 })
 
 describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster, an invocation that settles its events and closes loses none of them', () => {
@@ -152,6 +191,40 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster, an invocation that settles 
     const nacks = await settleRuns(clustered(), 'nack', 'callback', 15, 5)
     await annotate(`cluster: acks lost in ${acks} of 20 invocations, nacks in ${nacks} of 15`)
     expect({ acks, nacks }).toEqual({ acks: 0, nacks: 0 })
+  })
+
+  // On a cluster the transport's calls go on the runtime's threads, not Node's loop. An ack
+  // or publish made while a flush waits for an earlier one is not the flush's to wait for,
+  // but it is close()'s: it leaves at the end of its turn, which may be after close() began.
+  it('an ack and a publish made while a flush waits, in the turn of close(), have reached Redis when close() resolves', async () => {
+    const prefix = uniquePrefix('ack-behind-flush')
+    const key = `${prefix}:jobs`
+    const worker = new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix: prefix, reclaimIntervalMs: 0, blockMs: 100 })
+    for (let n = 1; n <= 2; n++) await worker.publish('jobs', ev(n))
+    const acks: Array<() => Promise<void>> = []
+    const inbox = new Inbox((_event, ack) => void acks.push(ack))
+    await worker.subscribe('jobs', inbox.cb, { group: 'workers' })
+    await inbox.count(2)
+    const master = await cluster.masterOfSlot(await cluster.keySlot(key))
+    // Every write (XACK among them) waits on the master for 500 ms.
+    await master.cli('CLIENT', 'PAUSE', 500, 'WRITE')
+    void acks[0]!()
+    await sleep(50) // the first ack is waiting in Redis
+    void worker.flush() // waits for it
+    blockThread(50) // the flush's wait has begun
+    void acks[1]!()
+    const published = worker.publish('jobs', ev(3)).then(
+      () => 'published',
+      (err: unknown) => String(err),
+    )
+    const closed = worker.close()
+    // This turn, and with it the second ack's and the publish's send, ends after the pause:
+    // the first ack and the flush are done by then, and close() has gone on.
+    blockThread(1_500)
+    await closed
+    expect(await published).toBe('published')
+    const jobs = ((await master.cli('XRANGE', key, '-', '+')) as Array<[string, string[]]>).map(([, fields]) => JSON.parse(fields[1]!).data.n)
+    expect({ pending: Number(((await master.cli('XPENDING', key, 'workers')) as unknown[])[0]), jobs }).toEqual({ pending: 0, jobs: [1, 2, 3] })
   })
 })
 

@@ -146,9 +146,7 @@ impl RedisStreamsTransport {
             Ok(checked) => checked,
             Err(err) => return unknown(env, settled(raw, Err(err))),
         };
-        // Unavailable only while a flush or close is waiting: a publish made after it need
-        // not be waited for.
-        let guard = open.publishes.clone().try_read_owned().ok();
+        let guard = open.hold(&open.publishes);
         let publish = Publish { topic, json, guard };
         unknown(env, open.sends.push(raw, Sent::Publish(publish)))
     }
@@ -489,14 +487,12 @@ impl RedisStreamsTransport {
                 // Each subscription stops as an unsubscribe does (its reader interrupted, what
                 // it read handed back) while the connection is still open; publishes and
                 // settles made before this are bounded by the command timeout. So these waits
-                // are bounded too, and every ack and nack made before this reaches the core
-                // before it closes.
-                let (_, publishes, settling) = futures::join!(
-                    futures::future::join_all(stopped),
-                    open.publishes.write(),
-                    open.settling.write()
-                );
-                drop((publishes, settling));
+                // are bounded too, and every publish, ack and nack made before this reaches
+                // the core before it closes, a flush waiting meanwhile or not.
+                let mut unsent = open.unsent.subscribe();
+                futures::join!(futures::future::join_all(stopped), async {
+                    let _ = unsent.wait_for(|n| *n == 0).await;
+                });
                 open.pubsub.close().await;
                 // The lease calls' connections, when they are their own.
                 store.close();

@@ -18,8 +18,22 @@ use crate::glue::js;
 use crate::glue::reply::Reply;
 use crate::glue::unknown;
 
-/// A hold on `publishes` or `settling`: none for a call made while a flush or close waits.
-type Hold = Option<tokio::sync::OwnedRwLockReadGuard<()>>;
+/// What a publish, ack, nack or extend holds until it is done: its place in `unsent`, which
+/// `close` waits for, and a read guard on `publishes` or `settling`, which `flush` waits for
+/// (none for a call made while a flush waits: that flush waits only for what came before it).
+pub(super) struct Hold {
+    _flush: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    _close: Unsent,
+}
+
+/// A call counted in [`Open::unsent`] until it is dropped.
+struct Unsent(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
 
 /// The transport while it is open; `close()` drops it.
 pub(super) struct Open {
@@ -29,13 +43,17 @@ pub(super) struct Open {
     /// unsubscribe made meanwhile stops them): the signal that stops each one's forwarding.
     pub(super) subscriptions: Mutex<HashMap<u64, Running>>,
     /// Each publish holds a read guard from the moment JavaScript makes it (taken on Node's
-    /// thread, before any scheduling); `flush` and `close` take the write side, so they wait
-    /// for every publish made before them, whenever it gets to run.
+    /// thread, before any scheduling); `flush` takes the write side, so it waits for every
+    /// publish made before it, whenever it gets to run.
     pub(super) publishes: Arc<tokio::sync::RwLock<()>>,
     /// Each ack, nack and extend holds a read guard from the moment JavaScript makes it until
     /// the core has sent it (or handed it to its background retries, which `close` waits
-    /// for in the core): `flush` and `close` take the write side, as for publishes.
+    /// for in the core): `flush` takes the write side, as for publishes.
     pub(super) settling: Arc<tokio::sync::RwLock<()>>,
+    /// How many publishes, acks, nacks and extends were made and are not done yet (counted
+    /// on Node's thread when JavaScript makes them, whether or not a flush was waiting):
+    /// `close` waits until none is left. None is made once `close` began.
+    pub(super) unsent: Arc<tokio::sync::watch::Sender<usize>>,
     /// What this turn of JavaScript sent: it leaves at the turn's end, together, on the
     /// connection of JavaScript's calls (see [`send`]).
     pub(super) sends: Arc<Queue<Sent>>,
@@ -65,6 +83,7 @@ impl Open {
             subscriptions: Mutex::new(HashMap::new()),
             publishes: Arc::new(tokio::sync::RwLock::new(())),
             settling: Arc::new(tokio::sync::RwLock::new(())),
+            unsent: Arc::new(tokio::sync::watch::Sender::new(0)),
             sends,
         })
     }
@@ -150,11 +169,20 @@ async fn settle_all(work: Vec<impl std::future::Future<Output = usize>>, answers
 }
 
 impl Open {
-    /// `work` with its hold on `settling`: unavailable only while a flush or close is
-    /// waiting, and a settle made after it need not be waited for.
+    /// `work` with its hold (see [`Hold`]).
     pub(super) fn settling<T>(&self, work: T) -> Settling<T> {
-        let guard = self.settling.clone().try_read_owned().ok();
+        let guard = self.hold(&self.settling);
         Settling { work, guard }
+    }
+
+    /// A call's hold, taken on Node's thread as JavaScript makes the call: a place in
+    /// `unsent`, and a read guard on `flushed` unless a flush waits on it.
+    pub(super) fn hold(&self, flushed: &Arc<tokio::sync::RwLock<()>>) -> Hold {
+        self.unsent.send_modify(|n| *n += 1);
+        Hold {
+            _flush: flushed.clone().try_read_owned().ok(),
+            _close: Unsent(Arc::clone(&self.unsent)),
+        }
     }
 
     /// Whether the subscription numbered `id` is still this transport's: subscribed, and
@@ -181,7 +209,7 @@ pub(super) struct Settling<T> {
 pub(super) struct Publish {
     pub(super) topic: String,
     pub(super) json: String,
-    /// Keeps a flush or close waiting until this publish was written.
+    /// Keeps a flush (made after it) and close waiting until this publish was written.
     pub(super) guard: Hold,
 }
 
