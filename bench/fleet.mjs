@@ -189,12 +189,12 @@ async function main() {
   const span = (xs) => `${fmt(Math.min(...xs))}–${fmt(Math.max(...xs))}`;
   const row = (label, pick, d = 0) => {
     const [o, p] = [runs[OURS].map(pick), runs[PEER].map(pick)];
-    const cells = [o, p].map((xs) => `${fmt(median(xs), d)} (${span(xs)})`.padStart(30));
+    const cells = [o, p].map((xs) => `${fmt(median(xs), d)}${xs.length > 1 ? ` (${span(xs)})` : ''}`.padStart(32));
     console.log(`${label.padEnd(40)}${cells.join('')}${`${(median(o) / median(p)).toFixed(2)}x`.padStart(10)}`);
   };
   console.log(`\n${PROCS} processes × ${AGENTS} agents × ${TURNS} turns; a turn: ${CHUNKS} chunks, a renewal every ${RENEW_EVERY}, ` +
-    `every ${FENCE_EVERY}th fenced (${FENCE_STEPS} steps), every ${TRANSFER_EVERY}rd transferred; median (min–max) of ${ROUNDS}`);
-  console.log(`${''.padEnd(40)}${NAMES[OURS].padStart(30)}${NAMES[PEER].padStart(30)}${'ours/peer'.padStart(10)}`);
+    `every ${FENCE_EVERY}th fenced (${FENCE_STEPS} steps), every ${TRANSFER_EVERY}rd transferred; ${ROUNDS > 1 ? `median (min–max) of ${ROUNDS} runs` : 'one run'}`);
+  console.log(`${''.padEnd(40)}${NAMES[OURS].padStart(32)}${NAMES[PEER].padStart(32)}${'ours/peer'.padStart(10)}`);
   if (CALLGRIND) {
     row("Redis's instructions per turn", (r) => r.perTurn);
   } else {
