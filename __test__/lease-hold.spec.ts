@@ -9,7 +9,8 @@ import { randomUUID } from 'node:crypto'
 import path from 'node:path'
 import { promisify } from 'node:util'
 
-import { EventEmitterPubSub } from '@mastra/core/events'
+import { InMemoryServerCache } from '@mastra/core/cache'
+import { CachingPubSub, EventEmitterPubSub } from '@mastra/core/events'
 import { beforeAll, describe, expect, it } from 'vitest'
 
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
@@ -129,11 +130,25 @@ describe.each(holders)('%s.hold', (_name, make) => {
 })
 
 describe('holdLease', () => {
-  it('refuses what is not a lease provider ({}, null, an object with some of the five methods) with ERR_LEASE_INVALID_ARGUMENT', async () => {
-    for (const leases of [{}, null, undefined, 'redis://', { acquireLease: async () => ({ acquired: true }), getLeaseOwner: async () => undefined }]) {
+  it('refuses what is not a lease provider ({}, null, an object with some of the five methods, a wrapper handing out nothing or such an object) with ERR_LEASE_INVALID_ARGUMENT', async () => {
+    const partial = { acquireLease: async () => ({ acquired: true }), getLeaseOwner: async () => undefined }
+    const wrappers = [{ getLeaseProvider: () => undefined }, { getLeaseProvider: () => partial }]
+    for (const leases of [{}, null, undefined, 'redis://', partial, ...wrappers]) {
       const error = await expectRejection(() => holdLease(leases as never, `hold-${randomUUID()}`, 'A', { ttlMs: 1_000 }), TypeError, 'ERR_LEASE_INVALID_ARGUMENT')
       expect(error.message).toMatch(/^hold: leases must be a lease provider/)
     }
+  })
+
+  it("holds through the provider Mastra's CachingPubSub hands out (getLeaseProvider()), as Mastra resolves it", async () => {
+    const pubsub = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: `hold-caching:${RUN}` }))
+    const caching = new CachingPubSub(pubsub, new InMemoryServerCache())
+    const key = newKey()
+    const lease = await holdLease(caching, key, 'A', { ttlMs: 600, wait: true })
+    expect(await pubsub.getLeaseOwner(key)).toBe('A')
+    await sleep(700) // renewed past its TTL through the pubsub inside
+    expect(await pubsub.getLeaseOwner(key)).toBe('A')
+    await lease.release()
+    expect(await pubsub.getLeaseOwner(key)).toBeUndefined()
   })
 })
 

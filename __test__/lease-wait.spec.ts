@@ -7,7 +7,7 @@ import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, whi
 
 import { randomUUID } from 'node:crypto'
 
-import { EventEmitterPubSub } from '@mastra/core/events'
+import { EventEmitterPubSub, type LeaseProvider } from '@mastra/core/events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { holdLease, MemoryLeaseProvider, RedisLeaseProvider, RedisStreamsPubSub, withLeases, type HeldLease, type HoldOptions } from '../dist/esm/index.js'
@@ -200,7 +200,7 @@ describe.each(pairs)('%s.hold with wait', (_name, make) => {
 describe('holdLease with wait over a provider that cannot tell waiters about releases', () => {
   it("rejects with ERR_LEASE_UNSUPPORTED before any call (Mastra's own in-process leases)", async () => {
     const pubsub = new EventEmitterPubSub()
-    const leases = pubsub as unknown as Parameters<typeof holdLease>[0]
+    const leases = pubsub as unknown as LeaseProvider
     const key = newKey()
     await expectRejection(() => holdLease(leases, key, 'B', { ttlMs: 1_000, wait: true }), TypeError, 'ERR_LEASE_UNSUPPORTED')
     expect(await leases.getLeaseOwner(key)).toBeUndefined()

@@ -192,7 +192,22 @@ async function acquireWaiting(
 }
 
 /**
- * Acquires `key` for `owner` through `leases` and keeps it: resolves once granted, rejects
+ * What `holdLease` takes: a lease provider, or a pubsub that hands one out through
+ * `getLeaseProvider()` (Mastra's `CachingPubSub`, say), resolved as Mastra resolves it.
+ */
+export type LeaseSource = LeaseProvider | { getLeaseProvider(): LeaseProvider | undefined }
+
+/**
+ * The provider Mastra would use: `getLeaseProvider()`'s answer when there is one, else the
+ * value itself (Mastra's `resolveLeaseProvider`, without its no-op fallback).
+ */
+function leaseProviderOf(source: unknown): unknown {
+  const get = (source as { getLeaseProvider?: unknown } | null | undefined)?.getLeaseProvider
+  return (typeof get === 'function' ? (get.call(source) as unknown) : undefined) ?? source
+}
+
+/**
+ * Acquires `key` for `owner` through `source` (see `LeaseSource`) and keeps it: resolves once granted, rejects
  * with `ERR_LEASE_HELD` (the holder in `owner`) when another owner holds it, with the
  * acquire's own error, or with the caller's abort reason (releasing what was granted).
  * With `wait`, waits for the lease instead (see `HoldOptions.wait`); a provider that cannot
@@ -200,7 +215,8 @@ async function acquireWaiting(
  * `ERR_LEASE_UNSUPPORTED` before any call. Renews every `ttlMs / 3`. The renewal timers never
  * keep the process alive; a wait's do, as the caller awaits it.
  */
-export async function holdLease(leases: LeaseProvider, key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+export async function holdLease(source: LeaseSource, key: string, owner: string, options: HoldOptions): Promise<HeldLease> {
+  const leases = leaseProviderOf(source) as LeaseProvider
   const notProvider = notLeaseProvider(leases, 'hold: leases')
   if (notProvider) throw notProvider
   const checkedOptions = checked(options)

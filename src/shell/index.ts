@@ -11,7 +11,7 @@ export type { ClientOption, NodeRedisClient } from './node-redis-client.js'
 export { ackChannel, deliverChannel, leaseChannel, nackChannel, publishChannel } from './diagnostics.js'
 export { holdLease } from './hold.js'
 export { recordLeaseMetrics } from './metrics.js'
-export type { HeldLease, HoldOptions } from './hold.js'
+export type { HeldLease, HoldOptions, LeaseSource } from './hold.js'
 export type { DeliveryMessage, LeaseCallContext, LeaseOperation, PublishContext } from './diagnostics.js'
 export type {
   FencedLeaseGrant,
