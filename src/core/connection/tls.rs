@@ -112,6 +112,7 @@ impl std::fmt::Debug for TlsOptions {
 ///   `SSL_CERT_FILE` and `SSL_CERT_DIR` too); the platform's roots are loaded in either case,
 ///   and an error loading them fails the connection, as in redis-rs;
 /// - the name verified (and sent as SNI, unless it is an IP address) is the URL's host;
+/// - no session is resumed: each connection makes a full handshake, as with redis-rs;
 /// - `tls.cert` and `tls.key`, when given, are the client's certificate;
 /// - `#insecure` (a URL fragment redis-rs reads as: verify nothing) is refused with
 ///   redis-rs' own error, as a build without its `tls-rustls-insecure` feature refuses it.
@@ -201,7 +202,7 @@ fn client_config(options: &TlsOptions) -> RedisResult<ClientConfig> {
         None => platform,
     };
     let builder = ClientConfig::builder().with_root_certificates(roots);
-    match (&options.cert, &options.key) {
+    let mut config = match (&options.cert, &options.key) {
         (Some(cert), Some(key)) => {
             let chain = CertificateDer::pem_slice_iter(cert)
                 .collect::<std::result::Result<Vec<_>, _>>()
@@ -221,11 +222,16 @@ fn client_config(options: &TlsOptions) -> RedisResult<ClientConfig> {
                     "Unable to build client with TLS parameters provided.",
                     err.to_string(),
                 ))
-            })
+            })?
         }
         // A certificate without its key is refused when the options are read (`check`).
-        _ => Ok(builder.with_no_client_auth()),
-    }
+        _ => builder.with_no_client_auth(),
+    };
+    // redis-rs makes a configuration per connection, whose session cache starts empty: no
+    // session is ever resumed, every connection verifies the server's certificate. Nor here,
+    // where one configuration serves every connection of the target.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(config)
 }
 
 /// The certificates in a PEM option: at least one, each block well-formed.
