@@ -2,15 +2,15 @@
 // Node's own event loop, written and answered on Node's thread, as node-redis does, so a call
 // wakes no other thread of this process (docs/benchmarks.md: two thread wake-ups per call were
 // most of what a call cost).
-// Over TLS, and on runtimes without Node's libuv, the runtime's thread does the I/O as before;
-// the TLS, Bun and Deno suites cover that path.
-import { existsSync, readdirSync, readFileSync } from 'node:fs'
-
+// So are calls over TLS (rediss://: tls.spec.ts has them on this loop too). At a unix socket,
+// and on runtimes without Node's libuv, the runtime's thread does the I/O as before; the
+// Bun and Deno suites cover that path.
 import { beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { monitor, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { runtimeThreadSwitches } from './helpers/runtime-thread.js'
 
 leaseSuite()
 
@@ -18,25 +18,6 @@ let server: RedisServer
 beforeAll(async () => {
   server = stopLater(await startRedis())
 })
-
-/** The context switches of this process's runtime thread (named `mastra-lease`) so far. */
-function runtimeThreadSwitches(): number | undefined {
-  const tasks = '/proc/self/task'
-  if (!existsSync(tasks)) return undefined
-  for (const tid of readdirSync(tasks)) {
-    let comm: string
-    try {
-      comm = readFileSync(`${tasks}/${tid}/comm`, 'utf8').trim()
-    } catch {
-      continue // the thread ended meanwhile
-    }
-    if (comm !== 'mastra-lease') continue
-    const status = readFileSync(`${tasks}/${tid}/status`, 'utf8')
-    const count = (name: string) => Number(/^(\w+):\s+(\d+)$/m.exec(status.split('\n').find((l) => l.startsWith(name)) ?? '')?.[2] ?? NaN)
-    return count('voluntary_ctxt_switches') + count('nonvoluntary_ctxt_switches')
-  }
-  return undefined
-}
 
 type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease'>
 const opening: [string, (keyPrefix: string) => Leases][] = [
@@ -46,7 +27,7 @@ const opening: [string, (keyPrefix: string) => Leases][] = [
 
 describe('lease calls to one server on Node’s own loop', () => {
   it.for(opening)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times (it did twice per call)', async ([kind, open], { skip }) => {
-    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    skip(!/^rediss?:\/\//.test(server.url), 'a unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
     const provider = open(`node-loop:${RUN}:${kind}`)
     // Connected, and the runtime started, before counting.
     expect(await provider.acquireLease('warm', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
@@ -64,7 +45,7 @@ describe('lease calls to one server on Node’s own loop', () => {
   })
 
   it('RedisStreamsPubSub’s publishes, acks and lease calls share one connection on Node’s loop, named alike, beside the transport’s own and its reader; close() closes them all', async ({ skip }) => {
-    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps every call on the transport’s connection')
+    skip(!/^rediss?:\/\//.test(server.url), 'a unix-socket REDIS_URL keeps every call on the transport’s connection')
     const name = `node-loop-streams-${RUN}`
     const pubsub = new RedisStreamsPubSub({ url: server.url, keyPrefix: `node-loop-streams:${RUN}`, connectionName: name })
     const named = async () => String(await server.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${name} `))
@@ -91,7 +72,7 @@ describe('lease calls to one server on Node’s own loop', () => {
   })
 
   it('RedisStreamsPubSub: 1,000 publishes one after another wake the runtime’s thread fewer than 200 times', async ({ skip }) => {
-    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    skip(!/^rediss?:\/\//.test(server.url), 'a unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
     const pubsub = closing(new RedisStreamsPubSub({ url: server.url, keyPrefix: `node-loop-publish:${RUN}`, maxStreamLength: 0 }))
     await pubsub.publish('topic', { type: 't', runId: 'r', data: {} })
     const before = runtimeThreadSwitches()
@@ -138,7 +119,7 @@ describe('lease calls to one server on Node’s own loop', () => {
   })
 
   it('the connection given up when the server drops it is opened again by the next call, and one turn’s calls still go together in order', async ({ skip }) => {
-    skip(!server.url.startsWith('redis://'), 'a rediss:// or unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
+    skip(!/^rediss?:\/\//.test(server.url), 'a unix-socket REDIS_URL keeps the runtime’s thread doing the I/O')
     const name = `node-loop-${RUN}`
     const provider = closing(new RedisLeaseProvider({ url: server.url, keyPrefix: `node-loop-drop:${RUN}`, connectionName: name }))
     expect(await provider.acquireLease('a', 'one', 10_000)).toEqual({ acquired: true, owner: 'one' })

@@ -54,8 +54,8 @@ async function settleAt(on: RedisServer, name: string, count: number, ms = 2_000
 
 const uniqueName = () => `ml-${randomUUID().slice(0, 8)}`
 
-/** The connection publishes and lease calls add once made: their own on Node's loop, on one server at a redis:// URL. */
-const loopConnection = (on: RedisServer) => (on.url.startsWith('redis://') ? 1 : 0)
+/** The connection publishes and lease calls add once made: their own on Node's loop, on one server at a redis:// or rediss:// URL. */
+const loopConnection = (on: RedisServer) => (/^rediss?:\/\//.test(on.url) ? 1 : 0)
 /** Lease calls on many keys: spread over two connections of their own by key, where they have their own. */
 const leaseCallsOnManyKeys = (pubsub: RedisStreamsPubSub) => Promise.all(Array.from({ length: 16 }, (_, i) => pubsub.getLeaseOwner(`thread-${i}`)))
 

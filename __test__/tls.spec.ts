@@ -4,6 +4,9 @@
 // names only `redis.test`. Calls that depend on the platform's roots (SSL_CERT_FILE) run in
 // a child process, so this process's environment never matters. Beyond one server: a Redis
 // Cluster and a Sentinel set on TLS only (the cluster bus and replication too).
+// One server's shared connection runs on Node's own loop over TLS as it does over TCP (rustls
+// over the socket that loop polls): 'on Node’s own loop' shows it, and that its faults (a reset,
+// a killed or frozen server, a handshake never answered) end as they do over TCP.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
@@ -13,11 +16,18 @@ import path from 'node:path'
 import { createClient } from 'redis'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 
+import net from 'node:net'
+
 import { RedisStreamsPubSub } from '../dist/esm/index.js'
 import { RedisLeaseProvider } from '../index.js'
-import { errorCode, leaseFailureWarnings } from './helpers/lease.js'
-import { EXTERNAL_REDIS, freePort } from './helpers/redis-server.js'
+import { errorCode, everyCall, leaseFailureWarnings, settleWithin, sleep, uniqueKey } from './helpers/lease.js'
+import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { blockAfterThisTurn, startResetProxy, warm } from './helpers/node-loop-faults.js'
+import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { runtimeThreadSwitches } from './helpers/runtime-thread.js'
 import { ev, Inbox, numberOf, uniquePrefix } from './helpers/streams.js'
+
+leaseSuite()
 // Refused certificates fail lease calls, which warn through process.emitWarning (no logger here).
 leaseFailureWarnings()
 
@@ -243,6 +253,254 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
       const publish = await pubsub.publish('topic', ev(1)).then(() => 'resolved', errorCode)
       const lease = await pubsub.acquireLease('k', 'owner-1', 5_000).then(() => 'resolved', errorCode)
       expect({ publish, lease }).toEqual({ publish: 'ERR_LEASE_CONNECTION', lease: 'ERR_LEASE_CONNECTION' })
+    })
+  })
+
+  describe('on Node’s own loop', () => {
+    /** A redis-server on a plain port (the harness's own client, kill, freeze, restart) and a TLS one. */
+    async function plainAndTls(): Promise<{ server: RedisServer; tlsPort: number; url: string }> {
+      const tlsPort = await freePort()
+      const server = stopLater(
+        await startRedis({
+          args: ['--tls-port', String(tlsPort), '--tls-cert-file', file('server.crt'), '--tls-key-file', file('server.key'), '--tls-ca-cert-file', file('ca.crt'), '--tls-auth-clients', 'no'],
+        }),
+      )
+      return { server, tlsPort, url: `rediss://localhost:${tlsPort}` }
+    }
+    const trusted = () => ({ tls: { ca: pem('ca.crt') } })
+    /** The same server by either scheme, for what must hold alike over TCP and TLS. */
+    const schemes: [string][] = [['redis://'], ['rediss://']]
+    const urlOf = (scheme: string, on: { server: RedisServer; url: string }) => (scheme === 'rediss://' ? on.url : on.server.url)
+    const optionsOf = (scheme: string) => (scheme === 'rediss://' ? trusted() : {})
+
+    type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease'>
+    const opening: [string, (url: string, keyPrefix: string) => Leases][] = [
+      ['RedisLeaseProvider', (url, keyPrefix) => closing(new RedisLeaseProvider({ url, keyPrefix, ...trusted() }))],
+      ['RedisStreamsPubSub', (url, keyPrefix) => closing(new RedisStreamsPubSub({ url, keyPrefix, ...trusted() }))],
+    ]
+
+    it.for(opening)('%s: 2,000 lease calls over rediss:// one after another wake the runtime’s thread fewer than 200 times (it did twice per call, on the runtime’s thread)', async ([kind, open], { skip, annotate }) => {
+      const { server, url, tlsPort } = await plainAndTls()
+      const provider = open(url, `tls-loop:${RUN}:${kind}`)
+      // Connected, and the runtime started, before counting.
+      expect(await provider.acquireLease('warm', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
+      const before = runtimeThreadSwitches()
+      skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+      for (let i = 0; i < 500; i++) {
+        const key = `k${i % 10}`
+        expect(await provider.acquireLease(key, 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
+        expect(await provider.renewLease(key, 'owner', 10_000)).toBe(true)
+        expect(await provider.getLeaseOwner(key)).toBe('owner')
+        await provider.releaseLease(key, 'owner')
+      }
+      const woken = runtimeThreadSwitches()! - before!
+      await annotate(`the runtime’s thread was switched to ${woken} times in 2,000 calls`)
+      expect(woken).toBeLessThan(200)
+      // Over TLS indeed: the calls' connections are the server's on its TLS port.
+      const onTlsPort = String(await server.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` laddr=127.0.0.1:${tlsPort} `))
+      expect(onTlsPort.length).toBeGreaterThanOrEqual(1)
+    })
+
+    it('RedisStreamsPubSub over rediss://: 1,000 publishes one after another wake the runtime’s thread fewer than 200 times', async ({ skip, annotate }) => {
+      const { server, url } = await plainAndTls()
+      const keyPrefix = `tls-loop-publish:${RUN}`
+      const pubsub = closing(new RedisStreamsPubSub({ url, keyPrefix, maxStreamLength: 0, ...trusted() }))
+      await pubsub.publish('topic', ev(0))
+      const before = runtimeThreadSwitches()
+      skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+      for (let i = 1; i <= 1_000; i++) await pubsub.publish('topic', ev(i))
+      const woken = runtimeThreadSwitches()! - before!
+      await annotate(`the runtime’s thread was switched to ${woken} times in 1,000 publishes`)
+      expect(woken).toBeLessThan(200)
+      expect(await server.cli('XLEN', `${keyPrefix}:topic`)).toBe(1_001)
+    })
+
+    it('Node’s loop blocked past commandTimeoutMs once 20 acquires were written over TLS: every one Redis granted resolves granted (the replies waiting in the socket are read and decrypted before a call is failed for time)', async () => {
+      const { server, url } = await plainAndTls()
+      const keyPrefix = `tls-loop-blocked:${RUN}`
+      const provider = closing(new RedisLeaseProvider({ url, keyPrefix, commandTimeoutMs: 500, ...trusted() }))
+      for (let round = 0; round < 3; round++) {
+        await warm((i) => provider.getLeaseOwner(`warm:${i}`))
+        const keys = Array.from({ length: 20 }, (_, i) => `round${round}:${i}`)
+        const calls = keys.map((key) => provider.acquireLease(key, 'owner', 60_000).then((grant) => grant, errorCode))
+        blockAfterThisTurn(1_500)
+        expect(await Promise.all(calls), `round ${round + 1}`).toEqual(keys.map(() => ({ acquired: true, owner: 'owner' })))
+        const owners = (await server.cli('MGET', ...keys.map((key) => `${keyPrefix}:lease:${key}`))) as Array<string | null>
+        expect(owners.filter((o) => o === 'owner')).toHaveLength(20)
+      }
+    }, 20_000)
+
+    it('a server that accepts TCP but never answers the TLS handshake: the first calls reject ERR_LEASE_TIMEOUT within connectTimeoutMs, saying TLS is the likely cause, long before commandTimeoutMs; and so do the next', async () => {
+      const sockets = new Set<net.Socket>()
+      let hellos = 0
+      const silent = net.createServer((socket) => {
+        sockets.add(socket)
+        socket.on('error', () => {})
+        // A TLS record of type handshake (0x16): the client's hello, which nothing answers.
+        socket.once('data', (chunk) => void (chunk[0] === 0x16 && hellos++))
+      })
+      await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve))
+      try {
+        const port = (silent.address() as net.AddressInfo).port
+        const options = { url: `rediss://127.0.0.1:${port}`, connectTimeoutMs: 300, commandTimeoutMs: 5_000, logger: { warn() {} }, ...trusted() }
+        const provider = closing(new RedisLeaseProvider(options))
+        const pubsub = closing(new RedisStreamsPubSub(options))
+        for (let round = 0; round < 2; round++) {
+          const results = await Promise.all([
+            ...everyCall(provider, uniqueKey('tls-silent')).map(([, call]) => settleWithin(call(), 3_000)),
+            settleWithin(pubsub.acquireLease(uniqueKey('tls-silent'), 'A', 10_000), 3_000),
+          ])
+          for (const r of results) {
+            expect(r.status).toBe('rejected')
+            if (r.status !== 'rejected') continue
+            expect(errorCode(r.reason)).toBe('ERR_LEASE_TIMEOUT')
+            expect((r.reason as Error).message).toMatch(/TLS/)
+            expect(r.elapsed).toBeLessThan(1_500)
+          }
+        }
+        expect(hellos).toBeGreaterThanOrEqual(2)
+      } finally {
+        for (const socket of sockets) socket.destroy()
+        await new Promise((resolve) => silent.close(resolve))
+      }
+    })
+
+    it.for(schemes)('%s a server killed with calls in flight: every call settles at once with a coded error (ERR_LEASE_CONNECTION, or ERR_LEASE_OUTCOME_UNKNOWN for a write that may have run), never a value, none waits for the timeout; the next calls are refused as fast; after a restart on the same port the provider recovers by itself', { timeout: 20_000 }, async ([scheme]) => {
+      const on = await plainAndTls()
+      const keyPrefix = `tls-loop-killed:${RUN}:${scheme}`
+      const provider = closing(new RedisLeaseProvider({ url: urlOf(scheme, on), keyPrefix, connectTimeoutMs: 1_000, commandTimeoutMs: 5_000, ...optionsOf(scheme) }))
+      const key = uniqueKey('killed')
+      expect(await provider.acquireLease(key, 'A', 60_000)).toStrictEqual({ acquired: true, owner: 'A' })
+      await warm((i) => provider.getLeaseOwner(`warm:${i}`))
+      // Frozen, so the calls are written and wait for their replies; then killed under them.
+      on.server.freeze()
+      const since = performance.now()
+      const inFlight = [...everyCall(provider, key), ...everyCall(provider, `${key}:other`)].map(([name, call]) =>
+        call().then(
+          (value) => ({ name, value, ms: performance.now() - since }),
+          (err: unknown) => ({ name, code: errorCode(err), ms: performance.now() - since }),
+        ),
+      )
+      await sleep(100)
+      await on.server.kill()
+      const settled = await Promise.all(inFlight)
+      for (const r of settled) {
+        expect(r, r.name).not.toHaveProperty('value')
+        expect(['ERR_LEASE_CONNECTION', 'ERR_LEASE_OUTCOME_UNKNOWN'], r.name).toContain((r as { code?: unknown }).code)
+        expect(r.ms, r.name).toBeLessThan(2_000)
+      }
+      for (const [name, call] of everyCall(provider, key)) {
+        const r = await settleWithin(call(), 3_000)
+        expect(r.status, name).toBe('rejected')
+        if (r.status === 'rejected') expect(errorCode(r.reason), name).toBe('ERR_LEASE_CONNECTION')
+        expect(r.elapsed, name).toBeLessThan(2_000)
+      }
+      await on.server.restart()
+      const after = uniqueKey('after-restart')
+      let grant: unknown
+      for (let attempt = 0; attempt < 20 && grant === undefined; attempt++) {
+        grant = await provider.acquireLease(after, 'A', 60_000).catch(() => undefined)
+        if (grant === undefined) await sleep(100)
+      }
+      expect(grant).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await provider.transferLease(after, 'A', 'B', 60_000)).toBe(true)
+      expect(await on.server.cli('GET', `${keyPrefix}:lease:${after}`)).toBe('B')
+    })
+
+    it.for(schemes)('%s a frozen server: every call rejects ERR_LEASE_TIMEOUT within commandTimeoutMs, and works again after SIGCONT', async ([scheme]) => {
+      const on = await plainAndTls()
+      const keyPrefix = `tls-loop-frozen:${RUN}:${scheme}`
+      const provider = closing(new RedisLeaseProvider({ url: urlOf(scheme, on), keyPrefix, commandTimeoutMs: 300, ...optionsOf(scheme) }))
+      const key = uniqueKey('frozen')
+      await provider.acquireLease(key, 'A', 60_000)
+      on.server.freeze()
+      try {
+        const results = await Promise.all(everyCall(provider, key).map(([name, call]) => settleWithin(call(), 1_000).then((r) => ({ name, ...r }))))
+        for (const r of results) {
+          expect(r.status, r.name).toBe('rejected')
+          if (r.status === 'rejected') expect(errorCode(r.reason), r.name).toBe('ERR_LEASE_TIMEOUT')
+        }
+      } finally {
+        on.server.thaw()
+      }
+      const other = uniqueKey('after-thaw')
+      let grant: unknown
+      for (let attempt = 0; attempt < 20 && grant === undefined; attempt++) grant = await provider.acquireLease(other, 'A', 60_000).catch(() => undefined)
+      expect(grant).toStrictEqual({ acquired: true, owner: 'A' })
+      expect(await on.server.cli('GET', `${keyPrefix}:lease:${other}`)).toBe('A')
+    })
+
+    it.for(schemes)('%s a connection the server closed while idle (CLIENT KILL) costs no failed call, a transfer included', async ([scheme]) => {
+      const on = await plainAndTls()
+      const keyPrefix = `tls-loop-idle:${RUN}:${scheme}`
+      const provider = closing(new RedisLeaseProvider({ url: urlOf(scheme, on), keyPrefix, ...optionsOf(scheme) }))
+      const key = uniqueKey('idle-closed')
+      expect(await provider.acquireLease(key, 'A', 60_000)).toStrictEqual({ acquired: true, owner: 'A' })
+      const closeIdle = async () => {
+        expect(await on.server.cli('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes')).toBeGreaterThan(0)
+        await sleep(50)
+      }
+      await closeIdle()
+      expect(await provider.acquireLease(key, 'A', 60_000)).toStrictEqual({ acquired: true, owner: 'A' })
+      await closeIdle()
+      expect(await provider.renewLease(key, 'A', 60_000)).toBe(true)
+      await closeIdle()
+      expect(await provider.getLeaseOwner(key)).toBe('A')
+      await closeIdle()
+      expect(await provider.transferLease(key, 'A', 'B', 60_000)).toBe(true)
+      expect(await on.server.cli('GET', `${keyPrefix}:lease:${key}`)).toBe('B')
+    })
+
+    it('200 acquires in one turn over TLS, the connections reset (RST) right after a partial TLS record while Node’s loop is blocked: every call settles at once, granted or ERR_LEASE_CONNECTION, never ERR_LEASE_TIMEOUT (5 rounds); then the provider works again', async ({ annotate }) => {
+      const { tlsPort } = await plainAndTls()
+      // The proxy forwards bytes, TLS or not: the certificate names 127.0.0.1, the host dialled.
+      const proxy = await startResetProxy({ host: '127.0.0.1', port: tlsPort } as RedisServer)
+      const url = proxy.url.replace(/^redis:/, 'rediss:')
+      const provider = closing(new RedisLeaseProvider({ url, keyPrefix: `tls-loop-reset:${RUN}`, commandTimeoutMs: 2_000, connectTimeoutMs: 2_000, ...trusted() }))
+      const rounds: string[] = []
+      for (let round = 0; round < 5; round++) {
+        await proxy.disarm()
+        await warm((i) => provider.getLeaseOwner(`warm:${i}`))
+        await sleep(100) // what a fresh connection sends once (its name, the eviction policy) is answered
+        const before = (await proxy.resets()).length
+        expect(await proxy.arm(16, 20)).toBeGreaterThanOrEqual(1)
+        const since = performance.now()
+        const calls = Array.from({ length: 200 }, (_, i) =>
+          provider.acquireLease(`round${round}:${i}`, 'owner', 60_000).then(
+            (grant) => ({ kind: grant.acquired ? 'granted' : `answered ${JSON.stringify(grant)}`, ms: performance.now() - since }),
+            (err: unknown) => ({ kind: String(errorCode(err)), ms: performance.now() - since }),
+          ),
+        )
+        const blocked = blockAfterThisTurn(200)
+        const results = await Promise.all(calls)
+        const resetTimes = (await proxy.resets()).slice(before)
+        const resets = resetTimes.length
+        const whileBlocked = resetTimes.filter((at) => at > blocked.from && at < blocked.to).length
+        const tally: Record<string, number> = {}
+        for (const r of results) tally[r.kind] = (tally[r.kind] ?? 0) + 1
+        const slowest = Math.round(Math.max(...results.map((r) => r.ms)))
+        rounds.push(`round ${round + 1}: ${JSON.stringify(tally)}, slowest ${slowest} ms, ${whileBlocked}/${resets} resets while blocked`)
+        // The fault landed as meant: a connection reset while the loop was blocked.
+        expect(whileBlocked, rounds.at(-1)).toBeGreaterThanOrEqual(1)
+        expect(Object.keys(tally).filter((kind) => kind !== 'granted' && kind !== 'ERR_LEASE_CONNECTION'), rounds.at(-1)).toEqual([])
+        expect(slowest, rounds.at(-1)).toBeLessThan(1_000)
+      }
+      await annotate(rounds.join('; '))
+      await proxy.disarm()
+      await warm((i) => provider.getLeaseOwner(`warm:${i}`))
+      expect(await provider.acquireLease('after', 'owner', 60_000)).toStrictEqual({ acquired: true, owner: 'owner' })
+    }, 60_000)
+
+    it('#insecure (verify nothing) is refused as before: every call rejects ERR_LEASE_CONNECTION naming it, even where the certificate would verify', async () => {
+      const { url } = await plainAndTls()
+      const provider = closing(new RedisLeaseProvider({ url: `${url}/#insecure`, logger: { warn() {} }, ...trusted() }))
+      for (let i = 0; i < 2; i++) {
+        const err = await provider.acquireLease('k', 'owner', 5_000).then(() => undefined, (e: unknown) => e as Error)
+        expect(errorCode(err)).toBe('ERR_LEASE_CONNECTION')
+        expect(err?.message).toMatch(/insecure/)
+      }
+      const plainRoots = closing(new RedisLeaseProvider({ url: `${url}/#insecure`, logger: { warn() {} } }))
+      expect(await plainRoots.acquireLease('k', 'owner', 5_000).catch(errorCode)).toBe('ERR_LEASE_CONNECTION')
     })
   })
 

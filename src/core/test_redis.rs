@@ -68,6 +68,33 @@ impl Server {
         }
     }
 
+    /// Starts a server that also takes TLS on a free loopback port, with the certificate and
+    /// key in the files `cert` and `key`, trusting `ca` for client certificates, which it
+    /// asks for when `auth_clients`. Answers it and the port.
+    pub fn start_tls(
+        name: &str,
+        [cert, key, ca]: &[PathBuf; 3],
+        auth_clients: bool,
+    ) -> (Self, u16) {
+        let port = free_port();
+        let path = |file: &std::path::Path| file.display().to_string();
+        let args = vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--tls-cert-file".into(),
+            path(cert),
+            "--tls-key-file".into(),
+            path(key),
+            "--tls-ca-cert-file".into(),
+            path(ca),
+            "--tls-auth-clients".into(),
+            if auth_clients { "yes" } else { "no" }.into(),
+        ];
+        (Self::start_with(name, args), port)
+    }
+
     /// Kills the server (SIGKILL: nothing saved) and starts a fresh one on the same socket.
     pub fn restart(&mut self) {
         self.kill();

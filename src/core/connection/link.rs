@@ -43,8 +43,8 @@ use crate::core::error::{Error, InputErrorKind, Result};
 /// The deployment to reach.
 pub(super) enum Target {
     /// One server, by URL; its shared link on the embedder's event loop when there is one
-    /// (a `redis://` address only: TLS and unix sockets stay on the runtime).
-    Single(Client, Option<Arc<dyn Reactor>>),
+    /// (a `redis://` or `rediss://` address: a unix socket stays on the runtime).
+    Single(Client, Option<OnLoop>),
     /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads).
     Cluster {
         client: Box<ClusterClient>,
@@ -52,6 +52,32 @@ pub(super) enum Target {
     },
     /// The master the sentinels name.
     Sentinel(Sentinels),
+}
+
+/// The shared link to one server on the embedder's event loop: the loop, and for a
+/// `rediss://` address how its TLS is made there.
+pub(super) struct OnLoop {
+    reactor: Arc<dyn Reactor>,
+    tls: Option<Arc<tls::Handshake>>,
+}
+
+impl OnLoop {
+    /// On `reactor`, for the shared link to `client`'s address: `None` for one a socket of
+    /// the loop's cannot reach (a unix socket).
+    fn new(
+        reactor: Arc<dyn Reactor>,
+        client: &Client,
+        options: &ConnectionOptions,
+    ) -> Option<Self> {
+        let tls = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(..) => None,
+            ConnectionAddr::TcpTls { host, insecure, .. } => {
+                Some(Arc::new(tls::Handshake::new(&options.tls, host, *insecure)))
+            }
+            _ => return None,
+        };
+        Some(Self { reactor, tls })
+    }
 }
 
 impl Target {
@@ -64,9 +90,11 @@ impl Target {
         match &options.deployment {
             Deployment::Single => {
                 let client = single(options, protocol)?;
-                let tcp = matches!(client.get_connection_info().addr(), ConnectionAddr::Tcp(..));
-                let reactor = options.reactor.clone().filter(|_| tcp);
-                Ok(Self::Single(client, reactor))
+                let on_loop = options
+                    .reactor
+                    .clone()
+                    .and_then(|reactor| OnLoop::new(reactor, &client, options));
+                Ok(Self::Single(client, on_loop))
             }
             Deployment::Cluster { nodes } => cluster(options, nodes, protocol),
             Deployment::Sentinel { nodes, master_name } => {
@@ -96,7 +124,7 @@ impl Target {
     /// The embedder's event loop the shared link runs on, if it does.
     pub(super) fn reactor(&self) -> Option<&Arc<dyn Reactor>> {
         match self {
-            Self::Single(_, reactor) => reactor.as_ref(),
+            Self::Single(_, on_loop) => on_loop.as_ref().map(|on| &on.reactor),
             Self::Cluster { .. } | Self::Sentinel(_) => None,
         }
     }
@@ -128,16 +156,18 @@ impl Target {
         connect_timeout: Duration,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client, reactor) => {
+            Self::Single(client, on_loop) => {
                 let info = client.get_connection_info();
-                match (reactor, info.addr()) {
-                    (Some(reactor), ConnectionAddr::Tcp(host, port)) => {
+                match (on_loop, info.addr()) {
+                    (Some(on), ConnectionAddr::Tcp(host, port))
+                    | (Some(on), ConnectionAddr::TcpTls { host, port, .. }) => {
                         let redis = info.redis_settings().clone();
                         let tcp = info.tcp_settings().clone();
                         let (address, config) = ((host.clone(), *port), direct.clone());
                         reactor::open(
-                            reactor.clone(),
+                            on.reactor.clone(),
                             address,
+                            on.tls.clone(),
                             redis,
                             tcp,
                             config,
@@ -146,8 +176,7 @@ impl Target {
                         .await
                         .map(Link::Direct)
                     }
-                    // Without a loop, or an address other than TCP (`Target::new` keeps no
-                    // loop for one).
+                    // Without a loop, or a unix socket (`Target::new` keeps no loop for one).
                     _ => ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
                         .map(Link::Managed),
                 }

@@ -134,8 +134,8 @@ impl Connection {
 
     /// Another connection to the same deployment, for work best run on `options.reactor`
     /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
-    /// link could not run there (only one server at a `redis://` address can, see
-    /// [`ConnectionOptions::reactor`]). It shares this one's logger, and a policy warned
+    /// link could not run there (only one server at a `redis://` or `rediss://` address can,
+    /// see [`ConnectionOptions::reactor`]). It shares this one's logger, and a policy warned
     /// about on either is not warned about again on the other. `options` are this one's,
     /// the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {

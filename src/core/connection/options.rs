@@ -54,8 +54,8 @@ pub struct ConnectionOptions {
     /// that vanished (or a NAT that dropped the flow) is noticed on connections that wait,
     /// such as the wake-up listener's. `None`: no probes. Default 5 s, as node-redis.
     pub keep_alive: Option<Duration>,
-    /// The embedder's event loop, for the shared link to one server at a `redis://` URL
-    /// (`reactor.rs`). Default none: the runtime's thread does the I/O.
+    /// The embedder's event loop, for the shared link to one server at a `redis://` or
+    /// `rediss://` URL (`reactor.rs`). Default none: the runtime's thread does the I/O.
     pub reactor: Option<Arc<dyn Reactor>>,
 }
 

@@ -7,7 +7,10 @@
 //! redis-rs runs a multiplexed connection over any `AsyncRead + AsyncWrite` stream and hands
 //! its driver back as a future for the caller to poll: that is the seam. What the loop adds is
 //! readiness (when a read or write that would block may go on), not RESP: redis-rs encodes,
-//! parses and pairs every reply with its request.
+//! parses and pairs every reply with its request. Over TLS (`rediss://`), rustls runs between
+//! the two, on the loop's thread as well: `tokio-rustls` needs only a stream that reads and
+//! writes, nothing of Tokio's own reactor, and the handshake is made as redis-rs would make
+//! it (`tls.rs`, [`Handshake`]).
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -19,6 +22,8 @@ use redis::io::tcp::socket2::SockRef;
 use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, RedisConnectionInfo, RedisResult};
 use tokio::time::Instant;
+
+use super::tls::Handshake;
 
 /// An event loop on a thread of its own choosing.
 pub trait Reactor: Send + Sync {
@@ -77,12 +82,17 @@ const LATE: Duration = Duration::from_millis(10);
 /// A socket a [`Reactor`] polls.
 pub trait Socket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin {}
 
+/// TLS over a socket a [`Reactor`] polls: read and written where the socket is.
+impl Socket for tokio_rustls::client::TlsStream<Box<dyn Socket>> {}
+
 /// Opens a connection to `host`:`port` whose socket and driver run on `reactor`: connected
-/// (within `connect_timeout`) and set up (credentials, database) on the loop's thread, the
-/// driver polled there afterwards until the connection's last handle is dropped.
+/// (within `connect_timeout`, the TLS handshake included when `tls` says how to make it) and
+/// set up (credentials, database) on the loop's thread, the driver polled there afterwards
+/// until the connection's last handle is dropped.
 pub(super) async fn open(
     reactor: Arc<dyn Reactor>,
     (host, port): (String, u16),
+    tls: Option<Arc<Handshake>>,
     redis: RedisConnectionInfo,
     tcp: TcpSettings,
     config: AsyncConnectionConfig,
@@ -92,6 +102,11 @@ pub(super) async fn open(
     let on = reactor.clone();
     reactor.spawn(Box::pin(async move {
         let connect = async {
+            // Before the socket: made once, off the loop's thread (see `Handshake`).
+            let tls = match &tls {
+                Some(handshake) => Some(handshake.connector().await?),
+                None => None,
+            };
             let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             let stream = stream.into_std()?;
             let sock = SockRef::from(&stream);
@@ -99,7 +114,10 @@ pub(super) async fn open(
             if let Some(keepalive) = tcp.keepalive() {
                 sock.set_tcp_keepalive(keepalive)?;
             }
-            let socket = on.socket(stream)?;
+            let mut socket = on.socket(stream)?;
+            if let Some((connector, name)) = tls {
+                socket = Box::new(connector.connect(name, socket).await?);
+            }
             MultiplexedConnection::new_with_config(&redis, socket, config).await
         };
         let outcome = match within(Some(&on), connect_timeout, connect).await {

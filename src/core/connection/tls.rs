@@ -1,11 +1,16 @@
 //! TLS for `rediss://` URLs: the material an application gives (a CA, a client certificate
 //! and key), checked before anything connects, and rustls' process-wide crypto provider.
+//! redis-rs makes the TLS of the connections it opens itself; for the shared link to one
+//! server on the embedder's event loop ([`Handshake`], `reactor.rs`), rustls' client
+//! configuration is made here as redis-rs makes its own, which it keeps to itself.
 
-use std::sync::Once;
+use std::sync::{Arc, Once};
 
-use redis::{ClientTlsConfig, TlsCertificates};
+use redis::{ClientTlsConfig, ErrorKind, RedisError, RedisResult, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
 
 use crate::core::error::{Error, InputErrorKind, Result};
 
@@ -98,6 +103,137 @@ impl std::fmt::Debug for TlsOptions {
     }
 }
 
+/// How a connection of ours makes its TLS handshake: with the rustls configuration redis-rs
+/// 1.8 would make for the same URL and material (`create_rustls_config`, which it keeps to
+/// itself), so the verification is the same on either path:
+///
+/// - the server's certificate chains to `tls.ca` when it is given, which replaces the
+///   platform's roots; to the platform's roots otherwise (rustls-native-certs, which reads
+///   `SSL_CERT_FILE` and `SSL_CERT_DIR` too); the platform's roots are loaded in either case,
+///   and an error loading them fails the connection, as in redis-rs;
+/// - the name verified (and sent as SNI, unless it is an IP address) is the URL's host;
+/// - no session is resumed: each connection makes a full handshake, as with redis-rs;
+/// - `tls.cert` and `tls.key`, when given, are the client's certificate;
+/// - `#insecure` (a URL fragment redis-rs reads as: verify nothing) is refused with
+///   redis-rs' own error, as a build without its `tls-rustls-insecure` feature refuses it.
+pub(super) struct Handshake {
+    options: TlsOptions,
+    host: String,
+    insecure: bool,
+    /// Made on the first connection, on a thread of the runtime's blocking pool (loading the
+    /// platform's roots reads and parses files: milliseconds the caller's loop would not
+    /// run), and kept for the reconnections.
+    config: tokio::sync::OnceCell<Arc<ClientConfig>>,
+}
+
+impl Handshake {
+    /// TLS to `host` (the URL's), with `options`' material; `insecure` as the URL says.
+    pub(super) fn new(options: &TlsOptions, host: &str, insecure: bool) -> Self {
+        Self {
+            options: options.clone(),
+            host: host.to_owned(),
+            insecure,
+            config: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The connector and the name the server's certificate must bear, or the error redis-rs
+    /// would fail the connection with. Must run inside the runtime's context.
+    pub(super) async fn connector(&self) -> RedisResult<(TlsConnector, ServerName<'static>)> {
+        if self.insecure {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "Cannot create insecure client without tls-rustls-insecure feature",
+            )));
+        }
+        let config = self
+            .config
+            .get_or_try_init(|| {
+                let options = self.options.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || client_config(&options).map(Arc::new))
+                        .await
+                        .map_err(|_| {
+                            RedisError::from(std::io::Error::other(
+                                "the TLS configuration could not be made",
+                            ))
+                        })?
+                }
+            })
+            .await?;
+        let name = ServerName::try_from(self.host.as_str())?.to_owned();
+        Ok((TlsConnector::from(config.clone()), name))
+    }
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("options", &self.options)
+            .field("insecure", &self.insecure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// rustls' client configuration for `options`, step for step as redis-rs 1.8 makes it
+/// (`create_rustls_config`), its errors the same.
+fn client_config(options: &TlsOptions) -> RedisResult<ClientConfig> {
+    let mut platform = RootCertStore::empty();
+    let mut loaded = rustls_native_certs::load_native_certs();
+    if let Some(err) = loaded.errors.pop() {
+        return Err(err.into());
+    }
+    for cert in loaded.certs {
+        platform.add(cert)?;
+    }
+    let roots = match &options.ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                let cert = cert.map_err(|err| {
+                    std::io::Error::other(format!("Unable to parse root certificate PEM: {err}"))
+                })?;
+                if roots.add(cert).is_err() {
+                    return Err(std::io::Error::other("Unable to parse TLS trust anchors").into());
+                }
+            }
+            roots
+        }
+        None => platform,
+    };
+    let builder = ClientConfig::builder().with_root_certificates(roots);
+    let mut config = match (&options.cert, &options.key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|err| {
+                    std::io::Error::other(format!(
+                        "Unable to parse client certificate chain PEM: {err}"
+                    ))
+                })?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|err| {
+                std::io::Error::other(format!(
+                    "Unable to extract private key from PEM file: {err}"
+                ))
+            })?;
+            builder.with_client_auth_cert(chain, key).map_err(|err| {
+                RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "Unable to build client with TLS parameters provided.",
+                    err.to_string(),
+                ))
+            })?
+        }
+        // A certificate without its key is refused when the options are read (`check`).
+        _ => builder.with_no_client_auth(),
+    };
+    // redis-rs makes a configuration per connection, whose session cache starts empty: no
+    // session is ever resumed, every connection verifies the server's certificate. Nor here,
+    // where one configuration serves every connection of the target.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(config)
+}
+
 /// The certificates in a PEM option: at least one, each block well-formed.
 fn certificates(label: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
     let range = |message: String| Error::option(InputErrorKind::Range, message);
@@ -122,43 +258,4 @@ pub(super) fn install_provider() {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::connection::{Connection, ConnectionOptions};
-    use crate::core::error::Subject;
-
-    #[test]
-    fn tls_options_never_print_or_echo_their_material() {
-        let secret = b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n";
-        let tls = TlsOptions {
-            ca: Some(secret.to_vec()),
-            cert: None,
-            key: Some(secret.to_vec()),
-        };
-        let shown = format!("{tls:?}");
-        assert_eq!(shown, "TlsOptions { ca: true, cert: false, key: true }");
-        let options = ConnectionOptions {
-            url: "rediss://localhost:1".into(),
-            tls: tls.clone(),
-            ..ConnectionOptions::default()
-        };
-        let err = Connection::new(&options, Subject::LeaseProvider).unwrap_err();
-        let message = err.to_string();
-        assert!(
-            message.contains("tls.ca holds no PEM certificate"),
-            "{message}"
-        );
-        assert!(!message.contains("c2VjcmV0"), "{message}");
-        let lone_key = TlsOptions {
-            key: Some(secret.to_vec()),
-            ..TlsOptions::default()
-        };
-        assert!(matches!(
-            lone_key.check(),
-            Err(Error::InvalidOption {
-                kind: InputErrorKind::Type,
-                ..
-            })
-        ));
-    }
-}
+mod tests;
