@@ -1,13 +1,16 @@
-// Leases beyond one server: what a 3-master Redis Cluster and failover-safe grants
-// (`minReplicas`) cost, each against a peer in the same run. Starts its own servers: a master
-// with one replica, and a cluster of 3 masters (no replicas: the routing is what is measured).
+// Leases beyond one plain server: over TLS, on a 3-master Redis Cluster, and failover-safe
+// grants (`minReplicas`), each against Mastra's algorithm on node-redis in the same run, at 1
+// and 64 in flight. Starts its own servers: a master with one replica, a TLS-only server (a
+// CA and a certificate made with openssl), and a cluster of 3 masters (no replicas: the
+// routing is what is measured).
 // Run with `npm run bench:topologies` (builds first) or `node bench/topologies.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count.
 //
 // On a 2-core machine the three masters share the cores the client runs on: the cluster row
 // shows what routing per hash slot costs a client, not what sharding adds in capacity.
 import { execFile, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
@@ -15,10 +18,10 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { createClient, createCluster } from 'redis';
 import { hr, SCALE, pct, medianOf, printResults, ratioRow, printRatios } from './harness.mjs';
+import { MastraAlgorithm } from './mastra-scripts.mjs';
 
 const n = (x) => Math.max(1000, Math.round(x * SCALE));
 const TTL = 60_000;
-const IN_FLIGHT = 64;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // ---------- servers ---------------------------------------------------------------------------
@@ -49,19 +52,34 @@ const stopAll = () => {
 };
 process.on('exit', stopAll);
 
+// A CA, and a certificate for 127.0.0.1 signed by it, for the TLS server.
+const openssl = (...args) => execFileSync('openssl', args, { cwd: tmp, stdio: 'ignore' });
+openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.crt', '-days', '2', '-subj', '/CN=bench CA');
+openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'server.key', '-out', 'server.csr', '-subj', '/CN=127.0.0.1');
+writeFileSync(join(tmp, 'server.cnf'), 'subjectAltName=IP:127.0.0.1\n');
+openssl('x509', '-req', '-in', 'server.csr', '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', 'server.crt', '-days', '2', '-extfile', 'server.cnf');
+const ca = readFileSync(join(tmp, 'ca.crt'), 'utf8');
+
 const masterPort = await redisServer('master');
+let tlsPort; do tlsPort = await freePort(); while (tlsPort === 6379);
+await redisServer('tls', '--port', '0', '--tls-port', String(tlsPort), '--tls-cert-file', join(tmp, 'server.crt'),
+  '--tls-key-file', join(tmp, 'server.key'), '--tls-ca-cert-file', join(tmp, 'ca.crt'), '--tls-auth-clients', 'no');
+const tlsUrl = `rediss://127.0.0.1:${tlsPort}`;
+const tlsClient = () => createClient({ url: tlsUrl, socket: { tls: true, ca } });
 const replicaPort = await redisServer('replica', '--replicaof', '127.0.0.1', String(masterPort));
 const single = `redis://127.0.0.1:${masterPort}`;
 const clusterPorts = [];
 for (let i = 0; i < 3; i++) clusterPorts.push(await redisServer(`node-${i}`, '--cluster-enabled', 'yes'));
 await promisify(execFile)('redis-cli', ['--cluster', 'create', ...clusterPorts.map((p) => `127.0.0.1:${p}`), '--cluster-yes']);
-const admins = await Promise.all([masterPort, replicaPort, ...clusterPorts].map(async (port) => {
-  const c = createClient({ url: `redis://127.0.0.1:${port}` });
-  c.on('error', () => {});
-  await c.connect();
-  return c;
-}));
-const [masterAdmin, replicaAdmin, ...nodeAdmins] = admins;
+const admins = await Promise.all([masterPort, replicaPort, ...clusterPorts].map((port) => createClient({ url: `redis://127.0.0.1:${port}` })).concat(tlsClient())
+  .map(async (c) => {
+    c.on('error', () => {});
+    await c.connect();
+    return c;
+  }));
+const [masterAdmin, replicaAdmin, ...rest] = admins;
+const tlsAdmin = rest.pop();
+const nodeAdmins = rest;
 for (;;) {
   const states = await Promise.all(nodeAdmins.map((a) => a.sendCommand(['CLUSTER', 'INFO'])));
   if (states.every((s) => /cluster_state:ok/.test(s))) break;
@@ -79,41 +97,26 @@ const cpuOf = async (admin) => {
 
 // ---------- contestants ---------------------------------------------------------------------
 const native = createRequire(import.meta.url)('../index.js');
-const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end return 0`;
-const RELEASE = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
-const TRANSFER = `if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0`;
-const SHA = {};
-for (const a of nodeAdmins) {
-  for (const [k, src] of Object.entries({ renew: RENEW, release: RELEASE, transfer: TRANSFER })) SHA[k] = await a.scriptLoad(src);
-}
-// Mastra's algorithm (SET NX PX, then a refresh-if-same-owner script, then GET) through
-// node-redis (its cluster client on the cluster): the peer a Mastra user has today.
-class MastraAlgorithm {
-  constructor(client, prefix) { this.c = client; this.p = `${prefix}:lease:`; }
-  async acquireLease(key, owner, ttl) {
-    const k = this.p + key;
-    if ((await this.c.set(k, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl } })) === 'OK') return { acquired: true, owner };
-    if ((await this.c.evalSha(SHA.renew, { keys: [k], arguments: [owner, String(ttl)] })) === 1) return { acquired: true, owner };
-    return { acquired: false, owner: (await this.c.get(k)) ?? undefined };
-  }
-  async getLeaseOwner(key) { return (await this.c.get(this.p + key)) ?? undefined; }
-  async releaseLease(key, owner) { await this.c.evalSha(SHA.release, { keys: [this.p + key], arguments: [owner] }); }
-  async renewLease(key, owner, ttl) { return (await this.c.evalSha(SHA.renew, { keys: [this.p + key], arguments: [owner, String(ttl)] })) === 1; }
-  async transferLease(key, from, to, ttl) { return (await this.c.evalSha(SHA.transfer, { keys: [this.p + key], arguments: [from, to, String(ttl)] })) === 1; }
-}
+// Mastra's algorithm, as its backend sends it (bench/mastra-scripts.mjs), through node-redis:
+// its cluster client on the cluster, TLS where the server speaks it.
 const clusterClient = createCluster({ rootNodes: clusterPorts.map((p) => ({ url: `redis://127.0.0.1:${p}` })) });
 clusterClient.on('error', (e) => console.error('cluster client error', e));
 await clusterClient.connect();
 
 const singleClient = createClient({ url: single });
-singleClient.on('error', (e) => console.error('client error', e));
-await singleClient.connect();
-for (const [k, src] of Object.entries({ renew: RENEW, release: RELEASE, transfer: TRANSFER })) await singleClient.scriptLoad(src);
+const tlsPeerClient = tlsClient();
+for (const c of [singleClient, tlsPeerClient]) {
+  c.on('error', (e) => console.error('client error', e));
+  await c.connect();
+}
 
 const OURS = 'ours, one server', PEER = 'Mastra alg., node-redis', OURS_WAIT = 'ours, minReplicas 1', OURS_CLUSTER = 'ours, 3-master cluster', PEER_CLUSTER = 'Mastra alg., node-redis cluster';
+const OURS_TLS = 'ours, TLS', PEER_TLS = 'Mastra alg., node-redis, TLS';
 const contestants = {
   [OURS]: { p: new native.RedisLeaseProvider({ url: single, keyPrefix: 'b1' }), admins: [masterAdmin] },
   [PEER]: { p: new MastraAlgorithm(singleClient, 'b5'), admins: [masterAdmin] },
+  [OURS_TLS]: { p: new native.RedisLeaseProvider({ url: tlsUrl, tls: { ca }, keyPrefix: 'b6' }), admins: [tlsAdmin] },
+  [PEER_TLS]: { p: new MastraAlgorithm(tlsPeerClient, 'b7'), admins: [tlsAdmin] },
   [OURS_WAIT]: { p: new native.RedisLeaseProvider({ url: single, keyPrefix: 'b2', minReplicas: 1 }), admins: [masterAdmin] },
   [OURS_CLUSTER]: { p: new native.RedisLeaseProvider({ cluster: { nodes: clusterPorts.map((p) => `redis://127.0.0.1:${p}`) }, keyPrefix: 'b3' }), admins: nodeAdmins },
   [PEER_CLUSTER]: { p: new MastraAlgorithm(clusterClient, 'b4'), admins: nodeAdmins },
@@ -121,7 +124,7 @@ const contestants = {
 
 // ---------- the workload: the lease lifecycle Mastra drives, 5 calls a unit -------------------
 let runSeq = 0;
-async function measure(name, units) {
+async function measure(name, units, inFlight) {
   const { p, admins: servers } = contestants[name];
   const tag = `r${runSeq++}`;
   const lat = new Float64Array(units * 5);
@@ -142,38 +145,42 @@ async function measure(name, units) {
   };
   const cpu0 = (await Promise.all(servers.map(cpuOf))).reduce((x, y) => x + y, 0);
   const t0 = hr();
-  await Promise.all(Array.from({ length: IN_FLIGHT }, (_, w) => worker(w)));
+  await Promise.all(Array.from({ length: inFlight }, (_, w) => worker(w)));
   const secs = Number(hr() - t0) / 1e9;
   const cpu = (await Promise.all(servers.map(cpuOf))).reduce((x, y) => x + y, 0) - cpu0;
   const sorted = lat.subarray(0, li).sort();
   return { opsPerSec: li / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), calls: li, bad, serverUsPerCall: (cpu * 1e6) / li };
 }
 
-const units = n(20_000);
-process.stdout.write(`lifecycle @${IN_FLIGHT} in flight ...`);
-const results = await medianOf(Object.keys(contestants), {
-  warmup: (nm) => measure(nm, Math.ceil(units / 10)),
-  run: (nm) => measure(nm, units),
-  between: async () => {
-    await masterAdmin.flushAll();
-    for (const a of nodeAdmins) await a.flushAll();
-  },
-});
-console.log(' done');
-const w = { label: 'lifecycle (5 calls)', inFlight: IN_FLIGHT, results };
+const workloads = [];
+for (const [inFlight, units] of [[1, n(4_000)], [64, n(20_000)]]) {
+  process.stdout.write(`lifecycle @${inFlight} in flight ...`);
+  const results = await medianOf(Object.keys(contestants), {
+    warmup: (nm) => measure(nm, Math.ceil(units / 10), inFlight),
+    run: (nm) => measure(nm, units, inFlight),
+    between: async () => {
+      for (const a of [masterAdmin, tlsAdmin, ...nodeAdmins]) await a.flushAll();
+    },
+  });
+  console.log(' done');
+  workloads.push({ label: 'lifecycle (5 calls)', inFlight, results });
+}
 console.log(`\n${new Date().toISOString()}, Node ${process.version}, ${cpus().length} CPUs`);
-printResults([w], { nameWidth: 34 });
-console.log('\nRedis CPU per call (µs, all masters):');
-for (const [nm, r] of Object.entries(results)) console.log(`  ${nm.padEnd(34)}${r.serverUsPerCall.toFixed(2)}`);
+printResults(workloads, { nameWidth: 34 });
+for (const w of workloads) {
+  console.log(`\nRedis CPU per call @${w.inFlight} (µs, all masters):`);
+  for (const [nm, r] of Object.entries(w.results)) console.log(`  ${nm.padEnd(34)}${r.serverUsPerCall.toFixed(2)}`);
+}
+const [at1, at64] = workloads;
 printRatios([
-  ratioRow(w, OURS, PEER),
-  ratioRow(w, OURS_CLUSTER, PEER_CLUSTER),
-  ratioRow(w, OURS_CLUSTER, OURS),
-  ratioRow(w, OURS_WAIT, OURS),
+  ratioRow(at1, OURS, PEER, 0.95), ratioRow(at64, OURS, PEER),
+  ratioRow(at1, OURS_TLS, PEER_TLS, 1.1), ratioRow(at64, OURS_TLS, PEER_TLS, 1.5),
+  ratioRow(at1, OURS_CLUSTER, PEER_CLUSTER, 1.1), ratioRow(at64, OURS_CLUSTER, PEER_CLUSTER, 1.5),
+  ratioRow(at64, OURS_CLUSTER, OURS),
+  ratioRow(at64, OURS_WAIT, OURS),
 ], 70);
 
-for (const { p } of Object.values(contestants)) await p.close?.();
-await clusterClient.close();
-await singleClient.close();
+// Mastra's algorithm closes its client.
+for (const { p } of Object.values(contestants)) await p.close();
 for (const a of admins) await a.close();
 stopAll();
