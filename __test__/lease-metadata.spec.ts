@@ -1,9 +1,9 @@
 // Lease records with metadata (this package's; Mastra proposed them, unmerged): the holder is the owner with
 // its run's identity, so two runs under one owner id never both hold a key. Against Mastra's
-// own Redis layout both ways (its backend writes `<prefix>:lease:<key>` and
-// `<prefix>:lease-metadata:<key>` with raw commands; node-redis plays it here), and in a
-// history-checked round of runs sharing one owner id, with a negative control that drops
-// the metadata and must find two holders at once.
+// own Redis layout both ways (its backend writes `<prefix>:lease:<key>`, the owner alone, with
+// raw commands; node-redis plays it here; our metadata lives in the lease's companion key,
+// `<prefix>:fence:{<tag>}:<key>`), and in a history-checked round of runs sharing one owner
+// id, with a negative control that drops the metadata and must find two holders at once.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { EventEmitterPubSub } from '@mastra/core/events'
@@ -35,61 +35,79 @@ afterAll(async () => {
 })
 
 const leaseKey = (key: string) => `${PREFIX}:lease:${key}`
-const metadataKey = (key: string) => `${PREFIX}:lease-metadata:${key}`
+/** The lease's companion keys in Redis (its name carries its slot's tag): none or one. */
+const companionKeys = async (key: string) => (await mastra.keys(`${PREFIX}:fence:*`)).filter((name) => name.endsWith(`}:${key}`))
 
 describe("Mastra's lease layout, both ways", () => {
-  it("a lease Mastra's backend wrote with metadata is read, refused to another run, renewed and released by its holder", async () => {
+  it("a lease Mastra's backend wrote (its key alone) is a holder without metadata: refused to a run with metadata, renewed and released as the plain holder it is", async () => {
     const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
     const key = uniqueKey('from-mastra')
     await mastra.set(leaseKey(key), 'worker-1', { expiration: { type: 'PX', value: 30_000 } })
-    await mastra.set(metadataKey(key), 'run-1', { expiration: { type: 'PX', value: 30_000 } })
 
-    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-1', metadata: 'run-1' })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-1' })
     expect(await leases.getLeaseOwner(key)).toBe('worker-1')
-    expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-2')).toStrictEqual({ acquired: false, owner: 'worker-1' })
-    expect(await leases.acquireLease(key, 'worker-1', 30_000)).toStrictEqual({ acquired: false, owner: 'worker-1' })
-    expect(await leases.renewLease(key, 'worker-1', 60_000, 'run-2')).toBe(false)
-    await leases.releaseLease(key, 'worker-1', 'run-2')
+    expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-1')).toStrictEqual({ acquired: false, owner: 'worker-1' })
+    expect(await leases.renewLease(key, 'worker-1', 60_000, 'run-1')).toBe(false)
+    await leases.releaseLease(key, 'worker-1', 'run-1')
     expect(await mastra.get(leaseKey(key))).toBe('worker-1')
 
-    expect(await leases.renewLease(key, 'worker-1', 60_000, 'run-1')).toBe(true)
-    // Both keys renewed together: the metadata never expires before its lease.
-    expect(await mastra.pTTL(metadataKey(key))).toBeGreaterThan(50_000)
+    expect(await leases.acquireLease(key, 'worker-1', 30_000)).toStrictEqual({ acquired: true, owner: 'worker-1' })
+    expect(await leases.renewLease(key, 'worker-1', 60_000)).toBe(true)
     expect(await mastra.pTTL(leaseKey(key))).toBeGreaterThan(50_000)
-    await leases.releaseLease(key, 'worker-1', 'run-1')
-    expect(await mastra.exists([leaseKey(key), metadataKey(key)])).toBe(0)
+    // Nothing beside it: Mastra's calls leave the lease its key alone.
+    expect(await companionKeys(key)).toEqual([])
+    await leases.releaseLease(key, 'worker-1')
+    expect(await mastra.exists(leaseKey(key))).toBe(0)
   })
 
-  it("a lease we grant with metadata is where Mastra's backend reads it: the owner plain, the metadata beside it, one expiry", async () => {
+  it("a lease we grant with metadata is where Mastra's backend reads its owner: the owner plain, the metadata in the companion key after its holder, one expiry", async () => {
     const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
     const key = uniqueKey('to-mastra')
     expect(await leases.acquireLease(key, 'worker-1', 20_000, 'run-1')).toStrictEqual({ acquired: true, owner: 'worker-1' })
     expect(await mastra.get(leaseKey(key))).toBe('worker-1')
-    expect(await mastra.get(metadataKey(key))).toBe('run-1')
-    const [leaseTtl, metadataTtl] = await Promise.all([mastra.pTTL(leaseKey(key)), mastra.pTTL(metadataKey(key))])
+    const [companion, ...more] = await companionKeys(key)
+    expect(more).toEqual([])
+    // "<token>:<transfer id>:<holder's length>:<holder><metadata>"
+    expect(await mastra.get(companion!)).toBe('::8:worker-1run-1')
+    const [leaseTtl, companionTtl] = await Promise.all([mastra.pTTL(leaseKey(key)), mastra.pTTL(companion!)])
     expect(leaseTtl).toBeGreaterThan(19_000)
-    expect(Math.abs(leaseTtl - metadataTtl)).toBeLessThan(100)
+    expect(Math.abs(leaseTtl - companionTtl)).toBeLessThan(100)
 
     // A transfer writes the new holder's pair; one to no metadata removes it (a 1.71 holder).
     expect(await leases.transferLease(key, 'worker-1', 'worker-2', 20_000, 'run-1', 'run-2')).toBe(true)
-    expect([await mastra.get(leaseKey(key)), await mastra.get(metadataKey(key))]).toEqual(['worker-2', 'run-2'])
+    expect([await mastra.get(leaseKey(key)), await mastra.get(companion!)]).toEqual(['worker-2', '::8:worker-2run-2'])
     expect(await leases.transferLease(key, 'worker-2', 'worker-3', 20_000, 'run-2')).toBe(true)
     expect(await mastra.get(leaseKey(key))).toBe('worker-3')
-    expect(await mastra.exists(metadataKey(key))).toBe(0)
+    expect(await mastra.exists(companion!)).toBe(0)
 
     await leases.releaseLease(key, 'worker-3')
-    expect(await mastra.exists([leaseKey(key), metadataKey(key)])).toBe(0)
+    expect(await mastra.exists([leaseKey(key), companion!])).toBe(0)
   })
 
-  it('a plain acquire leaves no metadata key behind, and a grant over an expired one with metadata clears it', async () => {
+  it("a holder Mastra's backend moved the lease key to (its transfer) inherits neither the metadata nor the token of the grant before", async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('moved-by-mastra')
+    const first = await leases.acquireFencedLease(key, 'worker-1', 20_000, 'run-1')
+    expect(first).toStrictEqual({ acquired: true, owner: 'worker-1', token: expect.any(Number) })
+    await mastra.set(leaseKey(key), 'worker-2', { expiration: { type: 'PX', value: 20_000 } })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-2' })
+    expect(await leases.getLease(key)).toEqual({ owner: 'worker-2', token: undefined, ttlMs: expect.any(Number) })
+    expect(await leases.renewLease(key, 'worker-2', 20_000, 'run-1')).toBe(false)
+    expect(await leases.renewLease(key, 'worker-2', 20_000)).toBe(true)
+    await leases.releaseLease(key, 'worker-2')
+    expect(await leases.getLeaseOwner(key)).toBeUndefined()
+  })
+
+  it('a plain acquire leaves no companion key behind, and a grant over an expired one with metadata clears it', async () => {
     const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
     const key = uniqueKey('plain')
     expect(await leases.acquireLease(key, 'worker-1', 80, 'run-1')).toStrictEqual({ acquired: true, owner: 'worker-1' })
+    expect(await companionKeys(key)).toHaveLength(1)
     await sleep(120)
     // The metadata expired with its lease: the next holder has none, and none lingers.
-    expect(await leases.acquireFencedLease(key, 'worker-2', 10_000)).toMatchObject({ acquired: true, owner: 'worker-2' })
+    expect(await leases.acquireLease(key, 'worker-2', 10_000)).toStrictEqual({ acquired: true, owner: 'worker-2' })
     expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner: 'worker-2' })
-    expect(await mastra.exists(metadataKey(key))).toBe(0)
+    expect(await companionKeys(key)).toEqual([])
   })
 
   it('an owner that looks like JSON is an owner, never read as a record', async () => {
@@ -100,6 +118,23 @@ describe("Mastra's lease layout, both ways", () => {
     expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner })
     expect(await leases.acquireLease(key, 'worker-1', 30_000, 'run-1')).toStrictEqual({ acquired: false, owner })
     expect(await leases.renewLease(key, owner, 30_000)).toBe(true)
+  })
+
+  it('an owner and metadata holding colons, digits and NULs read back whole: only the holder with that very metadata holds', async () => {
+    const leases = closing(new RedisLeaseProvider({ url: redis.url, keyPrefix: PREFIX }))
+    const key = uniqueKey('bytes')
+    const owner = '12:3:w\0:'
+    const metadata = ':4:\0run:'
+    expect(await leases.acquireFencedLease(key, owner, 20_000, metadata)).toMatchObject({ acquired: true, owner })
+    expect(await leases.getLeaseRecord(key)).toStrictEqual({ owner, metadata })
+    for (const other of [':4:', metadata.slice(1), `${metadata}x`, metadata.slice(0, -1)]) {
+      expect(await leases.acquireLease(key, owner, 20_000, other)).toStrictEqual({ acquired: false, owner })
+      expect(await leases.renewLease(key, owner, 20_000, other)).toBe(false)
+    }
+    expect(await leases.renewLease(key, owner, 20_000)).toBe(false)
+    expect(await leases.renewLease(key, owner, 20_000, metadata)).toBe(true)
+    await leases.releaseLease(key, owner, metadata)
+    expect(await leases.getLeaseOwner(key)).toBeUndefined()
   })
 })
 

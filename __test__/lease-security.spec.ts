@@ -430,8 +430,9 @@ describe('RedisLeaseProvider', () => {
       }
     })
 
-    // The recommended ACL, read from docs/security.md: the lease keys, their metadata keys
-    // (every script reads a holder's metadata) and their fencing keys, and the commands the
+    // The recommended ACL, read from docs/security.md: the lease keys and their companion keys
+    // (`fence:`: every script reads a holder's token and metadata there, and the slot's token
+    // counter), and the commands the
     // scripts and plain calls need; then, for waking waiters, the lease keys' shard channels
     // with the three commands that publish and listen there. Each line as documented, the
     // user's name and password put in.
@@ -447,7 +448,6 @@ describe('RedisLeaseProvider', () => {
       'on',
       `>${password}`,
       `~${prefix}:lease:*`,
-      `~${prefix}:lease-metadata:*`,
       `~${prefix}:fence:*`,
       'resetchannels',
       `&${prefix}:lease:*`,
@@ -528,12 +528,12 @@ describe('RedisLeaseProvider', () => {
       expect(lease.status).toBe('fulfilled')
       if (lease.status === 'fulfilled') await lease.value.release()
 
-      // The metadata keys are needed: every script names one, so without them every
-      // scripted call is refused (NOPERM), even for a holder with no metadata.
-      const noMetadataKeys = leaseUser('no-metadata-keys', secret).filter((arg) => !arg.includes(':lease-metadata:'))
-      await server.cli(...noMetadataKeys)
-      const keyless = provider({ url: `redis://no-metadata-keys:${secret}@${hostPort(server)}` })
-      const refused = await settleWithin(lifeCycle(keyless, uniqueKey('acl-no-metadata')), 5_000)
+      // The companion keys are needed: every script names one, so without them every
+      // scripted call is refused (NOPERM), even for a holder with no metadata or token.
+      const noCompanionKeys = leaseUser('no-companion-keys', secret).filter((arg) => !arg.includes(':fence:'))
+      await server.cli(...noCompanionKeys)
+      const keyless = provider({ url: `redis://no-companion-keys:${secret}@${hostPort(server)}` })
+      const refused = await settleWithin(lifeCycle(keyless, uniqueKey('acl-no-companion')), 5_000)
       expect(refused.status).toBe('rejected')
       if (refused.status === 'rejected') expect(errorCode(refused.reason)).toBe('ERR_LEASE_AUTH')
       await leaseWarnings.warned('ERR_LEASE_AUTH')

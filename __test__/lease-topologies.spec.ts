@@ -1,8 +1,8 @@
 // The lease contract beyond one server: on a local Redis Cluster (3 masters, 3 replicas) and
 // behind Redis Sentinel (a master, 2 replicas, 3 sentinels), for RedisLeaseProvider and for
-// RedisStreamsPubSub's leases. On the cluster, a lease's four keys (the owner, its metadata,
-// its token and the slot's counter) share one hash slot whatever the key holds (CLUSTER
-// KEYSLOT says so), and a batch of calls on keys of many slots is answered call by call.
+// RedisStreamsPubSub's leases. On the cluster, a lease's three keys (the owner, its companion
+// key holding its token and metadata, and the slot's counter) share one hash slot whatever the
+// key holds (CLUSTER KEYSLOT says so), and a batch of calls on keys of many slots is answered call by call.
 import './helpers/mastra-node.js' // first: RedisStreamsPubSub loads Mastra, which needs Node >= 22.13
 
 import { randomUUID } from 'node:crypto'
@@ -40,7 +40,7 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
     (limits) => new RedisStreamsPubSub({ cluster: cluster_(), keyPrefix: `test:${randomUUID()}`, ...(limits as object) }),
   )
 
-  it("a lease's key, its metadata key, its token key and its slot's counter share one hash slot, whatever the key holds", async () => {
+  it("a lease's key, its companion key (token and metadata) and its slot's counter share one hash slot, whatever the key holds", async () => {
     const prefix = `slots:${randomUUID().slice(0, 8)}`
     const p = new RedisLeaseProvider({ cluster: cluster_(), keyPrefix: prefix })
     try {
@@ -53,11 +53,8 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
           const slot = await cluster.keySlot(leaseKey)
           // The keys the lease wrote, read from the node that serves its slot.
           const node = await cluster.masterOfSlot(slot)
-          // <keyPrefix>:lease-metadata:{<tag>}:<key>, in the lease key's slot.
-          const metadata = ((await node.cli('KEYS', `${prefix}:lease-metadata:*`)) as string[]).filter((name) => name.endsWith(`}:${k}`))
-          expect(metadata, JSON.stringify(k)).toHaveLength(1)
-          expect(await cluster.keySlot(metadata[0]!)).toBe(slot)
-          expect(await node.cli('GET', metadata[0]!)).toBe('run-1')
+          // No key of its own for the metadata: it is in the companion key.
+          expect(await node.cli('KEYS', `${prefix}:lease-metadata:*`)).toEqual([])
           const fence = ((await node.cli('KEYS', `${prefix}:fence:*`)) as string[]).filter(
             (name) => name.endsWith(`}:${k}`) || !name.includes('}:'),
           )
@@ -66,10 +63,11 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
           const counter = token!.slice(0, token!.length - k.length - 1)
           expect(await cluster.keySlot(token!)).toBe(slot)
           expect(await cluster.keySlot(counter)).toBe(slot)
-          // "<token>:<transfer id>:<holder>"
-          expect(await node.cli('GET', token!)).toBe(`${grant.token}::owner`)
+          // "<token>:<transfer id>:<holder's length>:<holder><metadata>"
+          expect(await node.cli('GET', token!)).toBe(`${grant.token}::5:ownerrun-1`)
+          expect(await p.getLeaseRecord(k)).toStrictEqual({ owner: 'owner', metadata: 'run-1' })
           await p.releaseLease(k, 'owner', 'run-1')
-          expect(await node.cli('EXISTS', leaseKey, metadata[0]!, token!)).toBe(0)
+          expect(await node.cli('EXISTS', leaseKey, token!)).toBe(0)
         }),
         { numRuns: 60 },
       )
@@ -88,8 +86,9 @@ describe.skipIf(EXTERNAL_REDIS)('on a Redis Cluster', () => {
       const node = await cluster.masterOfSlot(await cluster.keySlot(`${prefix}:lease:${key}`))
       const fence = ((await node.cli('KEYS', `${prefix}:fence:*`)) as string[]).filter((name) => name.endsWith(`}:${key}`))
       expect(fence).toHaveLength(1)
-      // "<token>:<transfer id>:<holder>": no token, this transfer's id, the new holder.
-      expect(await node.cli('GET', fence[0]!)).toMatch(/^:[^:]+:B$/)
+      // "<token>:<transfer id>:<holder's length>:<holder><metadata>": no token, this
+      // transfer's id, the new holder, no metadata.
+      expect(await node.cli('GET', fence[0]!)).toMatch(/^:[^:]+:1:B$/)
       const pttl = Number(await node.cli('PTTL', fence[0]!))
       expect(pttl).toBeGreaterThan(0)
       expect(pttl).toBeLessThanOrEqual(1_000)

@@ -35,25 +35,27 @@ const SHA = await load(OURS_LUA), MASTRA_SHA = await load(MASTRA_LUA);
 
 // ---------- contestants ---------------------------------------------------------------------
 // Peer 1: node-redis sending our commands, one round trip per call: the plain `SET NX PX GET`
-// of an acquire with the `EXISTS` of its companion keys beside it (the acquire script for a
+// of an acquire with the `EXISTS` of its companion key beside it (the acquire script for a
 // refresh, or after a claim beside leftovers), EVALSHA of our scripts for the rest, GET for
-// the owner: the same round trips and the same work in Redis as ours. Its token keys share one
+// the owner: the same round trips and the same work in Redis as ours. Its companion keys share one
 // counter (`{0}`); ours use one per hash slot, which a single server does not tell apart.
 class NodeRedisOneRT {
   constructor(client, prefix) {
-    this.c = client; this.p = `${prefix}:lease:`; this.m = `${prefix}:lease-metadata:`; this.f = `${prefix}:fence:{0}`;
+    this.c = client; this.p = `${prefix}:lease:`; this.f = `${prefix}:fence:{0}`;
   }
-  keys(key) { return [this.p + key, this.m + key, `${this.f}:${key}`, this.f]; }
+  // The lease key, its companion key, the slot's counter (declared by a fenced acquire and a
+  // transfer only).
+  keys(key) { return [this.p + key, `${this.f}:${key}`, this.f]; }
   async acquireLease(key, owner, ttl) {
     // Issued together, so node-redis writes them in one go: one round trip.
     const [holder, leftovers] = await Promise.all([
       this.c.set(this.p + key, owner, { condition: 'NX', expiration: { type: 'PX', value: ttl }, GET: true }),
-      this.c.exists([this.m + key, `${this.f}:${key}`]),
+      this.c.exists(`${this.f}:${key}`),
     ]);
     if (holder === null && leftovers === 0) return { acquired: true, owner };
     if (holder !== null && holder !== owner) return { acquired: false, owner: holder };
     const how = holder === null ? 'claimed' : '0';
-    const [ok, cur] = await this.c.evalSha(SHA.acquire, { keys: this.keys(key), arguments: [owner, String(ttl), '', how] });
+    const [ok, cur] = await this.c.evalSha(SHA.acquire, { keys: this.keys(key).slice(0, 2), arguments: [owner, String(ttl), '', how] });
     return { acquired: ok === 1, owner: cur };
   }
   async acquireFencedLease(key, owner, ttl) {
@@ -61,9 +63,9 @@ class NodeRedisOneRT {
     return ok === 1 ? { acquired: true, owner: cur, token } : { acquired: false, owner: cur ?? undefined, token: undefined };
   }
   async getLeaseOwner(key) { return (await this.c.get(this.p + key)) ?? undefined; }
-  async releaseLease(key, owner) { await this.c.evalSha(SHA.release, { keys: this.keys(key).slice(0, 3), arguments: [owner] }); }
+  async releaseLease(key, owner) { await this.c.evalSha(SHA.release, { keys: this.keys(key).slice(0, 2), arguments: [owner] }); }
   async renewLease(key, owner, ttl) {
-    return (await this.c.evalSha(SHA.renew, { keys: this.keys(key).slice(0, 3), arguments: [owner, String(ttl)] })) === 1;
+    return (await this.c.evalSha(SHA.renew, { keys: this.keys(key).slice(0, 2), arguments: [owner, String(ttl)] })) === 1;
   }
   // On one server a first send keeps no id (see transfer.lua): the arguments ours sends.
   async transferLease(key, from, to, ttl) {

@@ -51,9 +51,9 @@ async function cycles(release, count, inFlight = 64) {
     while (next < count) {
       const i = next++;
       const k = `k${i % 4096}`;
-      const keys = [`${PREFIX}:lease:${k}`, `${PREFIX}:lease-metadata:${k}`, `${PREFIX}:fence:{0}:${k}`, `${PREFIX}:fence:{0}`];
+      const keys = [`${PREFIX}:lease:${k}`, `${PREFIX}:fence:{0}:${k}`, `${PREFIX}:fence:{0}`];
       await client.evalSha(sha.acquire, { keys, arguments: ['o', '60000', '', '1'] });
-      await client.evalSha(release, { keys: keys.slice(0, 3), arguments: ['o', ''] });
+      await client.evalSha(release, { keys: keys.slice(0, 2), arguments: ['o', ''] });
     }
   }));
   const us = ((await serverCpu()) - cpu0) * 1e6;

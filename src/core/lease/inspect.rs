@@ -5,7 +5,7 @@
 //! Plain reads, not the script `getLease` runs: an operator's read-only ACL user (`+@read`)
 //! may list, and every key found is listed, whatever wrote it (a key that is not UTF-8, or
 //! longer than `maxKeyBytes`, which no lease call takes). The three reads of a lease are not
-//! one moment, as the script's are; the token key names its holder, so a token is never shown
+//! one moment, as the script's are; the companion key names its holder, so a token is never shown
 //! for another owner, and a lease that changes between them may show a later moment's TTL.
 
 use redis::{Pipeline, Value};
@@ -108,7 +108,7 @@ impl RedisStore {
     }
 
     /// The live lease on each of `keys`, by plain reads: per key, `GET` and `PTTL` of the
-    /// lease key and `GET` of its token key (one slot), in one pipeline per shard (on a
+    /// lease key and `GET` of its companion key (one slot), in one pipeline per shard (on a
     /// cluster, per slot), all at once.
     async fn read(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Lease>>> {
         let layout = self.layout();
@@ -122,7 +122,7 @@ impl RedisStore {
                     let lease = &all[i];
                     pipe.cmd("GET").arg(&lease.lease);
                     pipe.cmd("PTTL").arg(&lease.lease);
-                    pipe.cmd("GET").arg(&lease.token);
+                    pipe.cmd("GET").arg(&lease.companion);
                 }
                 (group, pipe)
             })
@@ -175,7 +175,7 @@ impl RedisStore {
     }
 }
 
-/// The lease that a key's plain reads (its owner, its PTTL, its token key) show, read as
+/// The lease that a key's plain reads (its owner, its PTTL, its companion key) show, read as
 /// `getLease` reads the script's answer: `None` when it is not live.
 fn lease_of(replies: Vec<Value>) -> redis::RedisResult<Option<Lease>> {
     let mut replies = replies.into_iter();
@@ -209,13 +209,18 @@ fn lease_of(replies: Vec<Value>) -> redis::RedisResult<Option<Lease>> {
     }
 }
 
-/// The token a token key holds (`<token>:<transfer id>:<holder>`) when it names `owner`, as
-/// `lease.lua` reads it: a token key naming another holder is a leftover of a grant written
-/// without it.
-fn token_of(fence: &[u8], owner: &[u8]) -> Option<u64> {
-    let mut parts = fence.splitn(3, |&b| b == b':');
-    let (token, _, holder) = (parts.next()?, parts.next()?, parts.next()?);
-    if holder != owner || token.is_empty() || !token.iter().all(u8::is_ascii_digit) {
+/// The token a companion key holds (`<token>:<transfer id>:<holder's length>:<holder>
+/// <metadata>`) when it names `owner`, as `lease.lua` reads it: a companion key naming another
+/// holder is a leftover of a grant written without it.
+fn token_of(companion: &[u8], owner: &[u8]) -> Option<u64> {
+    let mut parts = companion.splitn(4, |&b| b == b':');
+    let (token, _, length, rest) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let digits = |field: &[u8]| !field.is_empty() && field.iter().all(u8::is_ascii_digit);
+    if !digits(token) || !digits(length) {
+        return None;
+    }
+    let length: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
+    if rest.get(..length)? != owner {
         return None;
     }
     std::str::from_utf8(token).ok()?.parse().ok()
@@ -268,15 +273,24 @@ mod tests {
     }
 
     #[test]
-    fn a_token_key_gives_its_token_to_the_holder_it_names_only() {
-        assert_eq!(token_of(b"42:id:run-1", b"run-1"), Some(42));
+    fn a_companion_key_gives_its_token_to_the_holder_it_names_only() {
+        assert_eq!(token_of(b"42:id:5:run-1", b"run-1"), Some(42));
+        assert_eq!(token_of(b"42:id:5:run-1meta:data", b"run-1"), Some(42));
         assert_eq!(
-            token_of(b"42::owner:with:colons", b"owner:with:colons"),
+            token_of(b"42::17:owner:with:colons", b"owner:with:colons"),
             Some(42)
         );
-        assert_eq!(token_of(b"42:id:run-2", b"run-1"), None);
-        assert_eq!(token_of(b":id:run-1", b"run-1"), None);
-        assert_eq!(token_of(b"4x:id:run-1", b"run-1"), None);
+        // An owner that ends as another begins: the length says where it ends.
+        assert_eq!(token_of(b"42::6:run-12", b"run-1"), None);
+        assert_eq!(token_of(b"42::5:run-12", b"run-1"), Some(42));
+        assert_eq!(token_of(b"42::5:run-1", b"run-12"), None);
+        assert_eq!(token_of(b"42::6:a\0b:c\0", b"a\0b:c\0"), Some(42));
+        assert_eq!(token_of(b"42:id:5:run-2", b"run-1"), None);
+        assert_eq!(token_of(b":id:5:run-1", b"run-1"), None);
+        assert_eq!(token_of(b"4x:id:5:run-1", b"run-1"), None);
+        assert_eq!(token_of(b"42:id:9:run-1", b"run-1"), None);
+        // A waiter's mark names nobody.
+        assert_eq!(token_of(b":::", b""), None);
         assert_eq!(token_of(b"42", b"run-1"), None);
     }
 
@@ -289,7 +303,7 @@ mod tests {
                 fence,
             ]
         };
-        let fenced = lease_of(replies(Value::BulkString(b"7::run-1".to_vec()))).unwrap();
+        let fenced = lease_of(replies(Value::BulkString(b"7::5:run-1".to_vec()))).unwrap();
         assert_eq!(
             fenced,
             Some(Lease {

@@ -1,23 +1,25 @@
-//! Where a lease lives in Redis: its key, its fencing token, and the counter tokens come from.
+//! Where a lease lives in Redis: its key, its companion key, and the counter tokens come from.
 //!
-//! - `<keyPrefix>:lease:<key>`: the owner, with a PX expiry. Mastra's own backend's layout.
-//! - `<keyPrefix>:lease-metadata:<key>`: the holder's metadata, with the same expiry, absent
-//!   for none; Mastra's layout too. On a Redis Cluster that name hashes to another slot than
-//!   the lease key, so there it is `<keyPrefix>:lease-metadata:{<tag>}:<key>`, in the lease
-//!   key's slot, as the token key is: one script reads and writes both.
-//! - `<keyPrefix>:fence:{<tag>}:<key>`: the token of the live lease, with the same expiry, as
-//!   `<token>:<transfer id>:<holder>`; naming its holder, it is never read as the token of a
-//!   grant another client wrote to the lease key alone. For a lease without a token on a
-//!   Redis Cluster, it holds the last transfer's id alone, and lives only while that transfer
-//!   may be sent again (the cluster client may resend it unseen; see `transfer.lua`). For a
-//!   lease without a token that a waiter waits for, `::`, naming no holder: the mark that
-//!   makes its release publish (`lease.lua`; a transfer's id marks the lease too, kept then
-//!   as long as the lease).
+//! - `<keyPrefix>:lease:<key>`: the owner, with a PX expiry. Mastra's own backend's layout,
+//!   name and value, so a fleet may move from one backend to the other process by process.
+//! - `<keyPrefix>:fence:{<tag>}:<key>`: the lease's companion key, everything a lease holds
+//!   beside its owner, as `<token>:<transfer id>:<holder's length>:<holder><metadata>`: the
+//!   token (empty for none), the last transfer's id (empty but after a transfer on a Redis
+//!   Cluster), the owner it belongs to (its length in bytes, then its bytes) and that holder's
+//!   metadata (empty for none; any bytes, as the owner's, read back whole). Naming its holder,
+//!   it is never read as the token or metadata of a grant another client wrote to the lease key
+//!   alone. It lives as long as the lease while it holds a token or metadata; for a lease with
+//!   neither on a Redis Cluster it holds the last transfer's id alone, and lives only while
+//!   that transfer may be sent again (the cluster client may resend it unseen; see
+//!   `transfer.lua`). For a lease without one that a waiter waits for, `:::`, naming no
+//!   holder: the mark that makes its release publish (`lease.lua`; a transfer's id marks the
+//!   lease too, kept then as long as the lease). A lease of Mastra's calls (no token, no
+//!   metadata, nobody waiting) has none.
 //! - `<keyPrefix>:fence:{<tag>}`: the counter every token of that hash slot comes from; it
 //!   never expires, so a token is greater than every one granted before for the key.
 //!
 //! `<tag>` is a short string whose hash slot is the lease key's, so on a Redis Cluster the
-//! four keys live in one slot (a script may touch them together, and they move together
+//! three keys live in one slot (a script may touch them together, and they move together
 //! when the slot migrates), whatever characters the key holds. There is one counter per slot
 //! in use: at most 16,384 per key prefix, however many keys were ever leased.
 
@@ -29,11 +31,9 @@ use crate::core::error::{Error, InputErrorKind, Result};
 pub struct LeaseKeys {
     /// `<keyPrefix>:lease:<key>`: the owner.
     pub lease: Vec<u8>,
-    /// `<keyPrefix>:lease-metadata:<key>` (on a cluster `…:lease-metadata:{<tag>}:<key>`):
-    /// the holder's metadata.
-    pub metadata: Vec<u8>,
-    /// `<keyPrefix>:fence:{<tag>}:<key>`: the live lease's token.
-    pub token: Vec<u8>,
+    /// `<keyPrefix>:fence:{<tag>}:<key>`: the lease's token, transfer id, holder and
+    /// metadata.
+    pub companion: Vec<u8>,
     /// `<keyPrefix>:fence:{<tag>}`: the slot's token counter.
     pub counter: Vec<u8>,
 }
@@ -42,10 +42,7 @@ pub struct LeaseKeys {
 #[derive(Debug, Clone)]
 pub struct Layout {
     lease_prefix: Vec<u8>,
-    metadata_prefix: Vec<u8>,
     fence_prefix: Vec<u8>,
-    /// Over hash slots the metadata key carries the lease key's slot tag.
-    keyspace: Keyspace,
 }
 
 impl Layout {
@@ -62,9 +59,7 @@ impl Layout {
         }
         Ok(Self {
             lease_prefix: [key_prefix.as_bytes(), b":lease:"].concat(),
-            metadata_prefix: [key_prefix.as_bytes(), b":lease-metadata:"].concat(),
             fence_prefix: [key_prefix.as_bytes(), b":fence:{"].concat(),
-            keyspace,
         })
     }
 
@@ -89,7 +84,7 @@ impl Layout {
         [&self.lease_prefix[..], key.as_bytes()].concat()
     }
 
-    /// All four keys of the lease on `key`.
+    /// All three keys of the lease on `key`.
     pub fn keys(&self, key: &str) -> LeaseKeys {
         self.keys_of(key.as_bytes())
     }
@@ -100,15 +95,10 @@ impl Layout {
         let lease = [&self.lease_prefix[..], key].concat();
         let tag = slot_tag(slot(&lease)).as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
-        let token = [&counter[..], b":", key].concat();
-        let metadata = match self.keyspace {
-            Keyspace::Slotted => [&self.metadata_prefix[..], b"{", tag, b"}:", key].concat(),
-            Keyspace::Single => [&self.metadata_prefix[..], key].concat(),
-        };
+        let companion = [&counter[..], b":", key].concat();
         LeaseKeys {
             lease,
-            metadata,
-            token,
+            companion,
             counter,
         }
     }
@@ -119,7 +109,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_four_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {
+    fn the_three_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {
         let keys = [
             "plain",
             "res\0thread",
@@ -138,17 +128,25 @@ mod tests {
             for key in keys {
                 let k = layout.keys(key);
                 let lease = slot(&k.lease);
-                assert_eq!(slot(&k.metadata), lease, "{prefix} / {key:?}");
-                assert_eq!(slot(&k.token), lease, "{prefix} / {key:?}");
+                assert_eq!(slot(&k.companion), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.counter), lease, "{prefix} / {key:?}");
             }
         }
-        // Elsewhere the metadata key is Mastra's, so either backend reads the other's.
+        // The lease key is Mastra's, so either backend reads the other's owner; the companion
+        // key is named alike on one server.
         let single = Layout::new("mastra:topic", Keyspace::Single)
             .unwrap()
             .keys("thread-1");
-        assert_eq!(single.metadata, b"mastra:topic:lease-metadata:thread-1");
         assert_eq!(single.lease, b"mastra:topic:lease:thread-1");
+        let tag = slot_tag(slot(b"mastra:topic:lease:thread-1"));
+        assert_eq!(
+            single.companion,
+            format!("mastra:topic:fence:{{{tag}}}:thread-1").as_bytes()
+        );
+        assert_eq!(
+            single.counter,
+            format!("mastra:topic:fence:{{{tag}}}").as_bytes()
+        );
         assert!(!Layout::cluster_safe("app{"));
         assert!(!Layout::cluster_safe("app{}x"));
         assert!(Layout::new("app{", Keyspace::Slotted).is_err());

@@ -2,17 +2,17 @@
 //!
 //! A lease is a plain string `<keyPrefix>:lease:<key>` holding the owner, with a PX expiry,
 //! the layout Mastra's own Redis backend uses, so a fleet can move over process by process;
-//! its holder's metadata and its fencing token live beside it, in the same hash slot on a
-//! cluster (`keys.rs`). Redis decides expiry. Scripts are sent by SHA (EVALSHA) and loaded
+//! its holder's metadata and its fencing token live beside it in one companion key, in the
+//! same hash slot on a cluster (`keys.rs`). Redis decides expiry. Scripts are sent by SHA (EVALSHA) and loaded
 //! again transparently when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 //!
 //! An acquire that asks for no token and carries no metadata (Mastra's `acquireLease` today)
 //! is one plain `SET key owner NX PX ttl GET`, no script for Redis to run, with an `EXISTS` of
-//! its metadata and token keys beside it in the pipeline; only when it finds the caller's
-//! owner already holding the lease (a refresh, whose metadata the script compares), claims a
-//! key whose metadata or token key is still there (left by a grant another client released:
-//! the script deletes them, so the new grant inherits neither), or on a server that refuses
-//! the form (before 7.0), is the acquire script sent after it.
+//! its companion key beside it in the pipeline; only when it finds the caller's owner already
+//! holding the lease (a refresh, whose metadata the script compares), claims a key whose
+//! companion key is still there (left by a grant another client released: the script deletes
+//! it, so the new grant inherits neither token nor metadata), or on a server that refuses the
+//! form (before 7.0), is the acquire script sent after it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -440,7 +440,7 @@ impl RedisStore {
     /// does not know (NOSCRIPT, after a restart or SCRIPT FLUSH) is loaded first, with every
     /// other lease script (a flush forgot them all, so no later call finds one known and
     /// another not), and a plain acquire that found its owner already holding the lease, that
-    /// claimed a key beside leftover companion keys, or that the server refused, goes as the
+    /// claimed a key beside a leftover companion key, or that the server refused, goes as the
     /// acquire script. At most three passes (the script sent in the second may itself be
     /// unknown).
     ///
@@ -491,7 +491,7 @@ impl RedisStore {
             let mut answers = answers.into_iter();
             for &j in &pending {
                 let mut reply = answers.next().unwrap_or_default();
-                // A plain acquire's second reply: whether its companion keys are there.
+                // A plain acquire's second reply: whether its companion key is there.
                 let leftovers = match plain[j] {
                     true => answers.next().unwrap_or_default(),
                     false => Value::Nil,

@@ -50,7 +50,7 @@ impl RedisStore {
 
     /// Appends the command that performs a call, as `how` says for an acquire without token or
     /// metadata. `true` when it went as a plain acquire: a `SET NX GET` and an `EXISTS` of its
-    /// companion keys, two replies.
+    /// companion key, two replies.
     pub(super) fn encode(&self, sent: &Sent, how: How, pipe: &mut Pipeline) -> bool {
         let call = &sent.call;
         match call {
@@ -64,14 +64,14 @@ impl RedisStore {
                 // A waiter reads the lease it was refused before it waits: a key this process
                 // listens to is marked waited for, so its release publishes (lease.lua).
                 let waiting = self.connection.listens(&k.lease);
-                let cmd = self.evalsha(pipe, call, [k.lease, k.token]);
+                let cmd = self.evalsha(pipe, call, [k.lease, k.companion]);
                 if waiting {
                     cmd.arg("waiting");
                 }
             }
             Call::Record { key } => {
                 let k = self.layout.keys(key);
-                self.evalsha(pipe, call, [k.lease, k.metadata]);
+                self.evalsha(pipe, call, [k.lease, k.companion]);
             }
             Call::Acquire {
                 key,
@@ -86,7 +86,7 @@ impl RedisStore {
                 let k = self.layout.keys(key);
                 let cmd = pipe.cmd("SET").arg(k.lease).arg(&holder.owner);
                 cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
-                pipe.cmd("EXISTS").arg(k.metadata).arg(k.token);
+                pipe.cmd("EXISTS").arg(k.companion);
                 return true;
             }
             Call::Acquire {
@@ -96,11 +96,13 @@ impl RedisStore {
                 fenced,
             } => {
                 let k = self.layout.keys(key);
-                let keys = [k.lease, k.metadata, k.token, k.counter];
-                let cmd = self
-                    .evalsha(pipe, call, keys)
-                    .arg(&holder.owner)
-                    .arg(*ttl_ms);
+                // Only a fenced acquire takes a token: the others leave the counter out
+                // (every key costs Redis to hand the script).
+                let cmd = match fenced {
+                    true => self.evalsha(pipe, call, [k.lease, k.companion, k.counter]),
+                    false => self.evalsha(pipe, call, [k.lease, k.companion]),
+                };
+                let cmd = cmd.arg(&holder.owner).arg(*ttl_ms);
                 cmd.arg(holder.metadata_arg()).arg(match (fenced, how) {
                     (true, _) => "1",
                     (false, How::Claimed) => "claimed",
@@ -113,7 +115,7 @@ impl RedisStore {
                 ttl_ms,
             } => {
                 let k = self.layout.keys(key);
-                let keys = [k.lease, k.metadata, k.token];
+                let keys = [k.lease, k.companion];
                 let cmd = self
                     .evalsha(pipe, call, keys)
                     .arg(&holder.owner)
@@ -125,7 +127,7 @@ impl RedisStore {
             }
             Call::Release { key, holder } => {
                 let k = self.layout.keys(key);
-                let keys = [k.lease, k.metadata, k.token];
+                let keys = [k.lease, k.companion];
                 let cmd = self.evalsha(pipe, call, keys).arg(&holder.owner);
                 if let Some(metadata) = &holder.metadata {
                     cmd.arg(metadata);
@@ -138,7 +140,7 @@ impl RedisStore {
                 ttl_ms,
             } => {
                 let k = self.layout.keys(key);
-                let keys = [k.lease, k.metadata, k.token, k.counter];
+                let keys = [k.lease, k.companion, k.counter];
                 let cmd = self
                     .evalsha(pipe, call, keys)
                     .arg(&from.owner)
@@ -189,12 +191,12 @@ impl RedisStore {
 /// How an acquire without token or metadata goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum How {
-    /// A plain `SET NX GET`, beside an `EXISTS` of the lease's companion keys.
+    /// A plain `SET NX GET`, beside an `EXISTS` of the lease's companion key.
     Plain,
     /// The acquire script.
     Script,
-    /// The acquire script, after the plain `SET NX GET` claimed the key beside leftover
-    /// companion keys: it deletes them while the key is still the caller's.
+    /// The acquire script, after the plain `SET NX GET` claimed the key beside a leftover
+    /// companion key: it deletes it while the key is still the caller's.
     Claimed,
 }
 

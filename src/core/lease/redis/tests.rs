@@ -77,10 +77,10 @@ fn lease(key: &str) -> Call {
 }
 
 /// A lease key's companion keys under the tests' prefix, as text for redis-cli: its
-/// metadata, its token, the slot's counter.
-fn companions(key: &str) -> [String; 3] {
+/// companion key (token, transfer id, holder, metadata), the slot's counter.
+fn companions(key: &str) -> [String; 2] {
     let keys = Layout::new("t", Keyspace::Single).unwrap().keys(key);
-    [keys.metadata, keys.token, keys.counter].map(|bytes| String::from_utf8(bytes).unwrap())
+    [keys.companion, keys.counter].map(|bytes| String::from_utf8(bytes).unwrap())
 }
 
 #[tokio::test]
@@ -188,10 +188,10 @@ async fn the_same_transfer_run_twice_answers_true_twice_by_its_id_and_one_sent_a
 ) {
     let server = Server::start("lease-transfer-again");
     let script = crate::core::scripts::TRANSFER.source;
-    let [metadata, token, counter] = companions("k");
+    let [token, counter] = companions("k");
     let run = |how: &[&str]| {
-        let keys = ["t:lease:k", &metadata, &token, &counter];
-        let mut args = vec!["EVAL", script, "4", keys[0], keys[1], keys[2], keys[3]];
+        let keys = ["t:lease:k", &token, &counter];
+        let mut args = vec!["EVAL", script, "3", keys[0], keys[1], keys[2]];
         args.extend(["a", "b", "5000"]);
         args.extend(how);
         (server.cli(&args), server.cli(&["GET", "t:lease:k"]))
@@ -227,7 +227,7 @@ async fn a_plain_lease_handed_over_on_one_server_is_its_key_alone_and_a_fenced_o
     let server = Server::start("lease-transfer-id-life");
     let store = store(&server, Duration::from_millis(1500));
     let run = |call: Call| store.execute_one(call);
-    let [_, token_key, _] = companions("k");
+    let [token_key, _] = companions("k");
     let pttl = |key: &str| server.cli(&["PTTL", key]).parse::<i64>().unwrap();
     let transfer = |key: &str, from: &str, to: &str| Call::Transfer {
         key: key.into(),
@@ -258,7 +258,7 @@ async fn a_plain_lease_handed_over_on_one_server_is_its_key_alone_and_a_fenced_o
     else {
         panic!("no token")
     };
-    let [_, fence_key, _] = companions("f");
+    let [fence_key, _] = companions("f");
     assert_eq!(
         run(transfer("f", "a", "b")).await.unwrap(),
         Answer::Transferred(true)
@@ -314,7 +314,7 @@ async fn every_claim_and_transfer_takes_a_greater_token_and_a_refresh_or_renew_k
     let after_expiry = token_of(run(acquire("k", "d", 60_000)).await.unwrap());
     assert!(after_expiry > after_release);
     // A key in another slot counts on its own counter, so tokens are per key, not global.
-    let [_, _, counter] = companions("k");
+    let [_, counter] = companions("k");
     assert_eq!(server.cli(&["GET", &counter]), after_expiry.to_string());
 }
 
@@ -560,7 +560,7 @@ async fn a_plain_acquire_is_one_set_and_a_fenced_one_on_the_same_lease_still_get
         .execute_one(plain("k", Holder::new("c"), 60_000))
         .await;
     assert_eq!(refused.unwrap(), plain_grant(false, "b"));
-    let [_, token_key, _] = companions("k");
+    let [token_key, _] = companions("k");
     assert_eq!(server.cli(&["EXISTS", &token_key]), "0");
     // The holder's fenced refresh takes a token greater than every earlier one; a plain
     // refresh keeps it and does not tell it.
@@ -588,8 +588,9 @@ async fn a_plain_acquire_is_one_set_and_a_fenced_one_on_the_same_lease_still_get
 }
 
 #[tokio::test]
-async fn the_holder_is_the_owner_with_its_metadata_in_mastra_s_layout() {
+async fn the_holder_is_the_owner_with_its_metadata_in_its_companion_key() {
     let server = Server::start("lease-metadata");
+    let [companion, _] = companions("k");
     let store = store(&server, Duration::from_secs(2));
     let run = |n: &str| Holder::with("o", n);
     let claim = |holder| plain("k", holder, 60_000);
@@ -597,10 +598,11 @@ async fn the_holder_is_the_owner_with_its_metadata_in_mastra_s_layout() {
         store.execute_one(claim(run("1"))).await.unwrap(),
         plain_grant(true, "o")
     );
-    // Mastra's layout: the owner plain, the metadata beside it with the same expiry.
+    // Mastra's layout for the owner, plain; the metadata in the companion key, after the
+    // holder it belongs to, with the same expiry.
     assert_eq!(server.cli(&["GET", "t:lease:k"]), "o");
-    assert_eq!(server.cli(&["GET", "t:lease-metadata:k"]), "1");
-    let ttl: u64 = server.cli(&["PTTL", "t:lease-metadata:k"]).parse().unwrap();
+    assert_eq!(server.cli(&["GET", &companion]), "::1:o1");
+    let ttl: u64 = server.cli(&["PTTL", &companion]).parse().unwrap();
     assert!(ttl > 59_000);
     // The same owner id for another run, or with none, is another holder.
     let other = store.execute_one(claim(run("2"))).await.unwrap();
@@ -647,12 +649,12 @@ async fn the_holder_is_the_owner_with_its_metadata_in_mastra_s_layout() {
         .execute_one(transfer(run("1"), Holder::with("p", "3")))
         .await;
     assert_eq!(moved.unwrap(), Answer::Transferred(true));
-    assert_eq!(server.cli(&["GET", "t:lease-metadata:k"]), "3");
+    assert_eq!(server.cli(&["GET", &companion]), "::1:p3");
     let moved = store
         .execute_one(transfer(Holder::with("p", "3"), Holder::new("q")))
         .await;
     assert_eq!(moved.unwrap(), Answer::Transferred(true));
-    assert_eq!(server.cli(&["EXISTS", "t:lease-metadata:k"]), "0");
+    assert_eq!(server.cli(&["EXISTS", &companion]), "0");
     assert_eq!(
         store
             .execute_one(Call::Record { key: "k".into() })
@@ -667,6 +669,159 @@ async fn the_holder_is_the_owner_with_its_metadata_in_mastra_s_layout() {
         Answer::Released(true)
     );
     assert_eq!(server.cli(&["KEYS", "t:lease*"]), "");
+    assert_eq!(server.cli(&["KEYS", "t:fence*"]), "");
+}
+
+#[tokio::test]
+async fn an_owner_and_metadata_of_any_bytes_read_back_whole_from_the_companion_key() {
+    let server = Server::start("lease-companion-bytes");
+    let store = store(&server, Duration::from_secs(2));
+    // Colons, digits and NULs where the format has its fields: only the holder's length
+    // tells where the owner ends and its metadata begins.
+    let owner = "1:2:3:o\0:";
+    let holder = |metadata: &str| Holder::with(owner, metadata);
+    let record = Call::Record { key: "k".into() };
+    let granted = store
+        .execute_one(acquire("k", owner, 60_000))
+        .await
+        .unwrap();
+    assert!(matches!(
+        granted,
+        Answer::Grant(Grant {
+            acquired: true,
+            token: Some(_),
+            ..
+        })
+    ));
+    // A fenced holder with no metadata: the companion key names it; with metadata, another
+    // holder, refused.
+    assert_eq!(
+        store.execute_one(record.clone()).await.unwrap(),
+        Answer::Record(Some(Holder::new(owner)))
+    );
+    let meta = ":4:\0x:";
+    let refused = store.execute_one(plain("k", holder(meta), 60_000)).await;
+    assert_eq!(refused.unwrap(), plain_grant(false, owner));
+    let release = |holder| Call::Release {
+        key: "k".into(),
+        holder,
+    };
+    assert_eq!(
+        store
+            .execute_one(release(Holder::new(owner)))
+            .await
+            .unwrap(),
+        Answer::Released(true)
+    );
+    // Metadata that starts as another's, or ends as it: a holder of its own.
+    let claimed = store.execute_one(plain("k", holder(meta), 60_000)).await;
+    assert_eq!(claimed.unwrap(), plain_grant(true, owner));
+    for other in [":4:", "x:", &format!("{meta}x")[..], &meta[1..]] {
+        let answers = store
+            .execute(vec![
+                plain("k", holder(other), 60_000),
+                Call::Renew {
+                    key: "k".into(),
+                    holder: holder(other),
+                    ttl_ms: 60_000,
+                },
+                release(holder(other)),
+            ])
+            .await;
+        let answers: Vec<Answer> = answers.into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            answers,
+            [
+                plain_grant(false, owner),
+                Answer::Renewed(false),
+                Answer::Released(false)
+            ],
+            "{other:?}"
+        );
+    }
+    assert_eq!(
+        store.execute_one(record.clone()).await.unwrap(),
+        Answer::Record(Some(holder(meta)))
+    );
+    // A fenced refresh of the holder takes a token and keeps the metadata.
+    let fenced = Call::Acquire {
+        key: "k".into(),
+        holder: holder(meta),
+        ttl_ms: 60_000,
+        fenced: true,
+    };
+    let token = token_of(store.execute_one(fenced).await.unwrap());
+    assert_eq!(
+        store.execute_one(record.clone()).await.unwrap(),
+        Answer::Record(Some(holder(meta)))
+    );
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(read, Answer::Lease(Some(Lease { token: Some(t), .. })) if t == token));
+    // Moved to the same owner with other metadata: a new holder, a greater token.
+    let moved = Call::Transfer {
+        key: "k".into(),
+        from: holder(meta),
+        to: holder("\0"),
+        ttl_ms: 60_000,
+    };
+    assert_eq!(
+        store.execute_one(moved).await.unwrap(),
+        Answer::Transferred(true)
+    );
+    assert_eq!(
+        store.execute_one(record.clone()).await.unwrap(),
+        Answer::Record(Some(holder("\0")))
+    );
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(read, Answer::Lease(Some(Lease { token: Some(t), .. })) if t > token));
+    assert_eq!(
+        store.execute_one(release(holder("\0"))).await.unwrap(),
+        Answer::Released(true)
+    );
+    let [companion, _] = companions("k");
+    assert_eq!(server.cli(&["EXISTS", "t:lease:k", &companion]), "0");
+}
+
+#[tokio::test]
+async fn a_companion_key_naming_another_holder_gives_the_lease_neither_token_nor_metadata() {
+    let server = Server::start("lease-companion-leftover");
+    let store = store(&server, Duration::from_secs(2));
+    let [companion, _] = companions("k");
+    // A grant with token and metadata, then another client moves the lease key alone, as
+    // Mastra's own backend's transfer does.
+    let first = Call::Acquire {
+        key: "k".into(),
+        holder: Holder::with("a", "run-1"),
+        ttl_ms: 60_000,
+        fenced: true,
+    };
+    let first = token_of(store.execute_one(first).await.unwrap());
+    server.cli(&["SET", "t:lease:k", "b", "PX", "60000"]);
+    assert_eq!(
+        store
+            .execute_one(Call::Record { key: "k".into() })
+            .await
+            .unwrap(),
+        Answer::Record(Some(Holder::new("b")))
+    );
+    let read = store.execute_one(lease("k")).await.unwrap();
+    assert!(matches!(
+        read,
+        Answer::Lease(Some(Lease { token: None, .. }))
+    ));
+    // b renews as the plain holder it is; its fenced refresh takes a greater token.
+    let renew = Call::Renew {
+        key: "k".into(),
+        holder: Holder::new("b"),
+        ttl_ms: 60_000,
+    };
+    assert_eq!(
+        store.execute_one(renew).await.unwrap(),
+        Answer::Renewed(true)
+    );
+    let b = token_of(store.execute_one(acquire("k", "b", 60_000)).await.unwrap());
+    assert!(b > first);
+    assert_eq!(server.cli(&["GET", &companion]), format!("{b}::1:b"));
 }
 
 #[tokio::test]
@@ -793,7 +948,7 @@ async fn a_lease_nobody_waits_for_publishes_nothing_and_a_waiters_read_marks_it_
         !woken(&mut heard, 1).await,
         "Mastra's lifecycle, with nobody reading the lease to wait, publishes nothing"
     );
-    let token_key = String::from_utf8(store.layout().keys("k").token).unwrap();
+    let token_key = String::from_utf8(store.layout().keys("k").companion).unwrap();
     let token_key = token_key.as_str();
     store
         .execute_one(plain("k", Holder::new("a"), 10_000))
@@ -805,7 +960,7 @@ async fn a_lease_nobody_waits_for_publishes_nothing_and_a_waiters_read_marks_it_
     assert_eq!(server.cli(&["EXISTS", token_key]), "0");
     // A waiter's read marks it with the lease's expiry: a renewal does not extend the mark.
     store.execute_one(lease("k")).await.unwrap();
-    assert_eq!(server.cli(&["GET", token_key]), "::");
+    assert_eq!(server.cli(&["GET", token_key]), ":::");
     let mark = server.cli(&["PEXPIRETIME", token_key]);
     let expiry = |key: &str| server.cli(&["PEXPIRETIME", key]).parse::<i64>().unwrap();
     // To the millisecond the script's PTTL and SET PX straddle (Redis reads its clock for each).
