@@ -312,6 +312,27 @@ function expectNoSecret(err: unknown, logged: unknown[], secrets: string[]) {
 }
 
 describe('RedisLeaseProvider', () => {
+  it.skipIf(EXTERNAL_REDIS)('a timeout names where Redis was sought too (a frozen server), and neither the user nor the password', async () => {
+    const password = 'Pw-never-printed-82'
+    const server = await ownServer({ args: ['--requirepass', password], password })
+    const logged: unknown[] = []
+    const logger = { warn: (...args: unknown[]) => logged.push(args) }
+    const p = provider({ url: `redis://default:${password}@127.0.0.1:${server.port}`, connectTimeoutMs: 500, commandTimeoutMs: 300, logger })
+    await p.getLeaseOwner(uniqueKey('where-timeout')) // connected first: what follows is a command's timeout
+    server.freeze()
+    try {
+      const r = await settleWithin(p.acquireLease(uniqueKey('where-timeout'), 'A', 60_000), 2_000)
+      expect(r.status).toBe('rejected')
+      if (r.status === 'rejected') {
+        expect(errorCode(r.reason)).toBe('ERR_LEASE_TIMEOUT')
+        expect((r.reason as Error).message).toContain(`Redis at 127.0.0.1:${server.port} did not answer within 300 ms`)
+        expectNoSecret(r.reason, logged, [password])
+      }
+    } finally {
+      server.thaw()
+    }
+  })
+
   it("a connection error names where Redis was sought (host and port, the unix socket, a cluster's seed nodes, the sentinels and the master's name), and neither the user nor the password", async () => {
     const [port, other] = [await freePort(), await freePort()]
     const [user, password] = ['carol-the-operator', 'Pw-never-printed-81']

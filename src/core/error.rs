@@ -42,18 +42,20 @@ pub enum Error {
     /// `close()` was called on the named object; it takes no more calls.
     #[error("{}", .0.closed())]
     Closed(Subject),
-    /// Redis did not answer within `commandTimeoutMs`.
-    #[error("Redis did not answer within {} ms", .0.as_millis())]
-    Timeout(Duration),
+    /// Redis did not answer within `commandTimeoutMs`, at the place named (see [`At`]).
+    #[error("Redis{} did not answer within {} ms", .1, .0.as_millis())]
+    Timeout(Duration, At),
     /// [`Error::Timeout`] over TLS before anything was ever answered: a server without TLS
     /// on that port waits for a command and never answers the handshake, which redis-rs
     /// cannot tell from a slow server, so the likely cause is named.
     #[error(
-        "Redis did not answer within {} ms, and nothing has answered over TLS yet: a rediss:// \
-         URL for a server without TLS on that port waits like this (is it redis:// instead?)",
+        "Redis{} did not answer within {} ms, and nothing has answered over TLS yet: a \
+         rediss:// URL for a server without TLS on that port waits like this (is it redis:// \
+         instead?)",
+        .1,
         .0.as_millis()
     )]
-    TlsTimeout(Duration),
+    TlsTimeout(Duration, At),
     /// What answered at the address is not a Redis server: its reply is not Redis protocol
     /// (RESP). The parser's own words (a byte offset, an unexpected byte) are left out: they
     /// help nobody find the wrong URL.
@@ -112,7 +114,7 @@ pub enum Error {
     Internal(String),
 }
 
-/// Where a connection error happened, as its message names it: the server's host and port,
+/// Where a connection error or a timeout happened, as its message names it: the server's host and port,
 /// its unix socket, a cluster's seed nodes, the sentinels and the master's name. Never
 /// credentials: it is made from addresses alone. Nothing when not known.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -204,7 +206,7 @@ impl Error {
             Self::InvalidOption { .. } => "ERR_LEASE_INVALID_OPTION",
             Self::InvalidStreamsArgument { .. } => "ERR_STREAMS_INVALID_ARGUMENT",
             Self::Closed(_) => "ERR_LEASE_CLOSED",
-            Self::Timeout(_) | Self::TlsTimeout(_) => "ERR_LEASE_TIMEOUT",
+            Self::Timeout(..) | Self::TlsTimeout(..) => "ERR_LEASE_TIMEOUT",
             Self::Protocol => "ERR_LEASE_PROTOCOL",
             Self::Connection(..) => "ERR_LEASE_CONNECTION",
             Self::OutcomeUnknown => "ERR_LEASE_OUTCOME_UNKNOWN",
@@ -224,8 +226,8 @@ impl Error {
             | Self::InvalidOption { .. }
             | Self::InvalidStreamsArgument { .. }
             | Self::Closed(_) => false,
-            Self::Timeout(_)
-            | Self::TlsTimeout(_)
+            Self::Timeout(..)
+            | Self::TlsTimeout(..)
             | Self::Protocol
             | Self::Connection(..)
             | Self::OutcomeUnknown
@@ -265,13 +267,21 @@ impl Error {
         message
     }
 
-    /// A connection error unreachable at `place` (see [`At`]); any other error as it is, and
-    /// a connection error that already names where it was.
+    /// A connection error or a timeout at `place` (see [`At`]); any other error as it is,
+    /// and one that already names where it was.
     pub(crate) fn at(self, place: &Arc<str>) -> Self {
+        let here = || At(Some(place.clone()));
         match self {
-            Self::Connection(err, At(None)) => Self::Connection(err, At(Some(place.clone()))),
+            Self::Connection(err, At(None)) => Self::Connection(err, here()),
+            Self::Timeout(after, At(None)) => Self::Timeout(after, here()),
+            Self::TlsTimeout(after, At(None)) => Self::TlsTimeout(after, here()),
             other => other,
         }
+    }
+
+    /// No answer within `after`, the place not (yet) named.
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Self::Timeout(after, At::default())
     }
 
     pub(crate) fn argument(argument: Argument, kind: InputErrorKind, message: String) -> Self {
@@ -331,7 +341,7 @@ impl Error {
     /// Sorts a redis-rs error into the variant a caller can act on.
     pub(crate) fn from_redis(err: redis::RedisError, timeout: Duration) -> Self {
         if err.is_timeout() {
-            return Self::Timeout(timeout);
+            return Self::timeout(timeout);
         }
         if Self::is_auth(&err) {
             return Self::Auth(err);

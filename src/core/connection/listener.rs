@@ -262,7 +262,7 @@ impl Shared {
         match tokio::time::timeout(self.timeout, work).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(Error::from_redis(err, self.timeout)),
-            Err(_) => Err(Error::Timeout(self.timeout)),
+            Err(_) => Err(Error::timeout(self.timeout)),
         }
     }
 

@@ -268,7 +268,7 @@ impl Connection {
         match tokio::time::timeout(bound, attempt).await {
             Ok(Ok(opened)) => Ok(opened),
             Ok(Err(err)) => Err(Error::from_redis(err, bound).at(&self.place)),
-            Err(_) => Err(Error::Timeout(bound)),
+            Err(_) => Err(self.timed_out(bound)),
         }
     }
 
@@ -356,7 +356,7 @@ impl Connection {
             }
             Some(Ok(Err(err))) => {
                 let err = self.classify_on(err, number);
-                if let (Error::Timeout(_), Some(number)) = (&err, number) {
+                if let (Error::Timeout(..), Some(number)) = (&err, number) {
                     self.forget(number);
                 }
                 Err(self.explained(err))
@@ -366,17 +366,22 @@ impl Connection {
                 if let Some(number) = number {
                     self.forget(number);
                 }
-                Err(self.explained(Error::Timeout(self.timeout)))
+                Err(self.explained(self.timed_out(self.timeout)))
             }
         }
+    }
+
+    /// No answer within `after` from this deployment, named in the error.
+    pub(crate) fn timed_out(&self, after: Duration) -> Error {
+        Error::timeout(after).at(&self.place)
     }
 
     /// A timeout over TLS before anything ever answered becomes [`Error::TlsTimeout`], which
     /// names the likely cause.
     fn explained(&self, err: Error) -> Error {
         match err {
-            Error::Timeout(after) if self.tls && !self.answered.load(Ordering::Relaxed) => {
-                Error::TlsTimeout(after)
+            Error::Timeout(after, at) if self.tls && !self.answered.load(Ordering::Relaxed) => {
+                Error::TlsTimeout(after, at)
             }
             err => err,
         }

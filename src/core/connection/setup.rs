@@ -134,7 +134,7 @@ impl Setup {
                 }
                 Err(_) => {
                     setup.renew();
-                    Error::Timeout(timeout).to_string()
+                    Error::timeout(timeout).to_string()
                 }
             };
             if let Some(logger) = logger {

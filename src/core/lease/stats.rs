@@ -157,11 +157,11 @@ mod tests {
         stats.record(Operation::TransferLease, Ok(&Answer::Transferred(true)));
         stats.record(
             Operation::GetLeaseOwner,
-            Err(&Error::Timeout(Default::default())),
+            Err(&Error::timeout(Default::default())),
         );
         stats.record(
             Operation::ReleaseLease,
-            Err(&Error::Timeout(Default::default())),
+            Err(&Error::timeout(Default::default())),
         );
         assert_eq!(
             stats.snapshot(),

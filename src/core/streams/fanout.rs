@@ -379,7 +379,7 @@ async fn read_loop(shared: Arc<Shared>, fanout: Arc<Fanout>) {
                 fanout.reader_id.store(0, Ordering::Release);
                 report(
                     "fan-out read timed out; reconnecting",
-                    &Error::Timeout(
+                    &Error::timeout(
                         options
                             .block
                             .saturating_add(options.connection.command_timeout),

@@ -209,7 +209,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                 // is the only way to know; the old one may never answer.
                 report(
                     "read timed out; reconnecting",
-                    &Error::Timeout(
+                    &Error::timeout(
                         options
                             .block
                             .saturating_add(options.connection.command_timeout),

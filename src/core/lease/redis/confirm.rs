@@ -38,7 +38,7 @@ impl RedisStore {
         answered: &(dyn Fn(Vec<(usize, Result<Answer>)>) + Sync),
     ) -> Result<Vec<(usize, Result<Answer>)>> {
         let deadline = tokio::time::Instant::from_std(timing.deadline);
-        let timeout = Error::Timeout(self.connection.timeout());
+        let timeout = self.connection.timed_out(self.connection.timeout());
         let key = self.layout.lease(calls[pipeline.sent[0]].call.key());
         let Ok(lent) = tokio::time::timeout_at(deadline, self.connection.lend(&key)).await else {
             return Err(timeout);
