@@ -24,7 +24,7 @@ import { errorCode, everyCall, leaseFailureWarnings, settleWithin, sleep, unique
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { blockAfterThisTurn, startResetProxy, warm } from './helpers/node-loop-faults.js'
 import { EXTERNAL_REDIS, freePort, startRedis, type RedisServer } from './helpers/redis-server.js'
-import { runtimeThreadSwitches } from './helpers/runtime-thread.js'
+import { runtimeThreadSwitches, switchesOver2000Calls } from './helpers/runtime-thread.js'
 import { ev, Inbox, numberOf, uniquePrefix } from './helpers/streams.js'
 
 leaseSuite()
@@ -281,19 +281,8 @@ describe.skipIf(EXTERNAL_REDIS)('rediss:// (TLS)', () => {
 
     it.for(opening)('%s: 2,000 lease calls over rediss:// one after another wake the runtime’s thread fewer than 200 times (it did twice per call, on the runtime’s thread)', async ([kind, open], { skip, annotate }) => {
       const { server, url, tlsPort } = await plainAndTls()
-      const provider = open(url, `tls-loop:${RUN}:${kind}`)
-      // Connected, and the runtime started, before counting.
-      expect(await provider.acquireLease('warm', 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
-      const before = runtimeThreadSwitches()
-      skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
-      for (let i = 0; i < 500; i++) {
-        const key = `k${i % 10}`
-        expect(await provider.acquireLease(key, 'owner', 10_000)).toEqual({ acquired: true, owner: 'owner' })
-        expect(await provider.renewLease(key, 'owner', 10_000)).toBe(true)
-        expect(await provider.getLeaseOwner(key)).toBe('owner')
-        await provider.releaseLease(key, 'owner')
-      }
-      const woken = runtimeThreadSwitches()! - before!
+      const woken = await switchesOver2000Calls(open(url, `tls-loop:${RUN}:${kind}`))
+      skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
       await annotate(`the runtime’s thread was switched to ${woken} times in 2,000 calls`)
       expect(woken).toBeLessThan(200)
       // Over TLS indeed: the calls' connections are the server's on its TLS port.
