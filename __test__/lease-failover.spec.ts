@@ -315,7 +315,7 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
     }
   })
 
-  it('after SENTINEL FAILOVER, grants reach the new master on the sentinels\' announcement (+switch-master), while the old one still takes writes', async ({
+  it('after SENTINEL FAILOVER, grants reach the new master on the sentinels\' announcement (+switch-master), on every connection of the provider, while the old one still takes writes', async ({
     annotate,
   }) => {
     const sentinel = await startSentinel()
@@ -334,6 +334,12 @@ describe.skipIf(EXTERNAL_REDIS)('behind Redis Sentinel', () => {
         await leases.acquireLease(`after-${i}`, 'a', 60_000).catch(() => undefined)
         if ((await fresh.cli('GET', `${prefix}:lease:after-${i}`)) === 'a') landedMs = performance.now() - switchedAt
         else await sleep(20)
+      }
+      // Every connection of the provider follows the one announcement: keys spread over both
+      // of its connections all land on the new master.
+      for (let i = 0; i < 20; i++) {
+        expect(await leases.acquireLease(`spread-${i}`, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+        expect(await fresh.cli('GET', `${prefix}:lease:spread-${i}`), `spread-${i} on the new master`).toBe('a')
       }
       // Not the READONLY path: the old master had not been demoted yet.
       const oldRole = await old.role()

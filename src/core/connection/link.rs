@@ -12,8 +12,12 @@
 //! - a master behind Sentinel ([`Sentinels`]): the sentinels name the master (redis-rs
 //!   checks its ROLE), and a link to it answers READONLY (a demoted master) as an error, so
 //!   the connection gives it up and asks the sentinels again; so it does when a sentinel
-//!   announces a new master.
+//!   announces a new master. The connections of one provider share the sentinels.
+//!
+//! With an event loop of the embedder's ([`OnLoop`]), the shared link to one server, or to
+//! the master the sentinels name, is a multiplexed connection whose socket that loop polls.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +30,8 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, ProtocolVersion, PushInfo,
-    RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, ProtocolVersion,
+    PushInfo, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -50,33 +54,63 @@ pub(super) enum Target {
         client: Box<ClusterClient>,
         nodes: NodeClients,
     },
-    /// The master the sentinels name.
-    Sentinel(Sentinels),
+    /// The master the sentinels name; its shared link on the embedder's event loop when
+    /// there is one.
+    Sentinel {
+        /// Shared with the connections beside this one ([`Target::beside`]).
+        sentinels: Arc<Sentinels>,
+        /// The sentinels' announcements of a new master this connection has followed.
+        followed: AtomicU64,
+        on_loop: Option<OnLoop>,
+    },
 }
 
-/// The shared link to one server on the embedder's event loop: the loop, and for a
-/// `rediss://` address how its TLS is made there.
+/// The shared link on the embedder's event loop: the loop, and for `rediss://` how TLS is
+/// made there.
 pub(super) struct OnLoop {
     reactor: Arc<dyn Reactor>,
     tls: Option<Arc<tls::Handshake>>,
 }
 
 impl OnLoop {
+    /// On `reactor`, for links to TCP addresses, `rediss://` ones when `tls`.
+    fn new(reactor: Arc<dyn Reactor>, tls: bool, options: &ConnectionOptions) -> Self {
+        let tls = tls.then(|| Arc::new(tls::Handshake::new(&options.tls)));
+        Self { reactor, tls }
+    }
+
     /// On `reactor`, for the shared link to `client`'s address: `None` for one a socket of
     /// the loop's cannot reach (a unix socket).
-    fn new(
+    fn to_client(
         reactor: Arc<dyn Reactor>,
         client: &Client,
         options: &ConnectionOptions,
     ) -> Option<Self> {
-        let tls = match client.get_connection_info().addr() {
-            ConnectionAddr::Tcp(..) => None,
-            ConnectionAddr::TcpTls { host, insecure, .. } => {
-                Some(Arc::new(tls::Handshake::new(&options.tls, host, *insecure)))
-            }
-            _ => return None,
-        };
-        Some(Self { reactor, tls })
+        match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(..) => Some(Self::new(reactor, false, options)),
+            ConnectionAddr::TcpTls { .. } => Some(Self::new(reactor, true, options)),
+            _ => None,
+        }
+    }
+
+    /// A link to the server `info` names (address, credentials, database), its socket and
+    /// driver on the loop.
+    async fn open(
+        &self,
+        info: &ConnectionInfo,
+        config: &AsyncConnectionConfig,
+        connect_timeout: Duration,
+    ) -> RedisResult<MultiplexedConnection> {
+        reactor::open(
+            self.reactor.clone(),
+            info.addr().clone(),
+            self.tls.clone(),
+            info.redis_settings().clone(),
+            info.tcp_settings().clone(),
+            config.clone(),
+            connect_timeout,
+        )
+        .await
     }
 }
 
@@ -93,13 +127,36 @@ impl Target {
                 let on_loop = options
                     .reactor
                     .clone()
-                    .and_then(|reactor| OnLoop::new(reactor, &client, options));
+                    .and_then(|reactor| OnLoop::to_client(reactor, &client, options));
                 Ok(Self::Single(client, on_loop))
             }
             Deployment::Cluster { nodes } => cluster(options, nodes, protocol),
             Deployment::Sentinel { nodes, master_name } => {
-                Sentinels::new(options, nodes, master_name, protocol).map(Self::Sentinel)
+                let sentinels = Sentinels::new(options, nodes, master_name, protocol)?;
+                Ok(Self::behind(Arc::new(sentinels), options))
             }
+        }
+    }
+
+    /// The target of another connection to the same deployment, on `options`' reactor
+    /// (`options` are the first's otherwise). Behind Sentinel it shares the sentinels, their
+    /// one watcher among them, and follows their announcements itself.
+    pub(super) fn beside(&self, options: &ConnectionOptions) -> Result<Self> {
+        match self {
+            Self::Sentinel { sentinels, .. } => Ok(Self::behind(sentinels.clone(), options)),
+            Self::Single(..) | Self::Cluster { .. } => Self::new(options, Protocol::AsTheUrlSays),
+        }
+    }
+
+    fn behind(sentinels: Arc<Sentinels>, options: &ConnectionOptions) -> Self {
+        let on_loop = options
+            .reactor
+            .clone()
+            .map(|reactor| OnLoop::new(reactor, sentinels.tls(), options));
+        Self::Sentinel {
+            followed: AtomicU64::new(sentinels.announced()),
+            sentinels,
+            on_loop,
         }
     }
 
@@ -112,7 +169,7 @@ impl Target {
     /// Whether a link is given up when its node stops being the master (READONLY) or goes
     /// away: behind Sentinel, where the next link finds the new master.
     pub(super) fn follows_failover(&self) -> bool {
-        matches!(self, Self::Sentinel(_))
+        matches!(self, Self::Sentinel { .. })
     }
 
     /// Whether a link that broke is given up rather than reconnected by redis-rs: one on the
@@ -124,8 +181,10 @@ impl Target {
     /// The embedder's event loop the shared link runs on, if it does.
     pub(super) fn reactor(&self) -> Option<&Arc<dyn Reactor>> {
         match self {
-            Self::Single(_, on_loop) => on_loop.as_ref().map(|on| &on.reactor),
-            Self::Cluster { .. } | Self::Sentinel(_) => None,
+            Self::Single(_, on_loop) | Self::Sentinel { on_loop, .. } => {
+                on_loop.as_ref().map(|on| &on.reactor)
+            }
+            Self::Cluster { .. } => None,
         }
     }
 
@@ -133,14 +192,19 @@ impl Target {
     /// the link to the old one is then given up before it is used again.
     pub(super) fn switched(&self) -> bool {
         match self {
-            Self::Sentinel(sentinels) => sentinels.switched(),
+            Self::Sentinel {
+                sentinels,
+                followed,
+                ..
+            } => sentinels.switched(followed),
             Self::Single(..) | Self::Cluster { .. } => false,
         }
     }
 
-    /// Stops what runs in the background for the deployment (the sentinels' watcher).
+    /// Stops what runs in the background for the deployment (the sentinels' watcher, which
+    /// the connections beside share: a provider closes them together).
     pub(super) fn close(&self) {
-        if let Self::Sentinel(sentinels) = self {
+        if let Self::Sentinel { sentinels, .. } = self {
             sentinels.stop();
         }
     }
@@ -148,7 +212,7 @@ impl Target {
     /// The shared connection: for one server, opened on its first command and reopened by
     /// redis-rs after an I/O error, or, on the embedder's event loop, opened now and given up
     /// when it breaks; for a cluster, connected to the seeds now; behind Sentinel, to the
-    /// master the sentinels name now.
+    /// master the sentinels name now (on the embedder's event loop when there is one).
     pub(super) async fn shared(
         &self,
         manager: &ConnectionManagerConfig,
@@ -156,33 +220,26 @@ impl Target {
         connect_timeout: Duration,
     ) -> RedisResult<Link> {
         match self {
-            Self::Single(client, on_loop) => {
-                let info = client.get_connection_info();
-                match (on_loop, info.addr()) {
-                    (Some(on), ConnectionAddr::Tcp(host, port))
-                    | (Some(on), ConnectionAddr::TcpTls { host, port, .. }) => {
-                        let redis = info.redis_settings().clone();
-                        let tcp = info.tcp_settings().clone();
-                        let (address, config) = ((host.clone(), *port), direct.clone());
-                        reactor::open(
-                            on.reactor.clone(),
-                            address,
-                            on.tls.clone(),
-                            redis,
-                            tcp,
-                            config,
-                            connect_timeout,
-                        )
-                        .await
-                        .map(Link::Direct)
-                    }
-                    // Without a loop, or a unix socket (`Target::new` keeps no loop for one).
-                    _ => ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
-                        .map(Link::Managed),
-                }
+            Self::Single(client, Some(on)) => on
+                .open(client.get_connection_info(), direct, connect_timeout)
+                .await
+                .map(Link::Direct),
+            Self::Single(client, None) => {
+                ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
+                    .map(Link::Managed)
             }
             Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
-            Self::Sentinel(sentinels) => sentinels.connect(direct).await.map(Link::Master),
+            Self::Sentinel {
+                sentinels,
+                on_loop: Some(on),
+                ..
+            } => {
+                let master = sentinels.master().await?;
+                on.open(master.get_connection_info(), direct, connect_timeout)
+                    .await
+                    .map(Link::Master)
+            }
+            Self::Sentinel { sentinels, .. } => sentinels.connect(direct).await.map(Link::Master),
         }
     }
 
@@ -208,7 +265,9 @@ impl Target {
                 redis::ErrorKind::Client,
                 "a link of its own on a cluster needs the node",
             ))),
-            (Self::Sentinel(sentinels), _) => sentinels.connect(config).await.map(Link::Master),
+            (Self::Sentinel { sentinels, .. }, _) => {
+                sentinels.connect(config).await.map(Link::Master)
+            }
         }
     }
 
@@ -240,7 +299,7 @@ impl Target {
                     .await
                     .map(Link::Direct)
             }
-            Self::Sentinel(sentinels) => sentinels.connect(config).await.map(Link::Master),
+            Self::Sentinel { sentinels, .. } => sentinels.connect(config).await.map(Link::Master),
         }
     }
 }
@@ -267,7 +326,7 @@ impl Target {
                 .get_async_connection_with_config(cluster.set_push_sender(pushes))
                 .await
                 .map(Link::Cluster),
-            Self::Sentinel(sentinels) => sentinels
+            Self::Sentinel { sentinels, .. } => sentinels
                 .connect(&config.clone().set_push_sender(pushes))
                 .await
                 .map(Link::Master),

@@ -129,25 +129,31 @@ impl Connection {
     /// Checks the URL, the credentials and the TLS material; does not connect. `subject` is
     /// what a call after [`Connection::close`] says was closed.
     pub fn new(options: &ConnectionOptions, subject: Subject) -> Result<Self> {
-        Self::with_setup(options, subject, Setup::default())
+        let target = Target::new(options, Protocol::AsTheUrlSays)?;
+        Self::with_target(target, options, subject, Setup::default())
     }
 
     /// Another connection to the same deployment, for work best run on `options.reactor`
     /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
-    /// link could not run there (only one server at a `redis://` or `rediss://` address can,
-    /// see [`ConnectionOptions::reactor`]). It shares this one's logger, and a policy warned
-    /// about on either is not warned about again on the other. `options` are this one's,
-    /// the reactor aside.
+    /// link could not run there (one server at a `redis://` or `rediss://` address, or the
+    /// master behind Sentinel, can; see [`ConnectionOptions::reactor`]). It shares this one's
+    /// logger (and the sentinels), and a policy warned about on either is not warned about
+    /// again on the other. `options` are this one's, the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {
         if options.reactor.is_none() {
             return Ok(None);
         }
-        let connection = Self::with_setup(options, self.subject, self.setup.beside())?;
+        let target = self.target.beside(options)?;
+        let connection = Self::with_target(target, options, self.subject, self.setup.beside())?;
         Ok(connection.reactor().is_some().then_some(connection))
     }
 
-    fn with_setup(options: &ConnectionOptions, subject: Subject, setup: Setup) -> Result<Self> {
-        let target = Target::new(options, Protocol::AsTheUrlSays)?;
+    fn with_target(
+        target: Target,
+        options: &ConnectionOptions,
+        subject: Subject,
+        setup: Setup,
+    ) -> Result<Self> {
         let tls = address::asks_tls(options);
         // No response timeout of redis-rs' own on the shared link: every use of it is bounded
         // by `run_within`, which forgets a link that timed out. A second timer per command

@@ -55,7 +55,8 @@ pub struct ConnectionOptions {
     /// such as the wake-up listener's. `None`: no probes. Default 5 s, as node-redis.
     pub keep_alive: Option<Duration>,
     /// The embedder's event loop, for the shared link to one server at a `redis://` or
-    /// `rediss://` URL (`reactor.rs`). Default none: the runtime's thread does the I/O.
+    /// `rediss://` URL, or to the master behind Sentinel (`reactor.rs`). Default none: the
+    /// runtime's thread does the I/O.
     pub reactor: Option<Arc<dyn Reactor>>,
 }
 

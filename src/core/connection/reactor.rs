@@ -1,5 +1,5 @@
-//! An event loop of the embedder's that the shared connection to one server can run on in
-//! place of the runtime's thread: the loop reports when the socket is ready and runs the
+//! An event loop of the embedder's that the shared connection to one server (or to the master
+//! behind Sentinel) can run on in place of the runtime's thread: the loop reports when the socket is ready and runs the
 //! connection's driver and the calls' work on its own thread. Calls made on that thread are
 //! then written and answered there, with no other thread woken. The glue hands in Node's own
 //! loop (`glue/crossing/node_loop.rs`); without one, the runtime's thread does the I/O.
@@ -20,7 +20,9 @@ use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::io::tcp::socket2::SockRef;
 use redis::io::tcp::TcpSettings;
-use redis::{AsyncConnectionConfig, RedisConnectionInfo, RedisResult};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisConnectionInfo, RedisError, RedisResult,
+};
 use tokio::time::Instant;
 
 use super::tls::Handshake;
@@ -85,26 +87,46 @@ pub trait Socket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + U
 /// TLS over a socket a [`Reactor`] polls: read and written where the socket is.
 impl Socket for tokio_rustls::client::TlsStream<Box<dyn Socket>> {}
 
-/// Opens a connection to `host`:`port` whose socket and driver run on `reactor`: connected
-/// (within `connect_timeout`, the TLS handshake included when `tls` says how to make it) and
-/// set up (credentials, database) on the loop's thread, the driver polled there afterwards
-/// until the connection's last handle is dropped.
+/// Opens a connection to `addr` (a TCP address, with TLS made as `tls` says for a `rediss://`
+/// one) whose socket and driver run on `reactor`: connected (within `connect_timeout`, the
+/// TLS handshake included) and set up (credentials, database) on the loop's thread, the
+/// driver polled there afterwards until the connection's last handle is dropped.
 pub(super) async fn open(
     reactor: Arc<dyn Reactor>,
-    (host, port): (String, u16),
+    addr: ConnectionAddr,
     tls: Option<Arc<Handshake>>,
     redis: RedisConnectionInfo,
     tcp: TcpSettings,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
 ) -> RedisResult<MultiplexedConnection> {
+    let ((host, port), tls) = match (addr, tls) {
+        (ConnectionAddr::Tcp(host, port), _) => ((host, port), None),
+        (
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            },
+            Some(handshake),
+        ) => ((host.clone(), port), Some((handshake, host, insecure))),
+        _ => {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "a connection on the event loop needs a TCP address, and TLS settings for a rediss:// one",
+            )))
+        }
+    };
     let (opened, connection) = tokio::sync::oneshot::channel();
     let on = reactor.clone();
     reactor.spawn(Box::pin(async move {
         let connect = async {
             // Before the socket: made once, off the loop's thread (see `Handshake`).
             let tls = match &tls {
-                Some(handshake) => Some(handshake.connector().await?),
+                Some((handshake, host, insecure)) => {
+                    Some(handshake.connector(host, *insecure).await?)
+                }
                 None => None,
             };
             let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;

@@ -4,8 +4,9 @@
 //! by a watcher subscribed to every sentinel). The announcement comes the moment the
 //! failover ends, long before the old master is demoted (a manual `SENTINEL FAILOVER` leaves
 //! it taking writes for seconds): the watcher shortens the time calls go to the old one.
+//! One watcher serves every connection of a provider; each follows its announcements itself.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +27,8 @@ const AGAIN: Duration = Duration::from_millis(200);
 /// The sentinels, asked for the master and watched for a new one.
 pub(super) struct Sentinels {
     client: tokio::sync::Mutex<SentinelClient>,
+    /// Whether they, and the master, are reached over TLS (`rediss://`).
+    tls: bool,
     watched: Arc<Watched>,
     /// The watcher, once started (on the first ask for the master, inside the runtime).
     watcher: Mutex<Option<AbortHandle>>,
@@ -37,8 +40,8 @@ struct Watched {
     sentinels: Vec<Client>,
     master_name: String,
     connect_timeout: Duration,
-    /// Set when a sentinel announced a new master for `master_name`.
-    switched: AtomicBool,
+    /// Counts the announcements of a new master for `master_name`.
+    announced: AtomicU64,
 }
 
 impl Sentinels {
@@ -115,14 +118,26 @@ impl Sentinels {
             .collect::<Result<Vec<_>>>()?;
         Ok(Sentinels {
             client: tokio::sync::Mutex::new(client),
+            tls,
             watched: Arc::new(Watched {
                 sentinels: watched,
                 master_name: master_name.to_owned(),
                 connect_timeout: options.connect_timeout,
-                switched: AtomicBool::new(false),
+                announced: AtomicU64::new(0),
             }),
             watcher: Mutex::new(None),
         })
+    }
+
+    /// Whether the sentinels and the master are reached over TLS.
+    pub(super) fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// A client of the master the sentinels name now: its address, credentials, database.
+    pub(super) async fn master(&self) -> RedisResult<Client> {
+        self.watch();
+        self.client.lock().await.async_get_client().await
     }
 
     /// A connection to the master the sentinels name now.
@@ -130,18 +145,24 @@ impl Sentinels {
         &self,
         config: &AsyncConnectionConfig,
     ) -> RedisResult<MultiplexedConnection> {
-        self.watch();
-        let master = self.client.lock().await.async_get_client().await?;
-        master
+        self.master()
+            .await?
             .get_multiplexed_async_connection_with_config(config)
             .await
     }
 
-    /// Whether a sentinel announced a new master since the last time this was asked. Asked
-    /// on every call: a plain read, a write only when there was an announcement.
-    pub(super) fn switched(&self) -> bool {
-        let switched = &self.watched.switched;
-        switched.load(Ordering::Acquire) && switched.swap(false, Ordering::AcqRel)
+    /// How many times a sentinel announced a new master so far.
+    pub(super) fn announced(&self) -> u64 {
+        self.watched.announced.load(Ordering::Acquire)
+    }
+
+    /// Whether a sentinel announced a new master since `followed` was last brought up to
+    /// date, which this does. Asked on every call: a plain read, a write only when there was
+    /// an announcement.
+    pub(super) fn switched(&self, followed: &AtomicU64) -> bool {
+        let announced = self.announced();
+        followed.load(Ordering::Relaxed) != announced
+            && followed.swap(announced, Ordering::AcqRel) != announced
     }
 
     /// Stops the watcher.
@@ -198,7 +219,7 @@ async fn listen(sentinel: &Client, watched: &Watched) -> RedisResult<()> {
         // "<master name> <old ip> <old port> <new ip> <new port>"
         let payload: String = message.get_payload()?;
         if payload.split(' ').next() == Some(watched.master_name.as_str()) {
-            watched.switched.store(true, Ordering::Release);
+            watched.announced.fetch_add(1, Ordering::Release);
         }
     }
     Ok(())

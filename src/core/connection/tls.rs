@@ -111,15 +111,14 @@ impl std::fmt::Debug for TlsOptions {
 ///   platform's roots; to the platform's roots otherwise (rustls-native-certs, which reads
 ///   `SSL_CERT_FILE` and `SSL_CERT_DIR` too); the platform's roots are loaded in either case,
 ///   and an error loading them fails the connection, as in redis-rs;
-/// - the name verified (and sent as SNI, unless it is an IP address) is the URL's host;
+/// - the name verified (and sent as SNI, unless it is an IP address) is the host connected
+///   to (the URL's, or the master's the sentinels name);
 /// - no session is resumed: each connection makes a full handshake, as with redis-rs;
 /// - `tls.cert` and `tls.key`, when given, are the client's certificate;
 /// - `#insecure` (a URL fragment redis-rs reads as: verify nothing) is refused with
 ///   redis-rs' own error, as a build without its `tls-rustls-insecure` feature refuses it.
 pub(super) struct Handshake {
     options: TlsOptions,
-    host: String,
-    insecure: bool,
     /// Made on the first connection, on a thread of the runtime's blocking pool (loading the
     /// platform's roots reads and parses files: milliseconds the caller's loop would not
     /// run), and kept for the reconnections.
@@ -127,20 +126,23 @@ pub(super) struct Handshake {
 }
 
 impl Handshake {
-    /// TLS to `host` (the URL's), with `options`' material; `insecure` as the URL says.
-    pub(super) fn new(options: &TlsOptions, host: &str, insecure: bool) -> Self {
+    /// TLS with `options`' material.
+    pub(super) fn new(options: &TlsOptions) -> Self {
         Self {
             options: options.clone(),
-            host: host.to_owned(),
-            insecure,
             config: tokio::sync::OnceCell::new(),
         }
     }
 
-    /// The connector and the name the server's certificate must bear, or the error redis-rs
-    /// would fail the connection with. Must run inside the runtime's context.
-    pub(super) async fn connector(&self) -> RedisResult<(TlsConnector, ServerName<'static>)> {
-        if self.insecure {
+    /// The connector and the name the certificate of the server at `host` must bear, or the
+    /// error redis-rs would fail the connection with (`insecure` as the URL says). Must run
+    /// inside the runtime's context.
+    pub(super) async fn connector(
+        &self,
+        host: &str,
+        insecure: bool,
+    ) -> RedisResult<(TlsConnector, ServerName<'static>)> {
+        if insecure {
             return Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
                 "Cannot create insecure client without tls-rustls-insecure feature",
@@ -161,7 +163,7 @@ impl Handshake {
                 }
             })
             .await?;
-        let name = ServerName::try_from(self.host.as_str())?.to_owned();
+        let name = ServerName::try_from(host)?.to_owned();
         Ok((TlsConnector::from(config.clone()), name))
     }
 }
@@ -170,7 +172,6 @@ impl std::fmt::Debug for Handshake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handshake")
             .field("options", &self.options)
-            .field("insecure", &self.insecure)
             .finish_non_exhaustive()
     }
 }

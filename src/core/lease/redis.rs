@@ -157,8 +157,8 @@ impl RedisStore {
     }
 
     /// Spreads the calls over a second connection beside the first, when one can be opened
-    /// on the first's reactor (one server at a `redis://` or `rediss://` address, on Node's
-    /// loop): a key's calls always go on the same one, so they still take effect in the order
+    /// on the first's reactor (one server at a `redis://` or `rediss://` address, or the master
+    /// behind Sentinel, on Node's loop): a key's calls always go on the same one, so they still take effect in the order
     /// they were made. With many calls in flight on one connection, Redis and this process
     /// take turns, each idle while the other works (a turn's pipeline, then its answers); over
     /// two, each works on one connection's calls while the other's are away. It opens on

@@ -274,36 +274,32 @@ async fn a_rediss_link_on_an_event_loop_trusts_and_refuses_exactly_what_redis_rs
 }
 
 #[tokio::test]
-async fn a_handshake_is_configured_once_names_the_urls_host_and_refuses_insecure_as_redis_rs() {
+async fn a_handshake_is_configured_once_names_the_host_and_refuses_insecure_as_redis_rs() {
     let pki = Pki::new("once");
     let ca = TlsOptions {
         ca: Some(pki.pem("ca.crt")),
         ..TlsOptions::default()
     };
-    let handshake = Handshake::new(&ca, "127.0.0.1", false);
-    let (first, name) = handshake.connector().await.unwrap();
+    let handshake = Handshake::new(&ca);
+    let (first, name) = handshake.connector("127.0.0.1", false).await.unwrap();
     assert!(matches!(name, ServerName::IpAddress(_)), "{name:?}");
-    let (again, _) = handshake.connector().await.unwrap();
+    let (again, name) = handshake.connector("localhost", false).await.unwrap();
     assert!(Arc::ptr_eq(first.config(), again.config()), "made once");
     assert!(!first.config().client_auth_cert_resolver.has_certs());
-    let (_, name) = Handshake::new(&ca, "localhost", false)
-        .connector()
-        .await
-        .unwrap();
     assert_eq!(name, ServerName::try_from("localhost").unwrap());
     let mutual = TlsOptions {
         cert: Some(pki.pem("client.crt")),
         key: Some(pki.pem("client.key")),
         ..ca.clone()
     };
-    let (connector, _) = Handshake::new(&mutual, "localhost", false)
-        .connector()
+    let (connector, _) = Handshake::new(&mutual)
+        .connector("localhost", false)
         .await
         .unwrap();
     assert!(connector.config().client_auth_cert_resolver.has_certs());
     // redis-rs, built without its `tls-rustls-insecure` feature, refuses `#insecure` so: its
     // own refusal, asked of it directly, is the same.
-    let Err(ours) = Handshake::new(&ca, "localhost", true).connector().await else {
+    let Err(ours) = Handshake::new(&ca).connector("localhost", true).await else {
         panic!("#insecure was not refused");
     };
     let info =
