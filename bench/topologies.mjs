@@ -1,8 +1,8 @@
-// Leases beyond one plain server: over TLS, on a 3-master Redis Cluster, and failover-safe
-// grants (`minReplicas`), each against Mastra's algorithm on node-redis in the same run, at 1
-// and 64 in flight. Starts its own servers: a master with one replica, a TLS-only server (a
-// CA and a certificate made with openssl), and a cluster of 3 masters (no replicas: the
-// routing is what is measured).
+// Leases beyond one plain server: over TLS, on a 3-master Redis Cluster, behind Sentinel, and
+// failover-safe grants (`minReplicas`), each against Mastra's algorithm on node-redis in the
+// same run, at 1 and 64 in flight. Starts its own servers: a master with one replica and a
+// sentinel watching them, a TLS-only server (a CA and a certificate made with openssl), and a
+// cluster of 3 masters (no replicas: the routing is what is measured).
 // Run with `npm run bench:topologies` (builds first) or `node bench/topologies.mjs`.
 // BENCH_SCALE=0.2 shrinks every op count.
 //
@@ -16,7 +16,7 @@ import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { createClient, createCluster } from 'redis';
+import { createClient, createCluster, createSentinel } from 'redis';
 import { hr, SCALE, pct, medianOf, printResults, ratioRow, printRatios } from './harness.mjs';
 import { MastraAlgorithm } from './mastra-scripts.mjs';
 
@@ -68,6 +68,13 @@ const tlsUrl = `rediss://127.0.0.1:${tlsPort}`;
 const tlsClient = () => createClient({ url: tlsUrl, socket: { tls: true, ca } });
 const replicaPort = await redisServer('replica', '--replicaof', '127.0.0.1', String(masterPort));
 const single = `redis://127.0.0.1:${masterPort}`;
+// One sentinel watching the master, for the clients that find it through Sentinel.
+let sentinelPort; do sentinelPort = await freePort(); while (sentinelPort === 6379);
+mkdirSync(join(tmp, 'sentinel'));
+writeFileSync(join(tmp, 'sentinel', 'sentinel.conf'), `sentinel monitor bench 127.0.0.1 ${masterPort} 1\n`);
+processes.push(spawn('redis-server', [join(tmp, 'sentinel', 'sentinel.conf'), '--sentinel', '--port', String(sentinelPort),
+  '--bind', '127.0.0.1', '--dir', join(tmp, 'sentinel')], { stdio: 'ignore' }));
+const sentinelNodes = [{ host: '127.0.0.1', port: sentinelPort }];
 const clusterPorts = [];
 for (let i = 0; i < 3; i++) clusterPorts.push(await redisServer(`node-${i}`, '--cluster-enabled', 'yes'));
 await promisify(execFile)('redis-cli', ['--cluster', 'create', ...clusterPorts.map((p) => `127.0.0.1:${p}`), '--cluster-yes']);
@@ -89,6 +96,13 @@ for (;;) {
   if (/master_link_status:up/.test(await replicaAdmin.info('replication'))) break;
   await sleep(100);
 }
+for (;;) {
+  const sentinelAdmin = createClient({ url: `redis://127.0.0.1:${sentinelPort}` }).on('error', () => {});
+  const known = await sentinelAdmin.connect().then(() => sentinelAdmin.sendCommand(['SENTINEL', 'REPLICAS', 'bench'])).catch(() => []);
+  await sentinelAdmin.close().catch(() => {});
+  if (known.length > 0) break;
+  await sleep(100);
+}
 const cpuOf = async (admin) => {
   const info = await admin.info('cpu');
   const get = (f) => Number(new RegExp(`${f}:([\\d.]+)`).exec(info)?.[1] ?? NaN);
@@ -105,18 +119,25 @@ await clusterClient.connect();
 
 const singleClient = createClient({ url: single });
 const tlsPeerClient = tlsClient();
-for (const c of [singleClient, tlsPeerClient]) {
+const sentinelClient = createSentinel({ name: 'bench', sentinelRootNodes: sentinelNodes });
+for (const c of [singleClient, tlsPeerClient, sentinelClient]) {
   c.on('error', (e) => console.error('client error', e));
   await c.connect();
 }
 
 const OURS = 'ours, one server', PEER = 'Mastra alg., node-redis', OURS_WAIT = 'ours, minReplicas 1', OURS_CLUSTER = 'ours, 3-master cluster', PEER_CLUSTER = 'Mastra alg., node-redis cluster';
 const OURS_TLS = 'ours, TLS', PEER_TLS = 'Mastra alg., node-redis, TLS';
+const OURS_SENTINEL = 'ours, behind Sentinel', PEER_SENTINEL = 'Mastra alg., node-redis sentinel';
 const contestants = {
   [OURS]: { p: new native.RedisLeaseProvider({ url: single, keyPrefix: 'b1' }), admins: [masterAdmin] },
   [PEER]: { p: new MastraAlgorithm(singleClient, 'b5'), admins: [masterAdmin] },
   [OURS_TLS]: { p: new native.RedisLeaseProvider({ url: tlsUrl, tls: { ca }, keyPrefix: 'b6' }), admins: [tlsAdmin] },
   [PEER_TLS]: { p: new MastraAlgorithm(tlsPeerClient, 'b7'), admins: [tlsAdmin] },
+  [OURS_SENTINEL]: {
+    p: new native.RedisLeaseProvider({ sentinel: { nodes: [`redis://127.0.0.1:${sentinelPort}`], masterName: 'bench' }, keyPrefix: 'b8' }),
+    admins: [masterAdmin],
+  },
+  [PEER_SENTINEL]: { p: new MastraAlgorithm(sentinelClient, 'b9'), admins: [masterAdmin] },
   [OURS_WAIT]: { p: new native.RedisLeaseProvider({ url: single, keyPrefix: 'b2', minReplicas: 1 }), admins: [masterAdmin] },
   [OURS_CLUSTER]: { p: new native.RedisLeaseProvider({ cluster: { nodes: clusterPorts.map((p) => `redis://127.0.0.1:${p}`) }, keyPrefix: 'b3' }), admins: nodeAdmins },
   [PEER_CLUSTER]: { p: new MastraAlgorithm(clusterClient, 'b4'), admins: nodeAdmins },
@@ -175,10 +196,11 @@ const [at1, at64] = workloads;
 printRatios([
   ratioRow(at1, OURS, PEER, 0.95), ratioRow(at64, OURS, PEER),
   ratioRow(at1, OURS_TLS, PEER_TLS, 1.1), ratioRow(at64, OURS_TLS, PEER_TLS, 1.5),
+  ratioRow(at1, OURS_SENTINEL, PEER_SENTINEL), ratioRow(at64, OURS_SENTINEL, PEER_SENTINEL),
   ratioRow(at1, OURS_CLUSTER, PEER_CLUSTER, 1.1), ratioRow(at64, OURS_CLUSTER, PEER_CLUSTER, 1.5),
   ratioRow(at64, OURS_CLUSTER, OURS),
   ratioRow(at64, OURS_WAIT, OURS),
-], 70);
+], 84);
 
 // Mastra's algorithm closes its client.
 for (const { p } of Object.values(contestants)) await p.close();
