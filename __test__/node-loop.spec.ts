@@ -2,14 +2,17 @@
 // Node's own event loop, written and answered on Node's thread, as node-redis does, so a call
 // wakes no other thread of this process (docs/benchmarks.md: two thread wake-ups per call were
 // most of what a call cost).
-// So are calls over TLS (rediss://: tls.spec.ts has them on this loop too), and calls to the
-// master behind Sentinel (the sentinels asked on the runtime, the master's link on the loop).
-// At a unix socket, on a Cluster, and on runtimes without Node's libuv, the runtime's thread
-// does the I/O as before; the Bun and Deno suites cover that path.
+// So are calls over TLS (rediss://: tls.spec.ts has them on this loop too), calls to the
+// master behind Sentinel (the sentinels asked on the runtime, the master's link on the loop),
+// and calls on a Cluster (each to its slot's master over a link on the loop; redis-rs' cluster
+// connection, on the runtime, reads the slot map and takes what the cluster moved). At a unix
+// socket and on runtimes without Node's libuv, the runtime's thread does the I/O as before;
+// the Bun and Deno suites cover that path.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 import { monitor, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { runtimeThreadSwitches, switchesOver2000Calls } from './helpers/runtime-thread.js'
@@ -165,6 +168,53 @@ describe('lease calls behind Sentinel on Node’s own loop', () => {
     await expect.poll(() => leases.acquireLease('after', 'a', 60_000).catch((err: { code?: string }) => err.code), { timeout: 10_000, interval: 50 })
       .toEqual({ acquired: true, owner: 'a' })
     expect(await promoted.cli('GET', `${keyPrefix}:lease:after`)).toBe('a')
+    const woken = await switchesOver2000Calls(leases)
+    skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    expect(woken).toBeLessThan(200)
+  })
+})
+
+describe('lease calls on a Redis Cluster on Node’s own loop', () => {
+  let cluster: RedisCluster
+  beforeAll(async () => {
+    cluster = await startCluster()
+  })
+  afterAll(async () => {
+    await cluster?.stop()
+  })
+  const options = () => ({ cluster: { nodes: cluster.urls } })
+  const onCluster: [string, (keyPrefix: string) => Leases][] = [
+    ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ ...options(), keyPrefix }))],
+    ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ ...options(), keyPrefix }))],
+  ]
+  const ownerIn = async (key: string) => (await cluster.masterOfSlot(await cluster.keySlot(key))).cli('GET', key)
+
+  it.for(onCluster)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times, and each lease is on its slot’s master', async ([kind, open], { skip }) => {
+    const keyPrefix = `node-loop-cluster:${RUN}:${kind}`
+    const woken = await switchesOver2000Calls(open(keyPrefix))
+    skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    expect(woken).toBeLessThan(200)
+    expect(await ownerIn(`${keyPrefix}:lease:warm`)).toBe('owner')
+  })
+
+  it('a slot moved to another master under held leases: every renewal, read and transfer answers as before the move, and calls are back on Node’s loop after it', async ({ skip }) => {
+    const keyPrefix = `node-loop-moved:${RUN}`
+    const [, make] = onCluster[0]!
+    const leases = make(keyPrefix)
+    // Keys of one slot: a hash tag in the lease key.
+    const keys = Array.from({ length: 20 }, (_, i) => `{moved}-${i}`)
+    for (const key of keys) expect(await leases.acquireLease(key, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    const slot = await cluster.keySlot(`${keyPrefix}:lease:${keys[0]}`)
+    const from = await cluster.masterOfSlot(slot)
+    const to = (await cluster.masters()).find((m) => m.port !== from.port)!
+    expect(await cluster.migrateSlot(slot, to)).toBeGreaterThan(0)
+    // The first call meets MOVED from the old master and goes through the cluster connection.
+    for (const key of keys) {
+      expect(await leases.renewLease(key, 'a', 60_000)).toBe(true)
+      expect(await leases.getLeaseOwner(key)).toBe('a')
+      expect(await leases.transferLease(key, 'a', 'b', 60_000)).toBe(true)
+    }
+    for (const key of keys) expect(await to.cli('GET', `${keyPrefix}:lease:${key}`)).toBe('b')
     const woken = await switchesOver2000Calls(leases)
     skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
     expect(woken).toBeLessThan(200)

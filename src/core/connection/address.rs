@@ -206,6 +206,7 @@ fn redact(message: &str, url: &str) -> String {
 
 /// How to open a plain connection to one node of a cluster, found by address: the seed's
 /// scheme, credentials and TLS material, another host and port.
+#[derive(Clone)]
 pub(super) struct NodeClients {
     template: ConnectionInfo,
     tls: TlsOptions,

@@ -164,7 +164,7 @@ impl Connection {
         if let Some(node) = self.exclusive.master_of(slot) {
             return Ok(node);
         }
-        let Link::Cluster(cluster) = self.link().await? else {
+        let Link::Cluster(cluster, _) = self.link().await? else {
             return Err(Error::Internal(
                 "a cluster's shared link is a cluster link".into(),
             ));

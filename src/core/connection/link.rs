@@ -8,14 +8,17 @@
 //!   by itself;
 //! - a Redis Cluster, by seed nodes: the shared link is redis-rs' cluster connection, which
 //!   routes each command to the node of its key, follows MOVED and ASK, and refreshes the
-//!   slot map; a blocking read gets a plain connection to the master of its key's slot;
+//!   slot map (on an event loop of the embedder's, a request goes straight to its slot's
+//!   master there, [`Routes`], and the cluster connection takes what that cannot route); a
+//!   blocking read gets a plain connection to the master of its key's slot;
 //! - a master behind Sentinel ([`Sentinels`]): the sentinels name the master (redis-rs
 //!   checks its ROLE), and a link to it answers READONLY (a demoted master) as an error, so
 //!   the connection gives it up and asks the sentinels again; so it does when a sentinel
 //!   announces a new master. The connections of one provider share the sentinels.
 //!
-//! With an event loop of the embedder's ([`OnLoop`]), the shared link to one server, or to
-//! the master the sentinels name, is a multiplexed connection whose socket that loop polls.
+//! With an event loop of the embedder's ([`OnLoop`]), the shared link to one server, to the
+//! master the sentinels name, or to each master of a cluster, is a multiplexed connection
+//! whose socket that loop polls.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -39,6 +42,7 @@ use super::address::{
     check_tls, client, redact_all, seeds, with_credentials, NodeClients, Protocol,
 };
 use super::reactor::{self, Reactor};
+use super::routes::Routes;
 use super::sentinel::Sentinels;
 use super::slots::{master_of, Node};
 use super::{tls, ConnectionOptions, Deployment};
@@ -49,10 +53,14 @@ pub(super) enum Target {
     /// One server, by URL; its shared link on the embedder's event loop when there is one
     /// (a `redis://` or `rediss://` address: a unix socket stays on the runtime).
     Single(Client, Option<OnLoop>),
-    /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads).
+    /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads, and
+    /// the links to the masters on the embedder's event loop when there is one).
     Cluster {
         client: Box<ClusterClient>,
         nodes: NodeClients,
+        on_loop: Option<OnLoop>,
+        /// The connection name, given to the links to the masters on the loop.
+        name: Option<String>,
     },
     /// The master the sentinels name; its shared link on the embedder's event loop when
     /// there is one.
@@ -67,6 +75,7 @@ pub(super) enum Target {
 
 /// The shared link on the embedder's event loop: the loop, and for `rediss://` how TLS is
 /// made there.
+#[derive(Clone)]
 pub(super) struct OnLoop {
     reactor: Arc<dyn Reactor>,
     tls: Option<Arc<tls::Handshake>>,
@@ -95,7 +104,7 @@ impl OnLoop {
 
     /// A link to the server `info` names (address, credentials, database), its socket and
     /// driver on the loop.
-    async fn open(
+    pub(super) async fn open(
         &self,
         info: &ConnectionInfo,
         config: &AsyncConnectionConfig,
@@ -181,10 +190,9 @@ impl Target {
     /// The embedder's event loop the shared link runs on, if it does.
     pub(super) fn reactor(&self) -> Option<&Arc<dyn Reactor>> {
         match self {
-            Self::Single(_, on_loop) | Self::Sentinel { on_loop, .. } => {
-                on_loop.as_ref().map(|on| &on.reactor)
-            }
-            Self::Cluster { .. } => None,
+            Self::Single(_, on_loop)
+            | Self::Sentinel { on_loop, .. }
+            | Self::Cluster { on_loop, .. } => on_loop.as_ref().map(|on| &on.reactor),
         }
     }
 
@@ -228,7 +236,25 @@ impl Target {
                 ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
                     .map(Link::Managed)
             }
-            Self::Cluster { client, .. } => client.get_async_connection().await.map(Link::Cluster),
+            Self::Cluster {
+                client,
+                nodes,
+                on_loop,
+                name,
+            } => {
+                let cluster = client.get_async_connection().await?;
+                let routes = on_loop.as_ref().map(|on| {
+                    let (nodes, config) = (nodes.clone(), direct.clone());
+                    Arc::new(Routes::new(
+                        on.clone(),
+                        nodes,
+                        config,
+                        connect_timeout,
+                        name.clone(),
+                    ))
+                });
+                Ok(Link::Cluster(cluster, routes))
+            }
             Self::Sentinel {
                 sentinels,
                 on_loop: Some(on),
@@ -286,7 +312,7 @@ impl Target {
                 .await
                 .map(Link::Direct),
             Self::Cluster { nodes, .. } => {
-                let (Some(Link::Cluster(cluster)), Some(key)) = (shared, key) else {
+                let (Some(Link::Cluster(cluster, _)), Some(key)) = (shared, key) else {
                     return Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
                         "a blocking read on a cluster needs the cluster link and a key",
@@ -325,7 +351,7 @@ impl Target {
             Self::Cluster { client, .. } => client
                 .get_async_connection_with_config(cluster.set_push_sender(pushes))
                 .await
-                .map(Link::Cluster),
+                .map(|cluster| Link::Cluster(cluster, None)),
             Self::Sentinel { sentinels, .. } => sentinels
                 .connect(&config.clone().set_push_sender(pushes))
                 .await
@@ -342,8 +368,9 @@ pub enum Link {
     /// A connection to one server or one cluster node: one of its own, or the shared one on
     /// the embedder's event loop (given up when it breaks: nothing reconnects it by itself).
     Direct(MultiplexedConnection),
-    /// The shared connection to a cluster.
-    Cluster(ClusterConnection),
+    /// The shared connection to a cluster, and its masters on the embedder's event loop when
+    /// it runs there.
+    Cluster(ClusterConnection, Option<Arc<Routes>>),
     /// A connection to a master found beforehand (the one the sentinels named, a cluster
     /// slot's): a reply saying it no longer is (READONLY, MOVED, ...) fails the whole request,
     /// so the caller's connection is given up.
@@ -367,7 +394,7 @@ impl Link {
     /// or `CLIENT UNBLOCK` of a reader blocked there.
     pub async fn on_node_of(&mut self, key: &[u8], cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Self::Cluster(cluster) => {
+            Self::Cluster(cluster, _) => {
                 let slot = super::slot(key);
                 let route = Route::new(slot, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
@@ -398,8 +425,8 @@ impl Link {
         channel: &[u8],
     ) -> RedisResult<()> {
         match (self, channels) {
-            (Self::Cluster(cluster), Channels::Shard) => cluster.ssubscribe(channel).await,
-            (Self::Cluster(cluster), Channels::Classic) => cluster.subscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Shard) => cluster.ssubscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Classic) => cluster.subscribe(channel).await,
             (link, Channels::Shard) => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(link).await,
             (link, Channels::Classic) => {
                 redis::cmd("SUBSCRIBE").arg(channel).exec_async(link).await
@@ -414,8 +441,8 @@ impl Link {
         channel: &[u8],
     ) -> RedisResult<()> {
         match (self, channels) {
-            (Self::Cluster(cluster), Channels::Shard) => cluster.sunsubscribe(channel).await,
-            (Self::Cluster(cluster), Channels::Classic) => cluster.unsubscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Shard) => cluster.sunsubscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Classic) => cluster.unsubscribe(channel).await,
             (link, Channels::Shard) => {
                 redis::cmd("SUNSUBSCRIBE")
                     .arg(channel)
@@ -437,7 +464,7 @@ impl Link {
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Cluster(cluster) => {
+            Self::Cluster(cluster, _) => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 match cluster.route_command(cmd.clone(), routing).await? {
                     Value::Map(by_node) => {
@@ -497,8 +524,11 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.req_packed_command(cmd),
             Self::Direct(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => {
+            Self::Cluster(c, None) => {
                 Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
+            }
+            Self::Cluster(c, Some(routes)) => {
+                Box::pin(async move { refuse_moving(routes.send_one(c, cmd).await, one) })
             }
             Self::Master(c) => {
                 Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
@@ -516,9 +546,14 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
-            Self::Cluster(c) => Box::pin(async move {
+            Self::Cluster(c, None) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
+            Self::Cluster(c, Some(routes)) => {
+                Box::pin(
+                    async move { refuse_moving(routes.send(c, pipe, offset, count).await, any) },
+                )
+            }
             Self::Master(c) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
@@ -529,7 +564,7 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.get_db(),
             Self::Direct(c) | Self::Master(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
+            Self::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -590,8 +625,14 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
             format!("cluster: {}", redact_all(&err.to_string(), nodes)),
         )
     })?;
+    let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
     Ok(Target::Cluster {
         client: Box::new(client),
         nodes: NodeClients::new(first, options),
+        on_loop: options
+            .reactor
+            .clone()
+            .map(|reactor| OnLoop::new(reactor, tls, options)),
+        name: options.name.clone(),
     })
 }

@@ -31,6 +31,7 @@ mod link;
 mod listener;
 mod options;
 mod reactor;
+mod routes;
 mod sentinel;
 mod setup;
 mod slots;

@@ -157,14 +157,15 @@ impl RedisStore {
     }
 
     /// Spreads the calls over a second connection beside the first, when one can be opened
-    /// on the first's reactor (one server at a `redis://` or `rediss://` address, or the master
-    /// behind Sentinel, on Node's loop): a key's calls always go on the same one, so they still take effect in the order
-    /// they were made. With many calls in flight on one connection, Redis and this process
-    /// take turns, each idle while the other works (a turn's pipeline, then its answers); over
-    /// two, each works on one connection's calls while the other's are away. It opens on
-    /// first use.
+    /// on the first's reactor (one server at a `redis://` or `rediss://` address, or the
+    /// master behind Sentinel, on Node's loop; a cluster's calls are spread over its masters
+    /// already): a key's calls always go on the same one, so they still take effect in the
+    /// order they were made. With many calls in flight on one connection, Redis and this
+    /// process take turns, each idle while the other works (a turn's pipeline, then its
+    /// answers); over two, each works on one connection's calls while the other's are away.
+    /// It opens on first use.
     pub fn spread_over(&mut self, options: &ConnectionOptions) -> Result<()> {
-        if self.replication.is_none() {
+        if self.replication.is_none() && self.connection.keyspace() == Keyspace::Single {
             self.beside.extend(self.connection.beside(options)?);
         }
         Ok(())
