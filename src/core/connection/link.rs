@@ -366,7 +366,8 @@ pub enum Link {
     /// The shared connection to a single server.
     Managed(ConnectionManager),
     /// A connection to one server or one cluster node: one of its own, or the shared one on
-    /// the embedder's event loop (given up when it breaks: nothing reconnects it by itself).
+    /// the embedder's event loop (given up when it breaks: nothing reconnects it by itself;
+    /// a cluster's masters on the loop are [`Routes`]' own).
     Direct(MultiplexedConnection),
     /// The shared connection to a cluster, and its masters on the embedder's event loop when
     /// it runs there.

@@ -17,8 +17,9 @@
 //! - `slots.rs`: which master serves a cluster slot, for links to one node.
 //! - `listener.rs`: shard channels heard on a RESP3 connection of its own, for waiters'
 //!   wake-ups (`SSUBSCRIBE`, else `SUBSCRIBE`); subscribed again after a loss.
-//! - `reactor.rs`: an event loop of the embedder's (Node's) that the shared link to one
-//!   server runs on in place of the runtime's thread ([`Reactor`]).
+//! - `reactor.rs`: an event loop of the embedder's (Node's) that the shared link runs on in
+//!   place of the runtime's thread ([`Reactor`]).
+//! - `routes.rs`: a cluster's masters on that loop, each request to its slot's master.
 //! - `sentinel.rs`: the master behind Sentinel, and the `+switch-master` watcher.
 //! - `setup.rs`: naming a fresh connection and checking the server's eviction policy.
 //! - `tick.rs`: a timer kept ahead of the calls' deadlines, so setting theirs wakes nothing.
@@ -136,8 +137,7 @@ impl Connection {
 
     /// Another connection to the same deployment, for work best run on `options.reactor`
     /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
-    /// link could not run there (one server at a `redis://` or `rediss://` address, or the
-    /// master behind Sentinel, can; see [`ConnectionOptions::reactor`]). It shares this one's
+    /// link could not run there (a unix socket; see [`ConnectionOptions::reactor`]). It shares this one's
     /// logger (and the sentinels), and a policy warned about on either is not warned about
     /// again on the other. `options` are this one's, the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {

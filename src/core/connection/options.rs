@@ -55,8 +55,8 @@ pub struct ConnectionOptions {
     /// such as the wake-up listener's. `None`: no probes. Default 5 s, as node-redis.
     pub keep_alive: Option<Duration>,
     /// The embedder's event loop, for the shared link to one server at a `redis://` or
-    /// `rediss://` URL, or to the master behind Sentinel (`reactor.rs`). Default none: the
-    /// runtime's thread does the I/O.
+    /// `rediss://` URL, to the master behind Sentinel, or to each master of a cluster
+    /// (`reactor.rs`). Default none: the runtime's thread does the I/O.
     pub reactor: Option<Arc<dyn Reactor>>,
 }
 

@@ -84,7 +84,7 @@ pub struct StreamsOptions {
     /// every non-blocking command (publish, ack, nack, group creation, clear). With a
     /// `reactor` (the caller's event loop), the caller's own publishes, acks, nacks and
     /// extends go on a connection polled there, where the deployment allows it (one server
-    /// at a `redis://` or `rediss://` URL, or the master behind Sentinel): a call and its
+    /// at a `redis://` or `rediss://` URL, the master behind Sentinel, a cluster): a call and its
     /// answer never wait for the runtime's thread.
     /// Everything else (reads, the keeper, reclaims, trims, settles sent again in the
     /// background) stays on the runtime, which goes on while the caller's loop is busy.

@@ -10,7 +10,7 @@
 //! **Back.** Finished work hands its outcomes to the crossing ([`Crossing::complete`], from
 //! any thread); the first to arrive wakes Node's thread once through a thread-safe function,
 //! and that wake-up settles every promise that arrived by then. Work that ran on Node's own
-//! loop (`node_loop.rs`: a connection to one server polled there) settles its promises there,
+//! loop (`node_loop.rs`: a connection's sockets polled there) settles its promises there,
 //! once the loop's work at hand is done, waking nothing.
 //!
 //! A napi-rs `async fn` pays a hop onto the runtime and a wake-up of Node's event loop per
@@ -45,7 +45,7 @@ use super::runtime;
 use crate::core::connection::Reactor;
 use crate::core::{lock, Error, Result};
 
-/// Node's event loop, for a connection to one server to run on (`node_loop.rs`): none on Bun
+/// Node's event loop, for a connection to run on (`node_loop.rs`): none on Bun
 /// or Deno, or where libuv cannot be found in the process.
 #[cfg(unix)]
 pub fn node_loop(env: Env) -> Option<Arc<dyn Reactor>> {

@@ -1,5 +1,5 @@
-//! Node's own event loop as the [`Reactor`] of a provider's connection to one server: libuv
-//! reports when the socket is ready, and the connection's driver and the turn's lease calls
+//! Node's own event loop as the [`Reactor`] of a provider's connection (to one server, the
+//! master behind Sentinel, or a Cluster's masters): libuv reports when a socket is ready, and the connection's driver and the turn's lease calls
 //! are polled here, on Node's thread. A call is then written from Node's thread and its
 //! reply read there, as node-redis does; the runtime's thread is not woken on the way
 //! (docs/benchmarks.md: two wake-ups of a thread per call were most of what a call cost).
