@@ -24,7 +24,7 @@ beforeAll(async () => {
   server = stopLater(await startRedis())
 })
 
-type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease'>
+type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease' | 'transferLease'>
 const opening: [string, (keyPrefix: string) => Leases][] = [
   ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ url: server.url, keyPrefix }))],
   ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ url: server.url, keyPrefix }))],
