@@ -219,7 +219,8 @@ impl Target {
 
     /// The shared connection: for one server, opened on its first command and reopened by
     /// redis-rs after an I/O error, or, on the embedder's event loop, opened now and given up
-    /// when it breaks; for a cluster, connected to the seeds now; behind Sentinel, to the
+    /// when it breaks; for a cluster, connected to the seeds now (on the embedder's event
+    /// loop, its masters' links there opened as calls need them); behind Sentinel, to the
     /// master the sentinels name now (on the embedder's event loop when there is one).
     pub(super) async fn shared(
         &self,

@@ -137,9 +137,9 @@ impl Connection {
 
     /// Another connection to the same deployment, for work best run on `options.reactor`
     /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
-    /// link could not run there (a unix socket; see [`ConnectionOptions::reactor`]). It shares this one's
-    /// logger (and the sentinels), and a policy warned about on either is not warned about
-    /// again on the other. `options` are this one's, the reactor aside.
+    /// link could not run there (a unix socket; see [`ConnectionOptions::reactor`]). It
+    /// shares this one's logger (and the sentinels), and a policy warned about on either is
+    /// not warned about again on the other. `options` are this one's, the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {
         if options.reactor.is_none() {
             return Ok(None);

@@ -1,8 +1,8 @@
 //! An event loop of the embedder's that the shared connection to one server (to the master
 //! behind Sentinel, to a cluster's masters: `routes.rs`) can run on in place of the runtime's
-//! thread: the loop reports when the socket is ready and runs the
-//! connection's driver and the calls' work on its own thread. Calls made on that thread are
-//! then written and answered there, with no other thread woken. The glue hands in Node's own
+//! thread: the loop reports when the socket is ready and runs the connection's driver and the
+//! calls' work on its own thread. Calls made on that thread are then written and answered
+//! there, with no other thread woken. The glue hands in Node's own
 //! loop (`glue/crossing/node_loop.rs`); without one, the runtime's thread does the I/O.
 //!
 //! redis-rs runs a multiplexed connection over any `AsyncRead + AsyncWrite` stream and hands
