@@ -45,13 +45,15 @@ struct State {
     map: Option<Arc<SlotMap>>,
     /// Whether the map is being read: calls meanwhile go through the cluster connection.
     reading: bool,
-    /// A link to each master, opened on first use, given up when it breaks.
-    links: HashMap<Node, MultiplexedConnection>,
+    /// A link to each master, opened on first use, given up when it breaks; each numbered
+    /// (`opened` counts them), by which a request tells which one broke under it.
+    links: HashMap<Node, (u64, MultiplexedConnection)>,
+    opened: u64,
 }
 
 /// Where a request goes.
 enum Way {
-    Link(Node, MultiplexedConnection),
+    Link(u64, MultiplexedConnection),
     Open(Node),
     Cluster,
     ReadMap,
@@ -102,11 +104,10 @@ impl Routes {
             true => None,
             false => pipe.cmd_iter().next().and_then(key_of),
         };
-        let Some((node, mut link)) = self.link_for(key, cluster).await else {
+        let Some((id, mut link)) = self.link_for(key, cluster).await else {
             return cluster.req_packed_commands(pipe, offset, count).await;
         };
-        let mut replies =
-            self.answered(&node, link.req_packed_commands(pipe, offset, count).await)?;
+        let mut replies = self.answered(id, link.req_packed_commands(pipe, offset, count).await)?;
         if replies.len() != pipe.len() || !replies.iter().any(is_moving) {
             return Ok(replies);
         }
@@ -132,10 +133,10 @@ impl Routes {
         cluster: &mut ClusterConnection,
         cmd: &Cmd,
     ) -> RedisResult<Value> {
-        let Some((node, mut link)) = self.link_for(key_of(cmd), cluster).await else {
+        let Some((id, mut link)) = self.link_for(key_of(cmd), cluster).await else {
             return cluster.req_packed_command(cmd).await;
         };
-        let reply = self.answered(&node, link.req_packed_command(cmd).await)?;
+        let reply = self.answered(id, link.req_packed_command(cmd).await)?;
         if !is_moving(&reply) {
             return Ok(reply);
         }
@@ -143,13 +144,13 @@ impl Routes {
         cluster.req_packed_command(cmd).await
     }
 
-    /// What the master's link answered; a link that broke is given up, and the map with it
-    /// (its master may be gone).
-    fn answered<T>(&self, node: &Node, replies: RedisResult<T>) -> RedisResult<T> {
+    /// What link `id` answered; a link that broke is given up, and the map with it (its
+    /// master may be gone).
+    fn answered<T>(&self, id: u64, replies: RedisResult<T>) -> RedisResult<T> {
         if let Err(err) = &replies {
             if err.is_io_error() || err.is_unrecoverable_error() {
                 let mut state = self.state();
-                state.links.remove(node);
+                state.links.retain(|_, (opened, _)| *opened != id);
                 state.map = None;
             }
         }
@@ -161,13 +162,13 @@ impl Routes {
         self.state().map = None;
     }
 
-    /// The master of `key`'s slot and a link to it; `None` where the cluster connection must
-    /// take the request.
+    /// A link to the master of `key`'s slot, and its number; `None` where the cluster
+    /// connection must take the request.
     async fn link_for(
         &self,
         key: Option<&[u8]>,
         cluster: &ClusterConnection,
-    ) -> Option<(Node, MultiplexedConnection)> {
+    ) -> Option<(u64, MultiplexedConnection)> {
         let slot = super::slot(key?);
         let mut way = self.way(slot);
         if let Way::ReadMap = way {
@@ -186,9 +187,9 @@ impl Routes {
             way = self.way(slot);
         }
         match way {
-            Way::Link(node, link) => Some((node, link)),
-            Way::Open(node) => match self.open(&node).await {
-                Ok(link) => Some((node, link)),
+            Way::Link(id, link) => Some((id, link)),
+            Way::Open(node) => match self.open(node).await {
+                Ok(link) => Some(link),
                 Err(_) => {
                     // Perhaps gone: the map is read again, the request goes the other way.
                     self.moved();
@@ -214,18 +215,18 @@ impl Routes {
             .map(|(_, _, node)| node);
         match master {
             Some(node) => match state.links.get(node) {
-                Some(link) => Way::Link(node.clone(), link.clone()),
+                Some((id, link)) => Way::Link(*id, link.clone()),
                 None => Way::Open(node.clone()),
             },
             None => Way::Cluster,
         }
     }
 
-    /// A link to `node` on the loop, named as the connection's others are.
-    async fn open(&self, node: &Node) -> RedisResult<MultiplexedConnection> {
+    /// A link to `node` on the loop, named as the connection's others are, and its number.
+    async fn open(&self, node: Node) -> RedisResult<(u64, MultiplexedConnection)> {
         let _opening = self.opening.lock().await;
-        if let Some(link) = self.state().links.get(node) {
-            return Ok(link.clone());
+        if let Some((id, link)) = self.state().links.get(&node) {
+            return Ok((*id, link.clone()));
         }
         let client = self.nodes.client(&node.0, node.1)?;
         let info = client.get_connection_info();
@@ -241,8 +242,11 @@ impl Routes {
                 .query_async::<Value>(&mut link)
                 .await;
         }
-        self.state().links.insert(node.clone(), link.clone());
-        Ok(link)
+        let mut state = self.state();
+        state.opened += 1;
+        let id = state.opened;
+        state.links.insert(node, (id, link.clone()));
+        Ok((id, link))
     }
 }
 
@@ -254,20 +258,31 @@ fn key_of(cmd: &Cmd) -> Option<&[u8]> {
         _ => None,
     });
     let name = args.next()??;
-    let position = match name.to_ascii_uppercase().as_slice() {
-        b"EVALSHA" | b"EVAL" | b"EVALSHA_RO" | b"EVAL_RO" => {
-            let _script = args.next()?;
-            let keys = std::str::from_utf8(args.next()??).ok()?;
-            if keys.parse::<usize>().ok()? == 0 {
-                return None;
-            }
-            0
+    let named = |names: &[&[u8]]| names.iter().any(|it| it.eq_ignore_ascii_case(name));
+    if named(&[b"EVALSHA", b"EVAL", b"EVALSHA_RO", b"EVAL_RO"]) {
+        let _script = args.next()?;
+        let keys = std::str::from_utf8(args.next()??).ok()?;
+        if keys.parse::<usize>().ok()? == 0 {
+            return None;
         }
-        b"GET" | b"SET" | b"DEL" | b"EXISTS" | b"PEXPIRE" | b"PTTL" | b"XADD" | b"XACK"
-        | b"XCLAIM" | b"XDEL" | b"XLEN" | b"XRANGE" | b"SPUBLISH" => 0,
-        _ => return None,
-    };
-    args.nth(position)?
+    } else if !named(&[
+        b"GET",
+        b"SET",
+        b"DEL",
+        b"EXISTS",
+        b"PEXPIRE",
+        b"PTTL",
+        b"XADD",
+        b"XACK",
+        b"XCLAIM",
+        b"XDEL",
+        b"XLEN",
+        b"XRANGE",
+        b"SPUBLISH",
+    ]) {
+        return None;
+    }
+    args.next()?
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! server on the embedder's event loop ([`Handshake`], `reactor.rs`), rustls' client
 //! configuration is made here as redis-rs makes its own, which it keeps to itself.
 
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once};
 
 use redis::{ClientTlsConfig, ErrorKind, RedisError, RedisResult, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
@@ -119,9 +119,9 @@ impl std::fmt::Debug for TlsOptions {
 ///   redis-rs' own error, as a build without its `tls-rustls-insecure` feature refuses it.
 pub(super) struct Handshake {
     options: TlsOptions,
-    /// Made on the first connection, on a thread of the runtime's blocking pool (loading the
-    /// platform's roots reads and parses files: milliseconds the caller's loop would not
-    /// run), and kept for the reconnections.
+    /// Found among those made in the process ([`made`]), or made on the first connection, on
+    /// a thread of the runtime's blocking pool (loading the platform's roots reads and parses
+    /// files: milliseconds the caller's loop would not run), and kept for the reconnections.
     config: tokio::sync::OnceCell<Arc<ClientConfig>>,
 }
 
@@ -153,13 +153,19 @@ impl Handshake {
             .get_or_try_init(|| {
                 let options = self.options.clone();
                 async move {
-                    tokio::task::spawn_blocking(move || client_config(&options).map(Arc::new))
-                        .await
-                        .map_err(|_| {
-                            RedisError::from(std::io::Error::other(
-                                "the TLS configuration could not be made",
-                            ))
-                        })?
+                    if let Some(config) = made(&options) {
+                        return Ok::<_, RedisError>(config);
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        let config = Arc::new(client_config(&options)?);
+                        Ok(keep(options, config))
+                    })
+                    .await
+                    .map_err(|_| {
+                        RedisError::from(std::io::Error::other(
+                            "the TLS configuration could not be made",
+                        ))
+                    })?
                 }
             })
             .await?;
@@ -173,6 +179,33 @@ impl std::fmt::Debug for Handshake {
         f.debug_struct("Handshake")
             .field("options", &self.options)
             .finish_non_exhaustive()
+    }
+}
+
+/// The configurations made in this process, by the material they were made with: the
+/// connection targets that share their material share one, the platform's roots read once
+/// (some 27 ms the first time) rather than once per target. A configuration resumes no
+/// session, so sharing it shares nothing of one connection with another.
+static MADE: Mutex<Vec<(TlsOptions, Arc<ClientConfig>)>> = Mutex::new(Vec::new());
+
+/// The configuration made for `options` in this process, if one was.
+fn made(options: &TlsOptions) -> Option<Arc<ClientConfig>> {
+    let made = crate::core::lock(&MADE);
+    made.iter()
+        .find(|(material, _)| material == options)
+        .map(|(_, config)| config.clone())
+}
+
+/// Keeps `config`, made for `options`, unless one was kept for them meanwhile: answers the one
+/// kept.
+fn keep(options: TlsOptions, config: Arc<ClientConfig>) -> Arc<ClientConfig> {
+    let mut made = crate::core::lock(&MADE);
+    match made.iter().find(|(material, _)| *material == options) {
+        Some((_, kept)) => kept.clone(),
+        None => {
+            made.push((options, config.clone()));
+            config
+        }
     }
 }
 
@@ -230,7 +263,7 @@ fn client_config(options: &TlsOptions) -> RedisResult<ClientConfig> {
     };
     // redis-rs makes a configuration per connection, whose session cache starts empty: no
     // session is ever resumed, every connection verifies the server's certificate. Nor here,
-    // where one configuration serves every connection of the target.
+    // where one configuration serves every connection with the same material.
     config.resumption = rustls::client::Resumption::disabled();
     Ok(config)
 }

@@ -274,7 +274,8 @@ async fn a_rediss_link_on_an_event_loop_trusts_and_refuses_exactly_what_redis_rs
 }
 
 #[tokio::test]
-async fn a_handshake_is_configured_once_names_the_host_and_refuses_insecure_as_redis_rs() {
+async fn a_handshake_is_configured_once_per_material_names_the_host_and_refuses_insecure_as_redis_rs(
+) {
     let pki = Pki::new("once");
     let ca = TlsOptions {
         ca: Some(pki.pem("ca.crt")),
@@ -285,6 +286,14 @@ async fn a_handshake_is_configured_once_names_the_host_and_refuses_insecure_as_r
     assert!(matches!(name, ServerName::IpAddress(_)), "{name:?}");
     let (again, name) = handshake.connector("localhost", false).await.unwrap();
     assert!(Arc::ptr_eq(first.config(), again.config()), "made once");
+    let (another, _) = Handshake::new(&ca)
+        .connector("localhost", false)
+        .await
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(first.config(), another.config()),
+        "made once in the process for the same material"
+    );
     assert!(!first.config().client_auth_cert_resolver.has_certs());
     assert_eq!(name, ServerName::try_from("localhost").unwrap());
     let mutual = TlsOptions {
@@ -297,6 +306,10 @@ async fn a_handshake_is_configured_once_names_the_host_and_refuses_insecure_as_r
         .await
         .unwrap();
     assert!(connector.config().client_auth_cert_resolver.has_certs());
+    assert!(
+        !Arc::ptr_eq(first.config(), connector.config()),
+        "other material, another"
+    );
     // redis-rs, built without its `tls-rustls-insecure` feature, refuses `#insecure` so: its
     // own refusal, asked of it directly, is the same.
     let Err(ours) = Handshake::new(&ca).connector("localhost", true).await else {
