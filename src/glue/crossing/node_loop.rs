@@ -8,11 +8,6 @@
 //!   thread, inside the runtime's context (its timers still bound every call). Work woken
 //!   here runs before the current callback returns; work woken on another thread (a timer, a
 //!   command sent from the runtime) wakes Node's loop through a `uv_async_t`.
-//! - **Answers** that libuv's callbacks (a socket ready, the signal) bring settle their promises
-//!   once the loop has handled all the I/O at hand ([`uv::AfterIo`], where Node runs
-//!   `setImmediate`'s callbacks): the replies every socket held are answered in one turn of
-//!   JavaScript, so the calls their callers make next leave together, one write per
-//!   connection, as node-redis writes once per turn of the loop.
 //! - **Sockets** ([`Reactor::socket`]) are read and written without blocking, each with a
 //!   `uv_poll_t` that reports them ready. Every handle is unref'd: the promises of the calls
 //!   keep the process alive (the crossing refs its thread-safe function while any is pending),
@@ -33,7 +28,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures::future::BoxFuture;
 
-use super::uv::{self, AfterIo, Signal};
+use super::uv::{self, Signal};
 use super::{give_back, thread_mark, Crossing};
 use crate::core::connection::{Reactor, Socket};
 use crate::core::lock;
@@ -112,8 +107,6 @@ struct Local {
     /// The sockets polled here, for [`catch_up`]; a dropped one is forgotten as the next is
     /// made.
     sockets: Vec<Weak<Io>>,
-    /// Settles what libuv's callbacks answered once the loop has handled the I/O at hand.
-    after_io: Option<AfterIo>,
 }
 
 thread_local! {
@@ -134,20 +127,6 @@ pub(super) fn settle_after(crossing: &Arc<Crossing>) -> bool {
     }
     SETTLE.with(|settle| settle.borrow_mut().push(crossing.clone()));
     true
-}
-
-/// From libuv's callbacks: settles what the tasks just polled answered once the loop has
-/// handled the I/O at hand (at once where that cannot be arranged).
-fn settle_after_io() {
-    let armed = LOCAL.with(|l| {
-        l.borrow()
-            .as_ref()
-            .and_then(|l| l.after_io.as_ref())
-            .is_some_and(AfterIo::arm)
-    });
-    if !armed {
-        settle(true);
-    }
 }
 
 /// Settles what the tasks just polled answered: in a callback scope when libuv called
@@ -214,7 +193,6 @@ impl NodeLoop {
                 next: 0,
                 context,
                 sockets: Vec::new(),
-                after_io: AfterIo::open(uv_loop, on_after_io),
             })
         });
         Some(Arc::new(Self { shared }))
@@ -366,11 +344,6 @@ fn drain() {
 /// The signal's callback: work was woken or handed in on another thread.
 fn on_signal() {
     drain();
-    settle_after_io();
-}
-
-/// Once the loop has handled the I/O at hand: what its callbacks answered is settled.
-fn on_after_io() {
     settle(true);
 }
 
@@ -383,9 +356,6 @@ unsafe extern "C" fn teardown(_arg: *mut c_void) {
         };
         lock(&local.shared.incoming).clear();
         drop(local.tasks);
-        if let Some(after_io) = local.after_io {
-            after_io.close();
-        }
         let signal = lock(&local.shared.signal).take();
         if let Some(signal) = signal {
             signal.close();

@@ -3,14 +3,12 @@
 //! does not, or whose libuv is not the loop it runs (Bun, Deno: `node_loop.rs` asks), keeps
 //! the runtime's thread.
 //!
-//! Three kinds of handle are used, each owning the memory libuv is handed and freeing it in
+//! Two kinds of handle are used, each owning the memory libuv is handed and freeing it in
 //! libuv's close callback, once libuv let it go:
 //! - [`Signal`] (`uv_async_t`): wakes the loop's thread from any thread.
 //! - [`Poll`] (`uv_poll_t`): reports a socket ready to what watches it ([`Ready`]).
-//! - [`AfterIo`] (`uv_check_t`, and a `uv_idle_t`): runs once the loop has handled the I/O at
-//!   hand, where Node runs `setImmediate`'s callbacks.
 //!
-//! All are unref'd: they never keep the process alive by themselves.
+//! Both are unref'd: they never keep the process alive by themselves.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::marker::PhantomData;
@@ -30,22 +28,12 @@ struct Uv {
     poll_init: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int,
     poll_start: unsafe extern "C" fn(*mut c_void, c_int, PollCallback) -> c_int,
     poll_stop: unsafe extern "C" fn(*mut c_void) -> c_int,
-    check_init: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-    check_start: unsafe extern "C" fn(*mut c_void, HandleCallback) -> c_int,
-    check_stop: unsafe extern "C" fn(*mut c_void) -> c_int,
-    idle_init: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-    idle_start: unsafe extern "C" fn(*mut c_void, HandleCallback) -> c_int,
-    idle_stop: unsafe extern "C" fn(*mut c_void) -> c_int,
 }
-
-type HandleCallback = unsafe extern "C" fn(*mut c_void);
 
 type PollCallback = unsafe extern "C" fn(*mut c_void, c_int, c_int);
 
 // libuv's `uv_handle_type` and `uv_poll_event` values, stable across its 1.x releases.
 const UV_ASYNC: c_int = 1;
-const UV_CHECK: c_int = 2;
-const UV_IDLE: c_int = 6;
 const UV_POLL: c_int = 8;
 const UV_READABLE: c_int = 1;
 const UV_WRITABLE: c_int = 2;
@@ -66,12 +54,6 @@ fn uv() -> Option<&'static Uv> {
                 poll_init: find(c"uv_poll_init")?,
                 poll_start: find(c"uv_poll_start")?,
                 poll_stop: find(c"uv_poll_stop")?,
-                check_init: find(c"uv_check_init")?,
-                check_start: find(c"uv_check_start")?,
-                check_stop: find(c"uv_check_stop")?,
-                idle_init: find(c"uv_idle_init")?,
-                idle_start: find(c"uv_idle_start")?,
-                idle_stop: find(c"uv_idle_stop")?,
             })
         }
     })
@@ -179,7 +161,7 @@ impl Signal {
     /// On the loop's thread: closed for good.
     pub fn close(self) {
         if let Some(uv) = uv() {
-            self.0.close(uv, closed_handle);
+            self.0.close(uv, closed_signal);
         }
     }
 }
@@ -190,6 +172,10 @@ unsafe extern "C" fn on_signal(raw: *mut c_void) {
         let callback: fn() = unsafe { std::mem::transmute(Handle::data(raw)) };
         callback();
     });
+}
+
+unsafe extern "C" fn closed_signal(raw: *mut c_void) {
+    let _ = std::panic::catch_unwind(|| Handle(raw).free());
 }
 
 /// What a [`Poll`] reports a socket's readiness to, on the loop's thread.
@@ -279,112 +265,4 @@ unsafe extern "C" fn closed_poll<T: Ready>(raw: *mut c_void) {
         drop(unsafe { Arc::from_raw(Handle::data(raw) as *const T) });
         Handle(raw).free();
     });
-}
-
-/// A `uv_check_t`, and a `uv_idle_t` beside it: once [`AfterIo::arm`]ed, `callback` runs on the
-/// loop's thread after the loop has handled the I/O at hand (its check phase, where Node runs
-/// `setImmediate`'s callbacks), once. The idle handle, active until then, keeps the loop from
-/// waiting for more I/O first when it is armed outside the loop's I/O (a timer's callback).
-pub struct AfterIo {
-    check: Handle,
-    idle: Handle,
-}
-
-/// What the check handle's `data` points to.
-struct Parts {
-    callback: fn(),
-    idle: *mut c_void,
-}
-
-impl AfterIo {
-    /// On the loop's thread: a handle that runs `callback` there (in a `catch_unwind`) once
-    /// armed.
-    pub fn open(on: Loop, callback: fn()) -> Option<Self> {
-        let uv = uv()?;
-        let idle = Handle::new(uv, UV_IDLE, std::ptr::null())?;
-        let parts = Box::into_raw(Box::new(Parts {
-            callback,
-            idle: idle.0,
-        }));
-        let Some(check) = Handle::new(uv, UV_CHECK, parts.cast()) else {
-            // SAFETY: leaked just above for the handle that was not made.
-            drop(unsafe { Box::from_raw(parts) });
-            idle.free();
-            return None;
-        };
-        // SAFETY: fresh zeroed handles of their kinds, on the loop's own thread.
-        let made = unsafe { ((uv.idle_init)(on.0, idle.0), (uv.check_init)(on.0, check.0)) };
-        match made {
-            (0, 0) => {}
-            (0, _) => {
-                idle.close(uv, closed_handle);
-                // SAFETY: libuv does not know the check handle: its parts go by hand.
-                drop(unsafe { Box::from_raw(parts) });
-                check.free();
-                return None;
-            }
-            _ => {
-                // SAFETY: as above; the idle handle is unknown to libuv too.
-                drop(unsafe { Box::from_raw(parts) });
-                check.free();
-                idle.free();
-                return None;
-            }
-        }
-        // SAFETY: initialized handles, on their loop's thread.
-        unsafe {
-            (uv.unref)(check.0);
-            (uv.unref)(idle.0);
-        }
-        Some(Self { check, idle })
-    }
-
-    /// On the loop's thread: the callback runs once the loop has handled the I/O at hand.
-    /// Armed again before it ran, it still runs once.
-    pub fn arm(&self) -> bool {
-        // SAFETY: open while `self` lives, on its loop's thread; starting an active handle
-        // does nothing.
-        uv().is_some_and(|uv| unsafe {
-            (uv.check_start)(self.check.0, on_check) == 0
-                && (uv.idle_start)(self.idle.0, on_idle) == 0
-        })
-    }
-
-    /// On the loop's thread: closed for good.
-    pub fn close(self) {
-        if let Some(uv) = uv() {
-            self.idle.close(uv, closed_handle);
-            self.check.close(uv, closed_check);
-        }
-    }
-}
-
-unsafe extern "C" fn on_check(raw: *mut c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        // SAFETY: an open check handle's `data` is its `Parts`, alive until it is closed.
-        let parts = unsafe { &*(Handle::data(raw) as *const Parts) };
-        if let Some(uv) = uv() {
-            // SAFETY: both open (they close together), on their loop's thread.
-            unsafe {
-                (uv.check_stop)(raw);
-                (uv.idle_stop)(parts.idle);
-            }
-        }
-        (parts.callback)();
-    });
-}
-
-/// The idle handle does nothing: being active is its work.
-unsafe extern "C" fn on_idle(_raw: *mut c_void) {}
-
-unsafe extern "C" fn closed_check(raw: *mut c_void) {
-    let _ = std::panic::catch_unwind(|| {
-        // SAFETY: the check handle's `data` is its leaked `Parts`, taken back here once.
-        drop(unsafe { Box::from_raw(Handle::data(raw) as *mut Parts) });
-        Handle(raw).free();
-    });
-}
-
-unsafe extern "C" fn closed_handle(raw: *mut c_void) {
-    let _ = std::panic::catch_unwind(|| Handle(raw).free());
 }
