@@ -25,10 +25,16 @@ beforeAll(async () => {
 })
 
 type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease' | 'transferLease'>
-const opening: [string, (keyPrefix: string) => Leases][] = [
-  ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ url: server.url, keyPrefix }))],
-  ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ url: server.url, keyPrefix }))],
-]
+type Deployment = Pick<ConstructorParameters<typeof RedisLeaseProvider>[0] & {}, 'url' | 'sentinel' | 'cluster'>
+
+/** Both classes on a deployment (read when a test opens one), each closed after the test. */
+function bothClasses(deployment: () => Deployment): [string, (keyPrefix: string) => Leases][] {
+  return [
+    ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ ...deployment(), keyPrefix }))],
+    ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ ...deployment(), keyPrefix }))],
+  ]
+}
+const opening = bothClasses(() => ({ url: server.url }))
 
 describe('lease calls to one server on Node’s own loop', () => {
   it.for(opening)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times (it did twice per call)', async ([kind, open], { skip }) => {
@@ -142,11 +148,7 @@ describe('lease calls behind Sentinel on Node’s own loop', () => {
   afterAll(async () => {
     await sentinel?.stop()
   })
-  const options = () => ({ sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName } })
-  const behind: [string, (keyPrefix: string) => Leases][] = [
-    ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ ...options(), keyPrefix }))],
-    ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ ...options(), keyPrefix }))],
-  ]
+  const behind = bothClasses(() => ({ sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName } }))
 
   it.for(behind)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times, and the leases are in the master', async ([kind, open], { skip }) => {
     const keyPrefix = `node-loop-sentinel:${RUN}:${kind}`
@@ -182,11 +184,7 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
   afterAll(async () => {
     await cluster?.stop()
   })
-  const options = () => ({ cluster: { nodes: cluster.urls } })
-  const onCluster: [string, (keyPrefix: string) => Leases][] = [
-    ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ ...options(), keyPrefix }))],
-    ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ ...options(), keyPrefix }))],
-  ]
+  const onCluster = bothClasses(() => ({ cluster: { nodes: cluster.urls } }))
   const ownerIn = async (key: string) => (await cluster.masterOfSlot(await cluster.keySlot(key))).cli('GET', key)
 
   it.for(onCluster)('%s: 2,000 calls one after another wake the runtime’s thread fewer than 200 times, and each lease is on its slot’s master', async ([kind, open], { skip }) => {
