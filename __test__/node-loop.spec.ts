@@ -217,4 +217,26 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
     expect(woken).toBeLessThan(200)
   })
+
+  it('a master killed: the calls of its slots reach the replica promoted in its place, on Node’s loop again once they do', async ({ skip }) => {
+    const keyPrefix = `node-loop-cluster-failover:${RUN}`
+    const [, make] = onCluster[0]!
+    const leases = make(keyPrefix)
+    const stored = (key: string) => `${keyPrefix}:lease:${key}`
+    // Two keys of one slot (one hash tag).
+    expect(await leases.acquireLease('{killed}-before', 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    const slot = await cluster.keySlot(stored('{killed}-before'))
+    expect(await cluster.keySlot(stored('{killed}-after'))).toBe(slot)
+    const master = await cluster.masterOfSlot(slot)
+    await cluster.killMasterAndWaitForPromotion(master)
+    // The first calls may meet the dead master's link and reject coded.
+    await expect.poll(() => leases.acquireLease('{killed}-after', 'a', 60_000).catch((err: { code?: string }) => err.code), { timeout: 10_000, interval: 50 })
+      .toEqual({ acquired: true, owner: 'a' })
+    const promoted = await cluster.masterOfSlot(slot)
+    expect(promoted.port).not.toBe(master.port)
+    expect(await promoted.cli('GET', stored('{killed}-after'))).toBe('a')
+    const woken = await switchesOver2000Calls(leases)
+    skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    expect(woken).toBeLessThan(200)
+  })
 })
