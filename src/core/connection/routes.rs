@@ -13,7 +13,7 @@
 //! the caller, whose rules for a broken connection say what goes again.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -42,7 +42,7 @@ pub struct Routes {
 #[derive(Default)]
 struct State {
     /// Which master serves which slots, until a reply says the cluster moved.
-    map: Option<Arc<SlotMap>>,
+    map: Option<SlotMap>,
     /// Whether the map is being read: calls meanwhile go through the cluster connection.
     reading: bool,
     /// A link to each master, opened on first use, given up when it breaks; each numbered
@@ -181,7 +181,7 @@ impl Routes {
                     .links
                     .retain(|node, _| map.iter().any(|(_, _, it)| it == node));
             }
-            state.map = map.map(Arc::new);
+            state.map = map;
             drop(state);
             drop(reading);
             way = self.way(slot);
