@@ -78,7 +78,7 @@ impl Exclusive {
 
     /// The master of `slot`, as last read.
     pub(super) fn master_of(&self, slot: u16) -> Option<Node> {
-        master_in(&lock(&self.slots), slot)
+        master_in(&lock(&self.slots), slot).cloned()
     }
 
     /// Remembers the slots' masters.
@@ -172,7 +172,7 @@ impl Connection {
         let map = slots::slot_map(cluster)
             .await
             .map_err(|err| self.classify(err))?;
-        let node = slots::master_in(&map, slot);
+        let node = slots::master_in(&map, slot).cloned();
         self.exclusive.set_slots(map);
         node.ok_or_else(|| self.classify(slots::no_master()))
     }

@@ -22,7 +22,7 @@ use redis::{Arg, AsyncConnectionConfig, Cmd, Pipeline, RedisResult, Value};
 
 use super::address::NodeClients;
 use super::link::{is_moving, OnLoop};
-use super::slots::{slot_map, Node, SlotMap};
+use super::slots::{master_in, slot_map, Node, SlotMap};
 use crate::core::lock;
 
 /// The masters of one cluster link, on the loop.
@@ -209,11 +209,7 @@ impl Routes {
             state.reading = true;
             return Way::ReadMap;
         };
-        let master = map
-            .iter()
-            .find(|(start, end, _)| (*start..=*end).contains(&slot))
-            .map(|(_, _, node)| node);
-        match master {
+        match master_in(map, slot) {
             Some(node) => match state.links.get(node) {
                 Some((id, link)) => Way::Link(*id, link.clone()),
                 None => Way::Open(node.clone()),

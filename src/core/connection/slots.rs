@@ -15,14 +15,16 @@ pub(super) type SlotMap = Vec<(u16, u16, Node)>;
 /// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
 pub(super) async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
     let slot = super::slot(key);
-    master_in(&slot_map(cluster).await?, slot).ok_or_else(no_master)
+    master_in(&slot_map(cluster).await?, slot)
+        .cloned()
+        .ok_or_else(no_master)
 }
 
 /// The master serving `slot`, in `map`.
-pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<Node> {
+pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<&Node> {
     map.iter()
         .find(|(start, end, _)| (*start..=*end).contains(&slot))
-        .map(|(_, _, node)| node.clone())
+        .map(|(_, _, node)| node)
 }
 
 /// What a caller gets when no master serves a slot.

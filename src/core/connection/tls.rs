@@ -119,10 +119,6 @@ impl std::fmt::Debug for TlsOptions {
 ///   redis-rs' own error, as a build without its `tls-rustls-insecure` feature refuses it.
 pub(super) struct Handshake {
     options: TlsOptions,
-    /// Found among those made in the process ([`made`]), or made on the first connection, on
-    /// a thread of the runtime's blocking pool (loading the platform's roots reads and parses
-    /// files: milliseconds the caller's loop would not run), and kept for the reconnections.
-    config: tokio::sync::OnceCell<Arc<ClientConfig>>,
 }
 
 impl Handshake {
@@ -130,7 +126,6 @@ impl Handshake {
     pub(super) fn new(options: &TlsOptions) -> Self {
         Self {
             options: options.clone(),
-            config: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -148,27 +143,25 @@ impl Handshake {
                 "Cannot create insecure client without tls-rustls-insecure feature",
             )));
         }
-        let config = self
-            .config
-            .get_or_try_init(|| {
+        // Made once in the process for this material ([`MADE`]), on a thread of the runtime's
+        // blocking pool: loading the platform's roots reads and parses files, milliseconds the
+        // caller's loop would not run.
+        let config = match made(&self.options) {
+            Some(config) => config,
+            None => {
                 let options = self.options.clone();
-                async move {
-                    if let Some(config) = made(&options) {
-                        return Ok::<_, RedisError>(config);
-                    }
-                    tokio::task::spawn_blocking(move || {
-                        let config = Arc::new(client_config(&options)?);
-                        Ok(keep(options, config))
-                    })
-                    .await
-                    .map_err(|_| {
-                        RedisError::from(std::io::Error::other(
-                            "the TLS configuration could not be made",
-                        ))
-                    })?
-                }
-            })
-            .await?;
+                tokio::task::spawn_blocking(move || {
+                    let config = Arc::new(client_config(&options)?);
+                    Ok::<_, RedisError>(keep(options, config))
+                })
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::other(
+                        "the TLS configuration could not be made",
+                    ))
+                })??
+            }
+        };
         let name = ServerName::try_from(host)?.to_owned();
         Ok((TlsConnector::from(config.clone()), name))
     }
