@@ -22,13 +22,15 @@ import './helpers/mastra-node.js' // first: the streams pubsub loads Mastra, whi
 
 import path from 'node:path'
 
-import { beforeAll, describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { jsonLinesChild } from './helpers/json-lines-child.js'
 import { errorCode, leaseFailureWarnings, sleep } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { blockAfterThisTurn, startResetProxy, warm, type ResetProxy } from './helpers/node-loop-faults.js'
+import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 import { EXTERNAL_REDIS, startRedis, type RedisServer } from './helpers/redis-server.js'
 
 leaseSuite()
@@ -69,9 +71,9 @@ function tally(results: Outcome[], granted: (value: unknown) => boolean = () => 
 const isGrant = (value: unknown) => (value as { acquired?: unknown } | undefined)?.acquired === true
 const slowest = (results: Outcome[]) => Math.round(Math.max(...results.map((r) => r.ms)))
 
-/** The lease keys of `keys` that Redis holds for `owner`. */
-async function heldInRedis(keyPrefix: string, keys: string[], owner: string): Promise<number> {
-  const owners = (await server.cli('MGET', ...keys.map((key) => `${keyPrefix}:lease:${key}`))) as Array<string | null>
+/** The lease keys of `keys` that Redis holds for `owner`, read where `ownerOf` reads a stored key. */
+async function heldInRedis(keyPrefix: string, keys: string[], owner: string, ownerOf: (stored: string) => Promise<unknown> = (stored) => server.cli('GET', stored)): Promise<number> {
+  const owners = await Promise.all(keys.map((key) => ownerOf(`${keyPrefix}:lease:${key}`)))
   return owners.filter((o) => o === owner).length
 }
 
@@ -80,7 +82,7 @@ async function heldInRedis(keyPrefix: string, keys: string[], owner: string): Pr
  * blocked for 1.5 s once they were written: each round's answers, tallied, and how many of the
  * leases Redis holds.
  */
-async function blockedRounds(keyPrefix: string, ready: () => Promise<RedisLeaseProvider>) {
+async function blockedRounds(keyPrefix: string, ready: () => Promise<RedisLeaseProvider>, ownerOf?: (stored: string) => Promise<unknown>) {
   const rounds: Array<{ tally: Record<string, number>; held: number }> = []
   for (let round = 0; round < 3; round++) {
     const provider = await ready()
@@ -89,7 +91,7 @@ async function blockedRounds(keyPrefix: string, ready: () => Promise<RedisLeaseP
     const calls = keys.map((key) => provider.acquireLease(key, 'owner', 60_000))
     blockAfterThisTurn(1_500)
     const results = await outcomes(calls, since)
-    rounds.push({ tally: tally(results, isGrant), held: await heldInRedis(keyPrefix, keys, 'owner') })
+    rounds.push({ tally: tally(results, isGrant), held: await heldInRedis(keyPrefix, keys, 'owner', ownerOf) })
   }
   return rounds
 }
@@ -119,6 +121,33 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is
     expect(rounds.map((r) => r.tally)).toEqual([{ granted: 20 }, { granted: 20 }, { granted: 20 }])
     expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])
   }, 20_000)
+})
+
+describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is blocked, on a Cluster and behind Sentinel', () => {
+  let cluster: RedisCluster
+  let sentinel: RedisSentinel
+  beforeAll(async () => {
+    ;[cluster, sentinel] = await Promise.all([startCluster(), startSentinel({ replicas: 1 })])
+  })
+  afterAll(async () => {
+    await Promise.all([cluster?.stop(), sentinel?.stop()])
+  })
+  const deployments: [string, () => Pick<ConstructorParameters<typeof RedisLeaseProvider>[0] & {}, 'cluster' | 'sentinel'>, (stored: string) => Promise<unknown>][] = [
+    ['a Cluster (each call to its slot’s master)', () => ({ cluster: { nodes: cluster.urls } }), async (stored) => (await cluster.masterOfSlot(await cluster.keySlot(stored))).cli('GET', stored)],
+    ['behind Sentinel', () => ({ sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName } }), async (stored) => (await sentinel.master()).cli('GET', stored)],
+  ]
+
+  it.for(deployments)('%s: a loop blocked past commandTimeoutMs once 20 acquires were written: every one Redis granted resolves granted, none rejects ERR_LEASE_TIMEOUT', async ([, deployment, ownerOf], { annotate }) => {
+    const keyPrefix = `node-loop-faults:blocked-deployed:${RUN}:${Object.keys(deployment())[0]}`
+    const provider = closing(new RedisLeaseProvider({ ...deployment(), keyPrefix, commandTimeoutMs: 500 }))
+    const rounds = await blockedRounds(keyPrefix, async () => {
+      await warm((i) => provider.getLeaseOwner(`warm:${i}`))
+      return provider
+    }, ownerOf)
+    await annotate(rounds.map((r, i) => `round ${i + 1}: ${JSON.stringify(r.tally)}, ${r.held}/20 held in Redis`).join('; '))
+    expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])
+    expect(rounds.map((r) => r.tally)).toEqual([{ granted: 20 }, { granted: 20 }, { granted: 20 }])
+  }, 30_000)
 })
 
 /** Settled within this of being made, the fault notwithstanding (the timeout is 2,000 ms). */

@@ -11,6 +11,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
+import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
@@ -25,15 +26,43 @@ beforeAll(async () => {
 })
 
 type Leases = Pick<RedisLeaseProvider, 'acquireLease' | 'renewLease' | 'getLeaseOwner' | 'releaseLease' | 'transferLease'>
-type Deployment = Pick<ConstructorParameters<typeof RedisLeaseProvider>[0] & {}, 'url' | 'sentinel' | 'cluster'>
+type Deployment = Pick<ConstructorParameters<typeof RedisLeaseProvider>[0] & {}, 'url' | 'sentinel' | 'cluster' | 'commandTimeoutMs'>
 
 /** Both classes on a deployment (read when a test opens one), each closed after the test. */
-function bothClasses(deployment: () => Deployment): [string, (keyPrefix: string) => Leases][] {
+function bothClasses(deployment: () => Deployment): [string, (keyPrefix: string, commandTimeoutMs?: number) => Leases][] {
   return [
-    ['RedisLeaseProvider', (keyPrefix) => closing(new RedisLeaseProvider({ ...deployment(), keyPrefix }))],
-    ['RedisStreamsPubSub', (keyPrefix) => closing(new RedisStreamsPubSub({ ...deployment(), keyPrefix }))],
+    ['RedisLeaseProvider', (keyPrefix, commandTimeoutMs) => closing(new RedisLeaseProvider({ ...deployment(), keyPrefix, commandTimeoutMs }))],
+    ['RedisStreamsPubSub', (keyPrefix, commandTimeoutMs) => closing(new RedisStreamsPubSub({ ...deployment(), keyPrefix, commandTimeoutMs }))],
   ]
 }
+
+/**
+ * A master frozen (SIGSTOP) for less than failure detection takes: several calls of one owner
+ * in one turn, a renewal and a fresh acquire, each reject ERR_LEASE_TIMEOUT within the call's
+ * bound, none answering false; once it is thawed the lease held before answers as before.
+ * `meanwhile`, run while it is frozen, is what must keep answering.
+ */
+async function throughAFrozenMaster(leases: Leases, key: string, master: { freeze(): void; thaw(): void }, meanwhile: () => Promise<void> = async () => {}) {
+  expect(await leases.acquireLease(key, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+  master.freeze()
+  try {
+    const started = performance.now()
+    await Promise.all([
+      expectRejection(() => leases.renewLease(key, 'a', 60_000), Error, 'ERR_LEASE_TIMEOUT'),
+      expectRejection(() => leases.acquireLease(`${key}-fresh`, 'a', 60_000), Error, 'ERR_LEASE_TIMEOUT'),
+      expectRejection(() => leases.getLeaseOwner(key), Error, 'ERR_LEASE_TIMEOUT'),
+      meanwhile(),
+    ])
+    expect(performance.now() - started).toBeLessThan(FROZEN_CALL_TIMEOUT_MS + 400)
+  } finally {
+    master.thaw()
+  }
+  expect(await leases.renewLease(key, 'a', 60_000)).toBe(true)
+  expect(await leases.getLeaseOwner(key)).toBe('a')
+  expect(await leases.transferLease(key, 'a', 'b', 60_000)).toBe(true)
+}
+/** Well under the 1 s in which the test deployments' failure detection starts. */
+const FROZEN_CALL_TIMEOUT_MS = 250
 const opening = bothClasses(() => ({ url: server.url }))
 
 describe('lease calls to one server on Node’s own loop', () => {
@@ -158,6 +187,12 @@ describe('lease calls behind Sentinel on Node’s own loop', () => {
     expect(await (await sentinel.master()).cli('GET', `${keyPrefix}:lease:warm`)).toBe('owner')
   })
 
+  it.for(behind)('%s: the master frozen: calls in one turn reject ERR_LEASE_TIMEOUT within their bound, never false, and answer as before once it is thawed', async ([kind, open]) => {
+    const keyPrefix = `node-loop-sentinel-frozen:${RUN}:${kind}`
+    await throughAFrozenMaster(open(keyPrefix, FROZEN_CALL_TIMEOUT_MS), 'k', await sentinel.master())
+    expect(await (await sentinel.master()).cli('GET', `${keyPrefix}:lease:k`)).toBe('b')
+  })
+
   it('the master killed: calls reach the one the sentinels promote, on Node’s loop again once they do', async ({ skip }) => {
     const keyPrefix = `node-loop-failover:${RUN}`
     const [, make] = behind[0]!
@@ -193,6 +228,25 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     skip(woken === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
     expect(woken).toBeLessThan(200)
     expect(await ownerIn(`${keyPrefix}:lease:warm`)).toBe('owner')
+  })
+
+  it.for(onCluster)('%s: a master frozen: its slots’ calls in one turn reject ERR_LEASE_TIMEOUT within their bound, never false, while another master’s keys answer meanwhile; thawed, they answer as before', async ([kind, open]) => {
+    const keyPrefix = `node-loop-cluster-frozen:${RUN}:${kind}`
+    const leases = open(keyPrefix, FROZEN_CALL_TIMEOUT_MS)
+    const masterOf = async (key: string) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:lease:${key}`))
+    // Hash tags keep a key and its `-fresh` sibling in one slot.
+    const frozen = await masterOf('{f}')
+    let elsewhere = 0
+    while ((await masterOf(`{e${elsewhere}}`)).port === frozen.port) elsewhere++
+    const other = `{e${elsewhere}}`
+    expect(await leases.acquireLease(other, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    await throughAFrozenMaster(leases, '{f}', frozen, async () => {
+      // Another master's calls do not wait behind the frozen one's.
+      const started = performance.now()
+      for (let i = 0; i < 20; i++) expect(await leases.renewLease(other, 'a', 60_000)).toBe(true)
+      expect(performance.now() - started).toBeLessThan(FROZEN_CALL_TIMEOUT_MS)
+    })
+    expect(await frozen.cli('GET', `${keyPrefix}:lease:{f}`)).toBe('b')
   })
 
   it('a slot moved to another master under held leases: every renewal, read and transfer answers as before the move, and calls are back on Node’s loop after it', async ({ skip }) => {
