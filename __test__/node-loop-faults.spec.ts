@@ -137,7 +137,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is
     ['behind Sentinel', () => ({ sentinel: { nodes: sentinel.sentinelUrls, masterName: sentinel.masterName } }), async (stored) => (await sentinel.master()).cli('GET', stored)],
   ]
 
-  it.for(deployments)('%s: a loop blocked past commandTimeoutMs once 20 acquires were written: every one Redis granted resolves granted, none rejects ERR_LEASE_TIMEOUT', async ([, deployment, ownerOf], { annotate }) => {
+  it.for(deployments)('%s: a loop blocked past commandTimeoutMs once 20 acquires were written: every one Redis granted resolves granted, none rejects ERR_LEASE_TIMEOUT', { timeout: 30_000 }, async ([, deployment, ownerOf], { annotate }) => {
     const keyPrefix = `node-loop-faults:blocked-deployed:${RUN}:${Object.keys(deployment())[0]}`
     const provider = closing(new RedisLeaseProvider({ ...deployment(), keyPrefix, commandTimeoutMs: 500 }))
     const rounds = await blockedRounds(keyPrefix, async () => {
@@ -147,7 +147,7 @@ describe.skipIf(EXTERNAL_REDIS)('lease calls on Node’s loop while that loop is
     await annotate(rounds.map((r, i) => `round ${i + 1}: ${JSON.stringify(r.tally)}, ${r.held}/20 held in Redis`).join('; '))
     expect(rounds.map((r) => r.held)).toEqual([20, 20, 20])
     expect(rounds.map((r) => r.tally)).toEqual([{ granted: 20 }, { granted: 20 }, { granted: 20 }])
-  }, 30_000)
+  })
 })
 
 /** Settled within this of being made, the fault notwithstanding (the timeout is 2,000 ms). */
