@@ -391,6 +391,32 @@ impl Link {
         self.req_packed_commands(pipe, offset, count).await
     }
 
+    /// Sends a pipeline as [`Link::send_packed_commands`] does, whole. `repeatable` makes the
+    /// same commands, one for one, in a form that answers the same when it runs twice: what
+    /// goes through redis-rs' cluster connection goes in that form, since it sends a command
+    /// again, unseen, when the connection it went on dropped. `pipe` goes where nothing
+    /// sends it again but the caller.
+    pub async fn send_either(
+        &mut self,
+        pipe: &Pipeline,
+        repeatable: &(dyn Fn() -> Pipeline + Sync),
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Cluster(cluster, None) => {
+                let pipe = repeatable();
+                let replies = cluster.req_packed_commands(&pipe, 0, pipe.len()).await;
+                refuse_moving(replies, first_moving)
+            }
+            Self::Cluster(cluster, Some(routes)) => {
+                let replies = routes
+                    .send(cluster, pipe, 0, pipe.len(), Some(repeatable))
+                    .await;
+                refuse_moving(replies, first_moving)
+            }
+            link => link.req_packed_commands(pipe, 0, pipe.len()).await,
+        }
+    }
+
     /// Sends `cmd` to the master of `key`'s slot (on a cluster; elsewhere, where every
     /// command goes): for a keyless command that must reach that node, such as `SCRIPT LOAD`
     /// or `CLIENT UNBLOCK` of a reader blocked there.
@@ -502,6 +528,11 @@ fn refuse_moving<T>(
     }
 }
 
+/// The first of `replies` that [`refuse_moving`] looks for.
+fn first_moving(replies: &Vec<Value>) -> Option<Value> {
+    replies.iter().find(|v| is_moving(v)).cloned()
+}
+
 /// Whether a reply is one of the errors [`refuse_moving`] looks for.
 pub(super) fn is_moving(value: &Value) -> bool {
     matches!(value, Value::ServerError(err) if err.kind().is_some_and(moving_kind))
@@ -544,18 +575,16 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let any = |values: &Vec<Value>| values.iter().find(|v| is_moving(v)).cloned();
+        let any = first_moving;
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
             Self::Cluster(c, None) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),
-            Self::Cluster(c, Some(routes)) => {
-                Box::pin(
-                    async move { refuse_moving(routes.send(c, pipe, offset, count).await, any) },
-                )
-            }
+            Self::Cluster(c, Some(routes)) => Box::pin(async move {
+                refuse_moving(routes.send(c, pipe, offset, count, None).await, any)
+            }),
             Self::Master(c) => Box::pin(async move {
                 refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
             }),

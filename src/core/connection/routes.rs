@@ -92,29 +92,39 @@ impl Routes {
     }
 
     /// Sends `pipe`'s commands (`offset`, `count` as `ConnectionLike` takes them) to the
-    /// master of their slot, or through `cluster`.
+    /// master of their slot, or through `cluster`: in the form `repeatable` makes, where it
+    /// is given (see [`Link::send_either`](super::Link::send_either)).
     pub(super) async fn send(
         &self,
         cluster: &mut ClusterConnection,
         pipe: &Pipeline,
         offset: usize,
         count: usize,
+        repeatable: Option<&(dyn Fn() -> Pipeline + Sync)>,
     ) -> RedisResult<Vec<Value>> {
         let key = match pipe.is_transaction() {
             true => None,
             false => pipe.cmd_iter().next().and_then(key_of),
         };
         let Some((id, mut link)) = self.link_for(key, cluster).await else {
-            return cluster.req_packed_commands(pipe, offset, count).await;
+            return match repeatable {
+                Some(repeatable) => {
+                    let pipe = repeatable();
+                    cluster.req_packed_commands(&pipe, offset, count).await
+                }
+                None => cluster.req_packed_commands(pipe, offset, count).await,
+            };
         };
         let mut replies = self.answered(id, link.req_packed_commands(pipe, offset, count).await)?;
         if replies.len() != pipe.len() || !replies.iter().any(is_moving) {
             return Ok(replies);
         }
         self.moved();
+        let repeatable = repeatable.map(|repeatable| repeatable());
         let mut again = redis::pipe();
         let mut at = Vec::new();
-        for (i, (cmd, reply)) in pipe.cmd_iter().zip(&replies).enumerate() {
+        let cmds = repeatable.as_ref().unwrap_or(pipe).cmd_iter();
+        for (i, (cmd, reply)) in cmds.zip(&replies).enumerate() {
             if is_moving(reply) {
                 again.add_command(cmd.clone());
                 at.push(i);

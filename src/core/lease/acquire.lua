@@ -2,8 +2,9 @@
 -- KEYS[1]  the lease key (<keyPrefix>:lease:<key>), a string holding the owner
 -- KEYS[2]  the lease's companion key (<keyPrefix>:fence:{<tag>}:<key>), holding
 --          "<token>:<transfer id>:<holder's length>:<holder><metadata>": the holder's token
---          (empty for none), the last transfer's id (empty but after a transfer on a cluster),
---          the owner it belongs to, as its length in bytes and its bytes, then its metadata
+--          (empty for none), the last transfer's id (empty but after a cluster's transfer that
+--          may reach Redis twice unseen, see transfer.lua), the owner it belongs to, as its
+--          length in bytes and its bytes, then its metadata
 --          (empty for none), so any bytes in owner and metadata read back whole. It lives as
 --          long as the lease while it holds a token or metadata; holding only a transfer's id,
 --          only while the transfer may be sent again. Absent for a lease with neither (Mastra's

@@ -28,7 +28,7 @@ use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts;
 pub(super) use commands::decode;
-use commands::{is_noscript, lua, How};
+use commands::{is_noscript, lua, Delivery, How};
 use parts::{repeated_keys, Part};
 
 /// How to reach Redis and where the leases live there.
@@ -248,10 +248,13 @@ impl RedisStore {
     /// fresh connection and within the same timeout: a key's one call (acquire and renew by
     /// the same holder refresh again, a release or a read is harmless), or its reads and
     /// renewals alone.
-    /// A transfer is told it is sent again: on a cluster it carries an id of its own, which
-    /// Redis keeps, so the same transfer run twice answers `true` twice; on one server it
-    /// moves a lease still with its old holder, and otherwise cannot know (see
-    /// `transfer.lua`). A server still loading its data after a start (`LOADING`), which ran
+    /// A transfer is told it is sent again: it moves a lease still with its old holder, and
+    /// otherwise cannot know, unless Redis kept its id (see `transfer.lua`). On a cluster a
+    /// transfer has an id, which it carries wherever it may reach Redis twice unseen (through
+    /// redis-rs' cluster connection, which sends a command again when its connection
+    /// dropped) and on a send made again, so the same transfer run twice answers `true`
+    /// twice; on a link that sends nothing again by itself (a master's on Node's loop) its
+    /// first send goes without, and leaves the lease its key alone, as on one server. A server still loading its data after a start (`LOADING`), which ran
     /// nothing, is asked again every 50 ms within the same timeout. A key's calls when an
     /// acquire, release or transfer is among several,
     /// and such a transfer that
@@ -470,18 +473,29 @@ impl RedisStore {
         let mut pending: Vec<usize> = (0..sent.len()).collect();
         let mut load = false;
         for pass in 0..3 {
-            let mut pipe = redis::pipe();
             let loads = match load {
                 true => scripts::LEASE_SCRIPTS.len(),
                 false => 0,
             };
-            for lua in scripts::LEASE_SCRIPTS.iter().take(loads) {
-                pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+            // A server that refused the plain acquire takes the script from now on.
+            if !self.plain_acquire.load(Ordering::Relaxed) {
+                how.iter_mut()
+                    .filter(|how| **how == How::Plain)
+                    .for_each(|how| *how = How::Script);
             }
-            for &j in &pending {
-                plain[j] = self.encode(&calls[sent[j]], how[j], &mut pipe);
-            }
-            let mut answers = link.send_packed_commands(&pipe, 0, pipe.len()).await?;
+            let encoded = |delivery: Delivery, plain: &mut [bool]| {
+                let mut pipe = redis::pipe();
+                for lua in scripts::LEASE_SCRIPTS.iter().take(loads) {
+                    pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source);
+                }
+                for &j in &pending {
+                    plain[j] = self.encode(&calls[sent[j]], how[j], delivery, &mut pipe);
+                }
+                pipe
+            };
+            let pipe = encoded(Delivery::AtMostOnce, &mut plain);
+            let repeatable = || encoded(Delivery::AtLeastOnce, &mut vec![false; sent.len()]);
+            let mut answers = link.send_either(&pipe, &repeatable).await?;
             // A refused SCRIPT LOAD (an ACL without it) explains the NOSCRIPT that follows:
             // the caller gets that error (NOPERM), not a puzzling NOSCRIPT.
             let refused = answers
@@ -564,9 +578,9 @@ struct Timing {
     deadline: Instant,
 }
 
-/// A call on its way, with the id a transfer carries on every send of it where Redis keeps
-/// it (on a cluster, see `transfer.lua`), and whether it is being sent again after a
-/// connection broke under it.
+/// A call on its way, with the id a transfer has on a cluster (carried where Redis must keep
+/// it, see `commands::Delivery`), and whether it is being sent again after a connection
+/// broke under it.
 struct Sent {
     call: Call,
     id: String,

@@ -7,11 +7,13 @@
 -- ARGV[1]  fromOwner
 -- ARGV[2]  toOwner
 -- ARGV[3]  ttl in milliseconds
--- ARGV[4]  how a send made again is known. Where the client sends a transfer again only
---          knowingly (one server: only this client's own retry after a broken connection),
---          absent (or empty) on the first send and "again" on that one. Where it may send it
---          again unseen (a cluster client's retries), this transfer's id, the same on every
---          send of it, kept in the companion key while the transfer may be sent again.
+-- ARGV[4]  how a send made again is known. Absent (or empty) on a first send that reaches
+--          Redis at most once (a link nothing sends again on but this client, which says so);
+--          "again" on this client's own send made again after a broken connection (one
+--          server). Where a send may reach Redis again unseen (redis-rs' cluster connection
+--          sends a command again when the connection it went on dropped), this transfer's id,
+--          the same on every send of it, kept in the companion key while the transfer may be
+--          sent again; "again:<id>" on a cluster's send made again knowingly: both at once.
 -- ARGV[5]  with an id, how long to keep it in milliseconds (the caller's timeout, at most
 --          the ttl); else absent (or empty)
 -- ARGV[6]  fromMetadata; absent for none
@@ -33,20 +35,22 @@
 -- look again; the key is not free, but its holder changed); a lease without one is waited
 -- for by nobody (see release.lua), and publishes nothing.
 local current = redis.call('GET', KEYS[1])
+local again, id = false, ''
+if ARGV[4] then
+  again = string.sub(ARGV[4], 1, 5) == 'again'
+  id = string.sub(ARGV[4], again and 7 or 1)
+end
 if current == ARGV[1] and not ARGV[6] and redis.pcall('EXISTS', KEYS[2]) == 0 then
   -- Mastra's own transfers, first, before any other work: no metadata either side (none is
   -- sent), no token, no companion key to read, nobody waiting (pcall: a user whose ACL lacks
   -- EXISTS takes the read below).
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  local id = ARGV[4]
-  if id and id ~= '' and id ~= 'again' then
+  if id ~= '' then
     redis.call('SET', KEYS[2], ':' .. id .. ':' .. #ARGV[2] .. ':' .. ARGV[2], 'PX', ARGV[5])
   end
   return 1
 end
 local fromMetadata, toMetadata = ARGV[6] or '', ARGV[7] or ''
-local again = ARGV[4] == 'again'
-local id = not again and ARGV[4] or ''
 local keep = id ~= '' and ARGV[5]
 -- What the companion key says of the current holder: nothing when it names another.
 local companion = redis.call('GET', KEYS[2])

@@ -49,9 +49,16 @@ impl RedisStore {
     }
 
     /// Appends the command that performs a call, as `how` says for an acquire without token or
-    /// metadata. `true` when it went as a plain acquire: a `SET NX GET` and an `EXISTS` of its
-    /// companion key, two replies.
-    pub(super) fn encode(&self, sent: &Sent, how: How, pipe: &mut Pipeline) -> bool {
+    /// metadata (the caller has checked the server takes a plain one), in the form `delivery`
+    /// says. `true` when it went as a plain acquire: a `SET NX GET` and an `EXISTS` of its
+    /// companion key, two replies. Both forms of a call are the same number of commands.
+    pub(super) fn encode(
+        &self,
+        sent: &Sent,
+        how: How,
+        delivery: Delivery,
+        pipe: &mut Pipeline,
+    ) -> bool {
         let call = &sent.call;
         match call {
             Call::Owner { key } => {
@@ -78,10 +85,7 @@ impl RedisStore {
                 holder,
                 ttl_ms,
                 fenced: false,
-            } if holder.metadata.is_none()
-                && how == How::Plain
-                && self.plain_acquire.load(Ordering::Relaxed) =>
-            {
+            } if holder.metadata.is_none() && how == How::Plain => {
                 // Answers nil when it claimed the key, else the holder (and writes nothing).
                 let k = self.layout.keys(key);
                 let cmd = pipe.cmd("SET").arg(k.lease).arg(&holder.owner);
@@ -148,11 +152,19 @@ impl RedisStore {
                 cmd.arg(*ttl_ms);
                 let metadata = from.metadata.is_some() || to.metadata.is_some();
                 let again = sent.again.load(Ordering::Relaxed);
-                if !sent.id.is_empty() {
-                    // Its id, where the client may send it again unseen (a cluster): kept
-                    // while the transfer may be sent again (its timeout, at most the TTL).
+                // Its id (on a cluster), where Redis must keep it: where the send may reach
+                // Redis again unseen, and on a send made again knowingly, whose first send
+                // may have gone either way. Kept while the transfer may be sent again (its
+                // timeout, at most the TTL).
+                let id = match (again, delivery) {
+                    _ if sent.id.is_empty() => None,
+                    (true, _) => Some(std::borrow::Cow::Owned(format!("again:{}", sent.id))),
+                    (false, Delivery::AtLeastOnce) => Some(std::borrow::Cow::from(&sent.id)),
+                    (false, Delivery::AtMostOnce) => None,
+                };
+                if let Some(id) = id {
                     let resend_ms = u64::try_from(self.connection.timeout().as_millis());
-                    cmd.arg(&sent.id)
+                    cmd.arg(id.as_bytes())
                         .arg(resend_ms.unwrap_or(u64::MAX).min(*ttl_ms));
                 } else if metadata {
                     // Only `send` sends it again here, and says so. Every argument costs Redis
@@ -186,6 +198,18 @@ impl RedisStore {
         }
         cmd
     }
+}
+
+/// How often a command may reach Redis for one send of it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Delivery {
+    /// Once at most: a link that sends nothing again by itself (this client sends a call
+    /// again only knowingly, and says so).
+    AtMostOnce,
+    /// Perhaps more than once, unseen: redis-rs' cluster connection sends a command again
+    /// when the connection it went on dropped. A transfer then carries its id
+    /// (`transfer.lua`), by which a second run answers as the first.
+    AtLeastOnce,
 }
 
 /// How an acquire without token or metadata goes.

@@ -186,6 +186,7 @@ async fn an_unreachable_server_is_a_connection_error_not_a_lost_lease() {
 #[tokio::test]
 async fn the_same_transfer_run_twice_answers_true_twice_by_its_id_and_one_sent_again_knowingly_moves_a_lease_still_with_its_old_holder_or_says_it_cannot_know(
 ) {
+    // (A cluster's send made again knowingly carries both: "again:<id>", below.)
     let server = Server::start("lease-transfer-again");
     let script = crate::core::scripts::TRANSFER.source;
     let [token, counter] = companions("k");
@@ -219,6 +220,18 @@ async fn the_same_transfer_run_twice_answers_true_twice_by_its_id_and_one_sent_a
     assert_eq!(run(&["again"]), ("-1".into(), "c".into()));
     server.cli(&["DEL", "t:lease:k"]);
     assert_eq!(run(&["again"]), ("-1".into(), "".into()));
+    // Both (a cluster's send made again knowingly, whose first send went without the id on a
+    // link that sends nothing again, or with it): a lease still with a moves, keeping the id,
+    // so the same send run again unseen answers 1; one its first send moved without the id
+    // cannot say, and answers -1; one its first send moved with the id answers 1.
+    holding("a");
+    assert_eq!(run(&kept("again:t3")), ("1".into(), "b".into()));
+    assert_eq!(run(&kept("again:t3")), ("1".into(), "b".into()));
+    assert_eq!(run(&kept("again:t4")), ("-1".into(), "b".into()));
+    server.cli(&["DEL", "t:lease:k", &token]);
+    holding("a");
+    assert_eq!(run(&kept("t5")), ("1".into(), "b".into()));
+    assert_eq!(run(&kept("again:t5")), ("1".into(), "b".into()));
 }
 
 #[tokio::test]
