@@ -405,13 +405,13 @@ impl Link {
             Self::Cluster(cluster, None) => {
                 let pipe = repeatable();
                 let replies = cluster.req_packed_commands(&pipe, 0, pipe.len()).await;
-                refuse_moving(replies, first_moving)
+                refuse_moving(replies, |r| first_moving(r))
             }
             Self::Cluster(cluster, Some(routes)) => {
                 let replies = routes
                     .send(cluster, pipe, 0, pipe.len(), Some(repeatable))
                     .await;
-                refuse_moving(replies, first_moving)
+                refuse_moving(replies, |r| first_moving(r))
             }
             link => link.req_packed_commands(pipe, 0, pipe.len()).await,
         }
@@ -529,7 +529,7 @@ fn refuse_moving<T>(
 }
 
 /// The first of `replies` that [`refuse_moving`] looks for.
-fn first_moving(replies: &Vec<Value>) -> Option<Value> {
+fn first_moving(replies: &[Value]) -> Option<Value> {
     replies.iter().find(|v| is_moving(v)).cloned()
 }
 
@@ -575,7 +575,7 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let any = first_moving;
+        let any = |values: &Vec<Value>| first_moving(values);
         match self {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
