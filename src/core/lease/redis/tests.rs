@@ -1,8 +1,9 @@
 //! The Redis store against a real `redis-server` each test starts on its own unix socket.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{RedisOptions, RedisStore};
+use super::{Delivery, RedisOptions, RedisStore};
 use crate::core::connection::{ConnectionOptions, Keyspace};
 use crate::core::lease::keys::Layout;
 use crate::core::lease::{Grant, Holder, Lease};
@@ -232,6 +233,54 @@ async fn the_same_transfer_run_twice_answers_true_twice_by_its_id_and_one_sent_a
     holding("a");
     assert_eq!(run(&kept("t5")), ("1".into(), "b".into()));
     assert_eq!(run(&kept("again:t5")), ("1".into(), "b".into()));
+}
+
+#[tokio::test]
+async fn a_transfer_carries_its_id_only_where_it_may_reach_redis_twice_unseen_and_on_a_send_made_again(
+) {
+    let server = Server::start("lease-transfer-forms");
+    let store = store(&server, Duration::from_secs(2));
+    let transfer = || Call::Transfer {
+        key: "k".into(),
+        from: Holder::new("a"),
+        to: Holder::new("b"),
+        ttl_ms: 60_000,
+    };
+    // ARGV[4] of the transfer script as `delivery` sends it (EVALSHA, its SHA, the key
+    // count, 3 keys, from, to, ttl come first), and ARGV[5].
+    let argv4 = |sent: &super::Sent, delivery| {
+        let mut pipe = redis::pipe();
+        store.encode(sent, super::How::Script, delivery, &mut pipe);
+        let cmd = pipe.cmd_iter().next().expect("one command");
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        (args.get(9).cloned(), args.get(10).cloned())
+    };
+    let (once, repeatable) = (Delivery::AtMostOnce, Delivery::AtLeastOnce);
+    // On a cluster: its id only where it may run twice unseen; on a send made again in
+    // either form, with the id, so an unseen second run of it answers as the first.
+    let clusters = super::Sent::new(transfer(), true);
+    let id = clusters.id.clone();
+    assert!(!id.is_empty() && !id.contains(':'), "{id}");
+    assert_eq!(argv4(&clusters, once), (None, None));
+    assert_eq!(
+        argv4(&clusters, repeatable),
+        (Some(id.clone()), Some("2000".into()))
+    );
+    clusters.again.store(true, Ordering::Relaxed);
+    let both = (Some(format!("again:{id}")), Some("2000".into()));
+    assert_eq!(argv4(&clusters, once), both);
+    assert_eq!(argv4(&clusters, repeatable), both);
+    // On one server, no id in either form: "again" on a send made again.
+    let ones = super::Sent::new(transfer(), false);
+    assert_eq!(argv4(&ones, repeatable), (None, None));
+    ones.again.store(true, Ordering::Relaxed);
+    assert_eq!(argv4(&ones, once), (Some("again".into()), None));
 }
 
 #[tokio::test]
