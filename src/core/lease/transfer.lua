@@ -35,21 +35,21 @@
 -- look again; the key is not free, but its holder changed); a lease without one is waited
 -- for by nobody (see release.lua), and publishes nothing.
 local current = redis.call('GET', KEYS[1])
-local again, id = false, ''
-if ARGV[4] then
-  again = string.sub(ARGV[4], 1, 5) == 'again'
-  id = string.sub(ARGV[4], again and 7 or 1)
-end
 if current == ARGV[1] and not ARGV[6] and redis.pcall('EXISTS', KEYS[2]) == 0 then
   -- Mastra's own transfers, first, before any other work: no metadata either side (none is
   -- sent), no token, no companion key to read, nobody waiting (pcall: a user whose ACL lacks
   -- EXISTS takes the read below).
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  if id ~= '' then
+  local sent = ARGV[4]
+  if sent and sent ~= '' and sent ~= 'again' then
+    -- Its id: "<id>" or "again:<id>".
+    local id = string.match(sent, '[^:]*$')
     redis.call('SET', KEYS[2], ':' .. id .. ':' .. #ARGV[2] .. ':' .. ARGV[2], 'PX', ARGV[5])
   end
   return 1
 end
+local again = string.sub(ARGV[4] or '', 1, 5) == 'again'
+local id = string.sub(ARGV[4] or '', again and 7 or 1)
 local fromMetadata, toMetadata = ARGV[6] or '', ARGV[7] or ''
 local keep = id ~= '' and ARGV[5]
 -- What the companion key says of the current holder: nothing when it names another.
