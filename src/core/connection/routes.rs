@@ -120,10 +120,10 @@ impl Routes {
             return Ok(replies);
         }
         self.moved();
-        let repeatable = repeatable.map(|repeatable| repeatable());
+        let made = repeatable.map(|make| make());
         let mut again = redis::pipe();
         let mut at = Vec::new();
-        let cmds = repeatable.as_ref().unwrap_or(pipe).cmd_iter();
+        let cmds = made.as_ref().unwrap_or(pipe).cmd_iter();
         for (i, (cmd, reply)) in cmds.zip(&replies).enumerate() {
             if is_moving(reply) {
                 again.add_command(cmd.clone());

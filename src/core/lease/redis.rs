@@ -254,12 +254,11 @@ impl RedisStore {
     /// redis-rs' cluster connection, which sends a command again when its connection
     /// dropped) and on a send made again, so the same transfer run twice answers `true`
     /// twice; on a link that sends nothing again by itself (a master's on Node's loop) its
-    /// first send goes without, and leaves the lease its key alone, as on one server. A server still loading its data after a start (`LOADING`), which ran
-    /// nothing, is asked again every 50 ms within the same timeout. A key's calls when an
-    /// acquire, release or transfer is among several,
-    /// and such a transfer that
-    /// cannot know, reject with [`Error::OutcomeUnknown`]: never an answer that was not the
-    /// first run's.
+    /// first send goes without, and leaves the lease its key alone, as on one server. A
+    /// server still loading its data after a start (`LOADING`), which ran nothing, is asked
+    /// again every 50 ms within the same timeout. A key's calls when an acquire, release or
+    /// transfer is among several, and such a transfer that cannot know, reject with
+    /// [`Error::OutcomeUnknown`]: never an answer that was not the first run's.
     pub async fn execute_each(&self, calls: Vec<Call>, answered: &Answered<'_>) {
         let started = Instant::now();
         let deadline = started + self.connection.timeout();
