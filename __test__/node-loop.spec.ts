@@ -17,6 +17,7 @@ import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 import { monitor, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { runtimeThreadSwitches, switchesOver2000Calls } from './helpers/runtime-thread.js'
+import { ev, Inbox } from './helpers/streams.js'
 
 leaseSuite()
 
@@ -247,6 +248,25 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
       expect(performance.now() - started).toBeLessThan(FROZEN_CALL_TIMEOUT_MS)
     })
     expect(await frozen.cli('GET', `${keyPrefix}:lease:{f}`)).toBe('b')
+  })
+
+  it('RedisStreamsPubSub: its calls on Node’s loop share the transport’s cluster connection: a master none of its readers is on holds two connections of it, that one and the loop’s link', async () => {
+    const keyPrefix = `node-loop-cluster-conns:${RUN}`
+    const connectionName = `conns-${process.pid}`
+    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, connectionName }))
+    // Lease calls on keys of every master open the loop's links to them all; a group's
+    // subscription opens the transport's cluster connection and a reader at its topic's master.
+    for (let i = 0; i < 30; i++) expect(await pubsub.acquireLease(`k${i}`, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    const inbox = new Inbox()
+    await pubsub.subscribe('conns', inbox.cb, { group: 'workers' })
+    await pubsub.publish('conns', ev(0))
+    await inbox.count(1)
+    const readers = await cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:conns`))
+    const named = async (node: RedisCluster['nodes'][number]) =>
+      String(await node.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${connectionName} `)).length
+    const others = (await cluster.masters()).filter((m) => m.port !== readers.port)
+    expect(others.length).toBeGreaterThan(0)
+    for (const master of others) expect(await named(master), master.name).toBe(2)
   })
 
   it('a slot moved to another master under held leases: every renewal, read and transfer answers as before the move, and calls are back on Node’s loop after it', async ({ skip }) => {

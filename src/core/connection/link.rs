@@ -61,6 +61,10 @@ pub(super) enum Target {
         on_loop: Option<OnLoop>,
         /// The connection name, given to the links to the masters on the loop.
         name: Option<String>,
+        /// redis-rs' cluster connection, shared with the targets beside this one
+        /// ([`Target::beside`]): one routing task and one connection per node for them all,
+        /// opened by the first shared link and let go with the link that gives it up.
+        cluster: Arc<tokio::sync::Mutex<Option<ClusterConnection>>>,
     },
     /// The master the sentinels name; its shared link on the embedder's event loop when
     /// there is one.
@@ -149,11 +153,22 @@ impl Target {
 
     /// The target of another connection to the same deployment, on `options`' reactor
     /// (`options` are the first's otherwise). Behind Sentinel it shares the sentinels, their
-    /// one watcher among them, and follows their announcements itself.
+    /// one watcher among them, and follows their announcements itself; on a Cluster, redis-rs'
+    /// cluster connection.
     pub(super) fn beside(&self, options: &ConnectionOptions) -> Result<Self> {
         match self {
             Self::Sentinel { sentinels, .. } => Ok(Self::behind(sentinels.clone(), options)),
-            Self::Single(..) | Self::Cluster { .. } => Self::new(options, Protocol::AsTheUrlSays),
+            Self::Cluster { cluster, .. } => {
+                let mut beside = Self::new(options, Protocol::AsTheUrlSays)?;
+                if let Self::Cluster {
+                    cluster: shared, ..
+                } = &mut beside
+                {
+                    *shared = cluster.clone();
+                }
+                Ok(beside)
+            }
+            Self::Single(..) => Self::new(options, Protocol::AsTheUrlSays),
         }
     }
 
@@ -210,10 +225,24 @@ impl Target {
     }
 
     /// Stops what runs in the background for the deployment (the sentinels' watcher, which
-    /// the connections beside share: a provider closes them together).
+    /// the connections beside share: a provider closes them together), and lets go of a
+    /// cluster connection shared with them ([`Target::let_go`]).
     pub(super) fn close(&self) {
         if let Self::Sentinel { sentinels, .. } = self {
             sentinels.stop();
+        }
+        self.let_go();
+    }
+
+    /// A shared link was given up (it timed out, or its credentials were refused): the
+    /// cluster connection it shared is let go too, so the next shared link opens a fresh one.
+    /// The connections beside keep theirs until they give it up themselves.
+    pub(super) fn let_go(&self) {
+        if let Self::Cluster { cluster, .. } = self {
+            // Held only while a shared link is opened, which then stores a fresh one.
+            if let Ok(mut cluster) = cluster.try_lock() {
+                *cluster = None;
+            }
         }
     }
 
@@ -242,8 +271,15 @@ impl Target {
                 nodes,
                 on_loop,
                 name,
+                cluster,
             } => {
-                let cluster = client.get_async_connection().await?;
+                let cluster = {
+                    let mut shared = cluster.lock().await;
+                    match &*shared {
+                        Some(cluster) => cluster.clone(),
+                        None => shared.insert(client.get_async_connection().await?).clone(),
+                    }
+                };
                 let routes = on_loop.as_ref().map(|on| {
                     let (nodes, config) = (nodes.clone(), direct.clone());
                     Arc::new(Routes::new(
@@ -665,5 +701,6 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
             .clone()
             .map(|reactor| OnLoop::new(reactor, tls, options)),
         name: options.name.clone(),
+        cluster: Arc::default(),
     })
 }

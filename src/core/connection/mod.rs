@@ -138,8 +138,9 @@ impl Connection {
     /// Another connection to the same deployment, for work best run on `options.reactor`
     /// (a lease store beside a streams transport, on Node's loop): `None` when its shared
     /// link could not run there (a unix socket; see [`ConnectionOptions::reactor`]). It
-    /// shares this one's logger (and the sentinels), and a policy warned about on either is
-    /// not warned about again on the other. `options` are this one's, the reactor aside.
+    /// shares this one's logger (and the sentinels, or a cluster's redis-rs connection), and
+    /// a policy warned about on either is not warned about again on the other. `options` are
+    /// this one's, the reactor aside.
     pub fn beside(&self, options: &ConnectionOptions) -> Result<Option<Self>> {
         if options.reactor.is_none() {
             return Ok(None);
@@ -420,6 +421,7 @@ impl Connection {
         if slot.as_ref().is_some_and(|(current, _)| *current == number) {
             *slot = None;
             self.setup.renew();
+            self.target.let_go();
         }
     }
 
@@ -490,6 +492,7 @@ impl Connection {
             None => {
                 self.slot().take();
                 self.setup.renew();
+                self.target.let_go();
             }
         }
     }
