@@ -21,7 +21,7 @@
 //! whose socket that loop polls.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{
@@ -47,6 +47,7 @@ use super::sentinel::Sentinels;
 use super::slots::{master_of, Node};
 use super::{tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
+use crate::core::lock;
 
 /// The deployment to reach.
 pub(super) enum Target {
@@ -64,7 +65,7 @@ pub(super) enum Target {
         /// redis-rs' cluster connection, shared with the targets beside this one
         /// ([`Target::beside`]): one routing task and one connection per node for them all,
         /// opened by the first shared link and let go with the link that gives it up.
-        cluster: Arc<tokio::sync::Mutex<Option<ClusterConnection>>>,
+        cluster: Arc<Mutex<Option<ClusterConnection>>>,
     },
     /// The master the sentinels name; its shared link on the embedder's event loop when
     /// there is one.
@@ -239,10 +240,7 @@ impl Target {
     /// The connections beside keep theirs until they give it up themselves.
     pub(super) fn let_go(&self) {
         if let Self::Cluster { cluster, .. } = self {
-            // Held only while a shared link is opened, which then stores a fresh one.
-            if let Ok(mut cluster) = cluster.try_lock() {
-                *cluster = None;
-            }
+            lock(cluster).take();
         }
     }
 
@@ -273,11 +271,14 @@ impl Target {
                 name,
                 cluster,
             } => {
-                let cluster = {
-                    let mut shared = cluster.lock().await;
-                    match &*shared {
-                        Some(cluster) => cluster.clone(),
-                        None => shared.insert(client.get_async_connection().await?).clone(),
+                let shared = lock(cluster).clone();
+                let cluster = match shared {
+                    Some(shared) => shared,
+                    // Two opened at once (by connections beside each other): both take the
+                    // one stored first, and the other goes.
+                    None => {
+                        let opened = client.get_async_connection().await?;
+                        lock(cluster).get_or_insert(opened).clone()
                     }
                 };
                 let routes = on_loop.as_ref().map(|on| {
