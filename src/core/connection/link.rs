@@ -438,20 +438,21 @@ impl Link {
         pipe: &Pipeline,
         repeatable: &(dyn Fn() -> Pipeline + Sync),
     ) -> RedisResult<Vec<Value>> {
-        match self {
-            Self::Cluster(cluster, None) => {
-                let pipe = repeatable();
-                let replies = cluster.req_packed_commands(&pipe, 0, pipe.len()).await;
-                refuse_moving(replies, |r| first_moving(r))
-            }
-            Self::Cluster(cluster, Some(routes)) => {
-                let replies = routes
+        let Self::Cluster(cluster, routes) = self else {
+            return self.send_packed_commands(pipe, 0, pipe.len()).await;
+        };
+        let replies = match routes {
+            Some(routes) => {
+                routes
                     .send(cluster, pipe, 0, pipe.len(), Some(repeatable))
-                    .await;
-                refuse_moving(replies, |r| first_moving(r))
+                    .await
             }
-            link => link.req_packed_commands(pipe, 0, pipe.len()).await,
-        }
+            None => {
+                let pipe = repeatable();
+                cluster.req_packed_commands(&pipe, 0, pipe.len()).await
+            }
+        };
+        refuse_moving(replies, |r| first_moving(r))
     }
 
     /// Sends `cmd` to the master of `key`'s slot (on a cluster; elsewhere, where every

@@ -106,21 +106,19 @@ impl Routes {
             true => None,
             false => pipe.cmd_iter().next().and_then(key_of),
         };
+        // What goes through the cluster connection goes in the repeatable form, if any.
+        let for_cluster = || repeatable.map(|make| make());
         let Some((id, mut link)) = self.link_for(key, cluster).await else {
-            return match repeatable {
-                Some(repeatable) => {
-                    let pipe = repeatable();
-                    cluster.req_packed_commands(&pipe, offset, count).await
-                }
-                None => cluster.req_packed_commands(pipe, offset, count).await,
-            };
+            let made = for_cluster();
+            let pipe = made.as_ref().unwrap_or(pipe);
+            return cluster.req_packed_commands(pipe, offset, count).await;
         };
         let mut replies = self.answered(id, link.req_packed_commands(pipe, offset, count).await)?;
         if replies.len() != pipe.len() || !replies.iter().any(is_moving) {
             return Ok(replies);
         }
         self.moved();
-        let made = repeatable.map(|make| make());
+        let made = for_cluster();
         let mut again = redis::pipe();
         let mut at = Vec::new();
         let cmds = made.as_ref().unwrap_or(pipe).cmd_iter();
