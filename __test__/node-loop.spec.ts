@@ -250,6 +250,31 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     expect(await frozen.cli('GET', `${keyPrefix}:lease:{f}`)).toBe('b')
   })
 
+  it.for([['RedisLeaseProvider', RedisLeaseProvider], ['RedisStreamsPubSub', RedisStreamsPubSub]] as const)('%s: a master frozen, the first seed named, once its calls timed out, every call of another master answers true within the bound while it stays frozen', async ([, Leases]) => {
+    const keyPrefix = `node-loop-cluster-seed-frozen:${RUN}:${Leases.name}`
+    const masterOf = async (key: string) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:lease:${key}`))
+    const frozen = await masterOf('{f}')
+    let elsewhere = 0
+    while ((await masterOf(`{e${elsewhere}}`)).port === frozen.port) elsewhere++
+    const other = `{e${elsewhere}}`
+    const nodes = [frozen.url, ...cluster.urls.filter((url) => url !== frozen.url)]
+    const leases = closing(new Leases({ cluster: { nodes }, keyPrefix, commandTimeoutMs: FROZEN_CALL_TIMEOUT_MS }))
+    expect(await leases.acquireLease('{f}', 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    expect(await leases.acquireLease(other, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    frozen.freeze()
+    try {
+      await expectRejection(() => leases.renewLease('{f}', 'a', 60_000), Error, 'ERR_LEASE_TIMEOUT')
+      for (let i = 0; i < 20; i++) {
+        const started = performance.now()
+        expect(await leases.renewLease(other, 'a', 60_000)).toBe(true)
+        expect(performance.now() - started).toBeLessThan(FROZEN_CALL_TIMEOUT_MS)
+      }
+    } finally {
+      frozen.thaw()
+    }
+    expect(await leases.renewLease('{f}', 'a', 60_000)).toBe(true)
+  })
+
   it('RedisStreamsPubSub: its calls on Node’s loop share the transport’s cluster connection: a master none of its readers is on holds two connections of it, that one and the loop’s link', async () => {
     const keyPrefix = `node-loop-cluster-conns:${RUN}`
     const connectionName = `conns-${process.pid}`
@@ -267,6 +292,31 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     const others = (await cluster.masters()).filter((m) => m.port !== readers.port)
     expect(others.length).toBeGreaterThan(0)
     for (const master of others) expect(await named(master), master.name).toBe(2)
+  })
+
+  it('RedisLeaseProvider: a master holds one connection of it, the loop’s link, until a redirection needs the cluster connection, which is opened then', async () => {
+    const keyPrefix = `node-loop-cluster-lazy:${RUN}`
+    const connectionName = `lazy-${process.pid}`
+    const leases = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix, connectionName }))
+    const named = async (node: RedisCluster['nodes'][number]) =>
+      String(await node.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${connectionName} `)).length
+    // Lease calls on keys of every master, a script loaded on each (renewals) and a ping of
+    // every master: all on the masters' links.
+    for (let i = 0; i < 30; i++) {
+      expect(await leases.acquireLease(`k${i}`, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+      expect(await leases.renewLease(`k${i}`, 'a', 60_000)).toBe(true)
+    }
+    expect(await leases.ping()).toBeGreaterThanOrEqual(0)
+    const masters = await cluster.masters()
+    for (const master of masters) expect(await named(master), master.name).toBe(1)
+    // A slot moved: its next call meets MOVED, and the cluster connection that follows it
+    // opens a connection to every master.
+    const slot = await cluster.keySlot(`${keyPrefix}:lease:k0`)
+    const from = await cluster.masterOfSlot(slot)
+    const to = masters.find((m) => m.port !== from.port)!
+    expect(await cluster.migrateSlot(slot, to)).toBeGreaterThan(0)
+    expect(await leases.renewLease('k0', 'a', 60_000)).toBe(true)
+    for (const master of masters) expect(await named(master), master.name).toBe(2)
   })
 
   it('a slot moved to another master under held leases: every renewal, read and transfer answers as before the move, and calls are back on Node’s loop after it', async ({ skip }) => {

@@ -164,12 +164,10 @@ impl Connection {
         if let Some(node) = self.exclusive.master_of(slot) {
             return Ok(node);
         }
-        let Link::Cluster(cluster, _) = self.link().await? else {
-            return Err(Error::Internal(
-                "a cluster's shared link is a cluster link".into(),
-            ));
-        };
-        let map = slots::slot_map(cluster)
+        let map = self
+            .link()
+            .await?
+            .slot_map()
             .await
             .map_err(|err| self.classify(err))?;
         let node = slots::master_in(&map, slot).cloned();

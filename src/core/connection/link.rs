@@ -9,8 +9,9 @@
 //! - a Redis Cluster, by seed nodes: the shared link is redis-rs' cluster connection, which
 //!   routes each command to the node of its key, follows MOVED and ASK, and refreshes the
 //!   slot map (on an event loop of the embedder's, a request goes straight to its slot's
-//!   master there, [`Routes`], and the cluster connection takes what that cannot route); a
-//!   blocking read gets a plain connection to the master of its key's slot;
+//!   master there, [`Routes`], which reads the slot map itself, and the cluster connection is
+//!   opened only for what that cannot route); a blocking read gets a plain connection to the
+//!   master of its key's slot;
 //! - a master behind Sentinel ([`Sentinels`]): the sentinels name the master (redis-rs
 //!   checks its ROLE), and a link to it answers READONLY (a demoted master) as an error, so
 //!   the connection gives it up and asks the sentinels again; so it does when a sentinel
@@ -21,7 +22,7 @@
 //! whose socket that loop polls.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{
@@ -44,7 +45,7 @@ use super::address::{
 use super::reactor::{self, Reactor};
 use super::routes::Routes;
 use super::sentinel::Sentinels;
-use super::slots::{master_of, Node};
+use super::slots::{master_in, no_master, slot_map, Node, SlotMap};
 use super::{tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
 use crate::core::lock;
@@ -57,15 +58,16 @@ pub(super) enum Target {
     /// A Redis Cluster. `nodes` opens plain connections to single nodes (blocking reads, and
     /// the links to the masters on the embedder's event loop when there is one).
     Cluster {
-        client: Box<ClusterClient>,
+        cluster: SharedCluster,
         nodes: NodeClients,
+        /// The seed nodes, where the links on the loop first read the slot map.
+        seeds: Vec<Node>,
         on_loop: Option<OnLoop>,
         /// The connection name, given to the links to the masters on the loop.
         name: Option<String>,
-        /// redis-rs' cluster connection, shared with the targets beside this one
-        /// ([`Target::beside`]): one routing task and one connection per node for them all,
-        /// opened by the first shared link and let go with the link that gives it up.
-        cluster: Arc<Mutex<Option<ClusterConnection>>>,
+        /// The masters' links on the loop, made by the first shared link and kept by those
+        /// after it: a call that ran out of time gives up only the links that held it up.
+        routes: OnceLock<Arc<Routes>>,
     },
     /// The master the sentinels name; its shared link on the embedder's event loop when
     /// there is one.
@@ -76,6 +78,65 @@ pub(super) enum Target {
         followed: AtomicU64,
         on_loop: Option<OnLoop>,
     },
+}
+
+/// redis-rs' cluster connection, opened when first needed and shared with the targets beside
+/// this one ([`Target::beside`]): one routing task and one connection per master for them
+/// all, let go with the shared link that gives it up. On the embedder's event loop only what
+/// the masters' links there cannot take needs it ([`Routes`]): a redirection, a slot no master
+/// serves.
+#[derive(Clone)]
+pub struct SharedCluster {
+    client: Arc<ClusterClient>,
+    /// The connection name, given to the connections it opens.
+    name: Option<String>,
+    connection: Arc<Mutex<Option<ClusterConnection>>>,
+}
+
+impl SharedCluster {
+    fn new(client: ClusterClient, name: Option<String>) -> Self {
+        Self {
+            client: Arc::new(client),
+            name,
+            connection: Arc::default(),
+        }
+    }
+
+    /// The connection, opened now if it is not. Two opened at once (by connections beside
+    /// each other) settle on the one stored first, and the other goes.
+    pub(super) async fn get(&self) -> RedisResult<ClusterConnection> {
+        if let Some(open) = self.opened() {
+            return Ok(open);
+        }
+        let mut opened = self.client.get_async_connection().await?;
+        if let Some(name) = &self.name {
+            // Advice, as for every connection: refused, the connection serves unnamed.
+            let _ = redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg(name)
+                .query_async::<Value>(&mut opened)
+                .await;
+        }
+        Ok(lock(&self.connection).get_or_insert(opened).clone())
+    }
+
+    /// The connection, if it is open.
+    pub(super) fn opened(&self) -> Option<ClusterConnection> {
+        lock(&self.connection).clone()
+    }
+
+    /// `connection`, opened by this client for a caller of its own: never shared.
+    fn holding(&self, connection: ClusterConnection) -> Self {
+        Self {
+            client: self.client.clone(),
+            name: self.name.clone(),
+            connection: Arc::new(Mutex::new(Some(connection))),
+        }
+    }
+
+    fn let_go(&self) {
+        lock(&self.connection).take();
+    }
 }
 
 /// The shared link on the embedder's event loop: the loop, and for `rediss://` how TLS is
@@ -239,16 +300,23 @@ impl Target {
     /// cluster connection it shared is let go too, so the next shared link opens a fresh one.
     /// The connections beside keep theirs until they give it up themselves.
     pub(super) fn let_go(&self) {
-        if let Self::Cluster { cluster, .. } = self {
-            lock(cluster).take();
+        if let Self::Cluster {
+            cluster, routes, ..
+        } = self
+        {
+            cluster.let_go();
+            if let Some(routes) = routes.get() {
+                routes.let_go_stalled();
+            }
         }
     }
 
     /// The shared connection: for one server, opened on its first command and reopened by
     /// redis-rs after an I/O error, or, on the embedder's event loop, opened now and given up
     /// when it breaks; for a cluster, connected to the seeds now (on the embedder's event
-    /// loop, its masters' links there opened as calls need them); behind Sentinel, to the
-    /// master the sentinels name now (on the embedder's event loop when there is one).
+    /// loop, its masters' links there opened as calls need them, and the cluster connection
+    /// only when one of them needs it); behind Sentinel, to the master the sentinels name now
+    /// (on the embedder's event loop when there is one).
     pub(super) async fn shared(
         &self,
         manager: &ConnectionManagerConfig,
@@ -265,33 +333,28 @@ impl Target {
                     .map(Link::Managed)
             }
             Self::Cluster {
-                client,
+                cluster,
                 nodes,
+                seeds,
                 on_loop,
                 name,
-                cluster,
+                routes,
             } => {
-                let shared = lock(cluster).clone();
-                let cluster = match shared {
-                    Some(shared) => shared,
-                    // Two opened at once (by connections beside each other): both take the
-                    // one stored first, and the other goes.
-                    None => {
-                        let opened = client.get_async_connection().await?;
-                        lock(cluster).get_or_insert(opened).clone()
-                    }
+                let Some(on) = on_loop else {
+                    cluster.get().await?;
+                    return Ok(Link::Cluster(cluster.clone(), None));
                 };
-                let routes = on_loop.as_ref().map(|on| {
-                    let (nodes, config) = (nodes.clone(), direct.clone());
+                let routes = routes.get_or_init(|| {
                     Arc::new(Routes::new(
                         on.clone(),
-                        nodes,
-                        config,
+                        nodes.clone(),
+                        seeds.clone(),
+                        direct.clone(),
                         connect_timeout,
                         name.clone(),
                     ))
                 });
-                Ok(Link::Cluster(cluster, routes))
+                Ok(Link::Cluster(cluster.clone(), Some(routes.clone())))
             }
             Self::Sentinel {
                 sentinels,
@@ -350,13 +413,15 @@ impl Target {
                 .await
                 .map(Link::Direct),
             Self::Cluster { nodes, .. } => {
-                let (Some(Link::Cluster(cluster, _)), Some(key)) = (shared, key) else {
+                let (Some(shared @ Link::Cluster(..)), Some(key)) = (shared, key) else {
                     return Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
                         "a blocking read on a cluster needs the cluster link and a key",
                     )));
                 };
-                let (host, port) = master_of(cluster.clone(), key).await?;
+                let slot = super::slot(key);
+                let map = shared.slot_map().await?;
+                let (host, port) = master_in(&map, slot).cloned().ok_or_else(no_master)?;
                 nodes
                     .client(&host, port)?
                     .get_multiplexed_async_connection_with_config(config)
@@ -386,10 +451,13 @@ impl Target {
                 )
                 .await
                 .map(Link::Direct),
-            Self::Cluster { client, .. } => client
+            Self::Cluster {
+                cluster: shared, ..
+            } => shared
+                .client
                 .get_async_connection_with_config(cluster.set_push_sender(pushes))
                 .await
-                .map(|cluster| Link::Cluster(cluster, None)),
+                .map(|cluster| Link::Cluster(shared.holding(cluster), None)),
             Self::Sentinel { sentinels, .. } => sentinels
                 .connect(&config.clone().set_push_sender(pushes))
                 .await
@@ -409,7 +477,7 @@ pub enum Link {
     Direct(MultiplexedConnection),
     /// The shared connection to a cluster, and its masters on the embedder's event loop when
     /// it runs there.
-    Cluster(ClusterConnection, Option<Arc<Routes>>),
+    Cluster(SharedCluster, Option<Arc<Routes>>),
     /// A connection to a master found beforehand (the one the sentinels named, a cluster
     /// slot's): a reply saying it no longer is (READONLY, MOVED, ...) fails the whole request,
     /// so the caller's connection is given up.
@@ -449,6 +517,7 @@ impl Link {
             }
             None => {
                 let pipe = repeatable();
+                let mut cluster = cluster.get().await?;
                 cluster.req_packed_commands(&pipe, 0, pipe.len()).await
             }
         };
@@ -460,15 +529,38 @@ impl Link {
     /// or `CLIENT UNBLOCK` of a reader blocked there.
     pub async fn on_node_of(&mut self, key: &[u8], cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Self::Cluster(cluster, _) => {
-                let slot = super::slot(key);
-                let route = Route::new(slot, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                cluster.route_command(cmd.clone(), routing).await
-            }
+            Self::Cluster(cluster, Some(routes)) => routes.on_master_of(cluster, key, cmd).await,
+            Self::Cluster(cluster, None) => on_master_of(cluster, super::slot(key), cmd).await,
             _ => cmd.query_async(self).await,
         }
     }
+
+    /// Which master serves which slot, read now (`CLUSTER SLOTS`): on a cluster link only.
+    pub(super) async fn slot_map(&self) -> RedisResult<SlotMap> {
+        match self {
+            Self::Cluster(cluster, Some(routes)) => routes.read_map(cluster).await,
+            Self::Cluster(cluster, None) => slot_map(cluster.get().await?).await,
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "only a cluster link has a slot map",
+            ))),
+        }
+    }
+}
+
+/// Sends `cmd` through redis-rs' cluster connection to the master of `slot`.
+pub(super) async fn on_master_of(
+    cluster: &SharedCluster,
+    slot: u16,
+    cmd: &Cmd,
+) -> RedisResult<Value> {
+    let route = Route::new(slot, SlotAddr::Master);
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+    cluster
+        .get()
+        .await?
+        .route_command(cmd.clone(), routing)
+        .await
 }
 
 /// Which of Redis's two pub/sub spaces a listener's channels are in.
@@ -491,8 +583,12 @@ impl Link {
         channel: &[u8],
     ) -> RedisResult<()> {
         match (self, channels) {
-            (Self::Cluster(cluster, _), Channels::Shard) => cluster.ssubscribe(channel).await,
-            (Self::Cluster(cluster, _), Channels::Classic) => cluster.subscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Shard) => {
+                cluster.get().await?.ssubscribe(channel).await
+            }
+            (Self::Cluster(cluster, _), Channels::Classic) => {
+                cluster.get().await?.subscribe(channel).await
+            }
             (link, Channels::Shard) => redis::cmd("SSUBSCRIBE").arg(channel).exec_async(link).await,
             (link, Channels::Classic) => {
                 redis::cmd("SUBSCRIBE").arg(channel).exec_async(link).await
@@ -507,8 +603,12 @@ impl Link {
         channel: &[u8],
     ) -> RedisResult<()> {
         match (self, channels) {
-            (Self::Cluster(cluster, _), Channels::Shard) => cluster.sunsubscribe(channel).await,
-            (Self::Cluster(cluster, _), Channels::Classic) => cluster.unsubscribe(channel).await,
+            (Self::Cluster(cluster, _), Channels::Shard) => {
+                cluster.get().await?.sunsubscribe(channel).await
+            }
+            (Self::Cluster(cluster, _), Channels::Classic) => {
+                cluster.get().await?.unsubscribe(channel).await
+            }
             (link, Channels::Shard) => {
                 redis::cmd("SUNSUBSCRIBE")
                     .arg(channel)
@@ -530,9 +630,15 @@ impl Link {
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Cluster(cluster, _) => {
+            Self::Cluster(cluster, Some(routes)) => routes.on_every_master(cluster, cmd).await,
+            Self::Cluster(cluster, None) => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                match cluster.route_command(cmd.clone(), routing).await? {
+                match cluster
+                    .get()
+                    .await?
+                    .route_command(cmd.clone(), routing)
+                    .await?
+                {
                     Value::Map(by_node) => {
                         Ok(by_node.into_iter().map(|(_, reply)| reply).collect())
                     }
@@ -596,7 +702,9 @@ impl ConnectionLike for Link {
             Self::Managed(c) => c.req_packed_command(cmd),
             Self::Direct(c) => c.req_packed_command(cmd),
             Self::Cluster(c, None) => {
-                Box::pin(async move { refuse_moving(c.req_packed_command(cmd).await, one) })
+                Box::pin(
+                    async move { refuse_moving(c.get().await?.req_packed_command(cmd).await, one) },
+                )
             }
             Self::Cluster(c, Some(routes)) => {
                 Box::pin(async move { refuse_moving(routes.send_one(c, cmd).await, one) })
@@ -618,7 +726,12 @@ impl ConnectionLike for Link {
             Self::Managed(c) => c.req_packed_commands(pipe, offset, count),
             Self::Direct(c) => c.req_packed_commands(pipe, offset, count),
             Self::Cluster(c, None) => Box::pin(async move {
-                refuse_moving(c.req_packed_commands(pipe, offset, count).await, any)
+                let replies = c
+                    .get()
+                    .await?
+                    .req_packed_commands(pipe, offset, count)
+                    .await;
+                refuse_moving(replies, any)
             }),
             Self::Cluster(c, Some(routes)) => Box::pin(async move {
                 refuse_moving(routes.send(c, pipe, offset, count, None).await, any)
@@ -633,7 +746,8 @@ impl ConnectionLike for Link {
         match self {
             Self::Managed(c) => c.get_db(),
             Self::Direct(c) | Self::Master(c) => c.get_db(),
-            Self::Cluster(c, _) => c.get_db(),
+            // A cluster has database 0 only.
+            Self::Cluster(..) => 0,
         }
     }
 }
@@ -695,14 +809,24 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
         )
     })?;
     let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
+    let seeds = infos
+        .iter()
+        .filter_map(|info| match info.addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                Some((host.clone(), *port))
+            }
+            _ => None,
+        })
+        .collect();
     Ok(Target::Cluster {
-        client: Box::new(client),
+        cluster: SharedCluster::new(client, options.name.clone()),
         nodes: NodeClients::new(first, options),
+        seeds,
         on_loop: options
             .reactor
             .clone()
             .map(|reactor| OnLoop::new(reactor, tls, options)),
         name: options.name.clone(),
-        cluster: Arc::default(),
+        routes: OnceLock::new(),
     })
 }

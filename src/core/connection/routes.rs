@@ -4,74 +4,98 @@
 //! its key's slot, over a multiplexed connection whose socket the loop polls, as one to a
 //! single server does (`reactor.rs`).
 //!
-//! The cluster connection stays the authority. It reads the slot map (`CLUSTER SLOTS`), and
-//! takes what the map cannot route: a request whose slot is not known, one that is not a
-//! plain pipeline of known one-key commands, and the commands a master answered MOVED, ASK,
-//! TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY: it follows the redirections. Those answers
-//! mean the command did not run there, so sending it on is sending it once. The map is then
-//! read again. A link that broke is given up, as on one server: the request's error goes to
-//! the caller, whose rules for a broken connection say what goes again.
+//! The slot map is read (`CLUSTER SLOTS`) over these links: a master's, else a seed's. The
+//! cluster connection is opened only for what the map cannot route: a request whose slot no
+//! master serves, one that is not a plain pipeline of known one-key commands, and the
+//! commands a master answered MOVED, ASK, TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none
+//! of which ran): it follows the redirections. Those answers mean the command did not run
+//! there, so sending it on is sending it once. The map is then read again. A link that broke
+//! is given up, as on one server: the request's error goes to the caller, whose rules for a
+//! broken connection say what goes again.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster_async::ClusterConnection;
 use redis::{Arg, AsyncConnectionConfig, Cmd, Pipeline, RedisResult, Value};
 
 use super::address::NodeClients;
-use super::link::{is_moving, OnLoop};
-use super::slots::{master_in, slot_map, Node, SlotMap};
+use super::link::{is_moving, on_master_of, OnLoop, SharedCluster};
+use super::parse;
+use super::slots::{master_in, no_master, read_slot_map, Node, SlotMap};
 use crate::core::lock;
 
 /// The masters of one cluster link, on the loop.
 pub struct Routes {
     on_loop: OnLoop,
     nodes: NodeClients,
+    /// Where the map is read when no master's link answers.
+    seeds: Vec<Node>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     /// The connection name (`CLIENT SETNAME`) each link to a master is given.
     name: Option<String>,
     state: Mutex<State>,
-    /// Held while a link to a master is opened: one at a time, so calls that find none open
-    /// one between them.
-    opening: tokio::sync::Mutex<()>,
+    /// Per node, held while a link to it is opened: calls that find none open one between
+    /// them, and a node that does not answer holds up no other's.
+    opening: Mutex<HashMap<Node, Arc<tokio::sync::Mutex<()>>>>,
+    /// Held while the map is read: one read at a time, which the calls meanwhile wait for.
+    reading: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
 struct State {
     /// Which master serves which slots, until a reply says the cluster moved.
     map: Option<SlotMap>,
-    /// Whether the map is being read: calls meanwhile go through the cluster connection.
-    reading: bool,
-    /// A link to each master, opened on first use, given up when it breaks; each numbered
-    /// (`opened` counts them), by which a request tells which one broke under it.
-    links: HashMap<Node, (u64, MultiplexedConnection)>,
+    /// The masters of the last map read, where the next is read when their links are gone.
+    masters: Vec<Node>,
+    /// A link to each master, opened on first use, given up when it breaks.
+    links: HashMap<Node, Master>,
+    /// How many links were opened: each is numbered, by which a request tells which one
+    /// broke under it.
     opened: u64,
+}
+
+/// A link to a master, its number, and how many requests it has out.
+#[derive(Clone)]
+struct Master {
+    id: u64,
+    link: MultiplexedConnection,
+    out: Arc<AtomicUsize>,
+}
+
+impl Master {
+    /// Counts a request out on the link until it is dropped.
+    fn out(&self) -> Out {
+        self.out.fetch_add(1, Ordering::Relaxed);
+        Out(self.out.clone())
+    }
+}
+
+/// A request out on a master's link ([`Master::out`]).
+struct Out(Arc<AtomicUsize>);
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Where a request goes.
 enum Way {
-    Link(u64, MultiplexedConnection),
+    Link(Master),
     Open(Node),
     Cluster,
     ReadMap,
-}
-
-/// Clears `reading` when the read of the map ends, finished or abandoned (its call timed out).
-struct Reading<'a>(&'a Routes);
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        self.0.state().reading = false;
-    }
 }
 
 impl Routes {
     pub(super) fn new(
         on_loop: OnLoop,
         nodes: NodeClients,
+        seeds: Vec<Node>,
         config: AsyncConnectionConfig,
         connect_timeout: Duration,
         name: Option<String>,
@@ -79,11 +103,13 @@ impl Routes {
         Self {
             on_loop,
             nodes,
+            seeds,
             config,
             connect_timeout,
             name,
             state: Mutex::default(),
-            opening: tokio::sync::Mutex::new(()),
+            opening: Mutex::default(),
+            reading: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -96,7 +122,7 @@ impl Routes {
     /// is given (see [`Link::send_either`](super::Link::send_either)).
     pub(super) async fn send(
         &self,
-        cluster: &mut ClusterConnection,
+        cluster: &SharedCluster,
         pipe: &Pipeline,
         offset: usize,
         count: usize,
@@ -108,12 +134,19 @@ impl Routes {
         };
         // What goes through the cluster connection goes in the repeatable form, if any.
         let for_cluster = || repeatable.map(|make| make());
-        let Some((id, mut link)) = self.link_for(key, cluster).await else {
+        let Some(mut master) = self.link_for(key, cluster).await? else {
             let made = for_cluster();
             let pipe = made.as_ref().unwrap_or(pipe);
-            return cluster.req_packed_commands(pipe, offset, count).await;
+            return cluster
+                .get()
+                .await?
+                .req_packed_commands(pipe, offset, count)
+                .await;
         };
-        let mut replies = self.answered(id, link.req_packed_commands(pipe, offset, count).await)?;
+        let out = master.out();
+        let sent = master.link.req_packed_commands(pipe, offset, count).await;
+        drop(out);
+        let mut replies = self.answered(master.id, sent)?;
         if replies.len() != pipe.len() || !replies.iter().any(is_moving) {
             return Ok(replies);
         }
@@ -128,7 +161,11 @@ impl Routes {
                 at.push(i);
             }
         }
-        let answers = cluster.req_packed_commands(&again, 0, again.len()).await?;
+        let answers = cluster
+            .get()
+            .await?
+            .req_packed_commands(&again, 0, again.len())
+            .await?;
         for (i, answer) in at.into_iter().zip(answers) {
             replies[i] = answer;
         }
@@ -136,20 +173,116 @@ impl Routes {
     }
 
     /// Sends one command to the master of its slot, or through `cluster`.
-    pub(super) async fn send_one(
-        &self,
-        cluster: &mut ClusterConnection,
-        cmd: &Cmd,
-    ) -> RedisResult<Value> {
-        let Some((id, mut link)) = self.link_for(key_of(cmd), cluster).await else {
-            return cluster.req_packed_command(cmd).await;
+    pub(super) async fn send_one(&self, cluster: &SharedCluster, cmd: &Cmd) -> RedisResult<Value> {
+        let Some(master) = self.link_for(key_of(cmd), cluster).await? else {
+            return cluster.get().await?.req_packed_command(cmd).await;
         };
-        let reply = self.answered(id, link.req_packed_command(cmd).await)?;
+        let reply = self.ask(master, cmd).await?;
         if !is_moving(&reply) {
             return Ok(reply);
         }
         self.moved();
-        cluster.req_packed_command(cmd).await
+        cluster.get().await?.req_packed_command(cmd).await
+    }
+
+    /// Sends a keyless `cmd` to the master of `key`'s slot (`SCRIPT LOAD`, `CLIENT UNBLOCK`),
+    /// or through `cluster` where that master's link cannot take it.
+    pub(super) async fn on_master_of(
+        &self,
+        cluster: &SharedCluster,
+        key: &[u8],
+        cmd: &Cmd,
+    ) -> RedisResult<Value> {
+        let slot = super::slot(key);
+        if let Some(master) = self.link_to(slot, cluster).await? {
+            let reply = self.ask(master, cmd).await?;
+            if !is_moving(&reply) {
+                return Ok(reply);
+            }
+            self.moved();
+        }
+        on_master_of(cluster, slot, cmd).await
+    }
+
+    /// Sends `cmd` to every master of the map at once, answering each one's reply.
+    pub(super) async fn on_every_master(
+        &self,
+        cluster: &SharedCluster,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<Value>> {
+        let known = self.state().map.clone();
+        let map = match known {
+            Some(map) => map,
+            None => self.read_map(cluster).await?,
+        };
+        let mut masters: Vec<&Node> = Vec::new();
+        for (_, _, node) in &map {
+            if !masters.contains(&node) {
+                masters.push(node);
+            }
+        }
+        let each = masters
+            .into_iter()
+            .map(|node| async move { self.ask(self.open(node.clone()).await?, cmd).await });
+        futures::future::try_join_all(each).await
+    }
+
+    /// Reads the map now (`CLUSTER SLOTS`) and keeps it: through the cluster connection if it
+    /// is open, else over a master's link, else a seed's (one that is not a master is let go).
+    pub(super) async fn read_map(&self, cluster: &SharedCluster) -> RedisResult<SlotMap> {
+        let _reading = self.reading.lock().await;
+        self.read_map_held(cluster).await
+    }
+
+    /// [`Routes::read_map`], `reading` held.
+    async fn read_map_held(&self, cluster: &SharedCluster) -> RedisResult<SlotMap> {
+        let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        let reply = match cluster.opened() {
+            Some(mut open) => slots.query_async::<Value>(&mut open).await,
+            None => self.ask_any(&slots).await,
+        };
+        let map = read_slot_map(parse(reply?)?)?;
+        let mut state = self.state();
+        // A node no longer a master is let go.
+        state
+            .links
+            .retain(|node, _| map.iter().any(|(_, _, it)| it == node));
+        state.masters = map.iter().map(|(_, _, node)| node.clone()).collect();
+        state.map = Some(map.clone());
+        Ok(map)
+    }
+
+    /// Asks `cmd` of the first node that answers: those with a link open, then the masters of
+    /// the last map, then the seeds.
+    async fn ask_any(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut nodes: Vec<Node> = {
+            let state = self.state();
+            state.links.keys().chain(&state.masters).cloned().collect()
+        };
+        nodes.extend(self.seeds.iter().cloned());
+        let mut tried: Vec<&Node> = Vec::new();
+        let mut last = None;
+        for node in &nodes {
+            if tried.contains(&node) {
+                continue;
+            }
+            tried.push(node);
+            let asked = async { self.ask(self.open(node.clone()).await?, cmd).await };
+            match asked.await {
+                Ok(Value::ServerError(err)) => last = Some(err.into()),
+                Ok(reply) => return Ok(reply),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or_else(no_master))
+    }
+
+    /// Sends `cmd` on `master`'s link.
+    async fn ask(&self, mut master: Master, cmd: &Cmd) -> RedisResult<Value> {
+        let out = master.out();
+        let reply = master.link.req_packed_command(cmd).await;
+        drop(out);
+        self.answered(master.id, reply)
     }
 
     /// What link `id` answered; a link that broke is given up, and the map with it (its
@@ -158,11 +291,20 @@ impl Routes {
         if let Err(err) = &replies {
             if err.is_io_error() || err.is_unrecoverable_error() {
                 let mut state = self.state();
-                state.links.retain(|_, (opened, _)| *opened != id);
+                state.links.retain(|_, master| master.id != id);
                 state.map = None;
             }
         }
         replies
+    }
+
+    /// A call ran out of time: the links with requests out are given up (a master that
+    /// stopped answering holds its requests; one that answers is opened again at the cost of
+    /// a connect), the others and the map kept, so the masters that answer go on answering.
+    pub(super) fn let_go_stalled(&self) {
+        self.state()
+            .links
+            .retain(|_, master| master.out.load(Ordering::Relaxed) == 0);
     }
 
     /// A master said the cluster moved: the map is read again.
@@ -171,33 +313,34 @@ impl Routes {
     }
 
     /// A link to the master of `key`'s slot, and its number; `None` where the cluster
-    /// connection must take the request.
+    /// connection must take the request. Fails where no node answers for the map.
     async fn link_for(
         &self,
         key: Option<&[u8]>,
-        cluster: &ClusterConnection,
-    ) -> Option<(u64, MultiplexedConnection)> {
-        let slot = super::slot(key?);
+        cluster: &SharedCluster,
+    ) -> RedisResult<Option<Master>> {
+        match key {
+            Some(key) => self.link_to(super::slot(key), cluster).await,
+            None => Ok(None),
+        }
+    }
+
+    /// A link to the master of `slot`, and its number; `None` where the cluster connection
+    /// must take the request.
+    async fn link_to(&self, slot: u16, cluster: &SharedCluster) -> RedisResult<Option<Master>> {
         let mut way = self.way(slot);
         if let Way::ReadMap = way {
-            let reading = Reading(self);
-            let map = slot_map(cluster.clone()).await.ok();
-            let mut state = self.state();
-            if let Some(map) = &map {
-                // A master no longer in the map is let go.
-                state
-                    .links
-                    .retain(|node, _| map.iter().any(|(_, _, it)| it == node));
+            let _reading = self.reading.lock().await;
+            // Read by a call that held it first, or read now.
+            if self.state().map.is_none() {
+                self.read_map_held(cluster).await?;
             }
-            state.map = map;
-            drop(state);
-            drop(reading);
             way = self.way(slot);
         }
-        match way {
-            Way::Link(id, link) => Some((id, link)),
+        Ok(match way {
+            Way::Link(master) => Some(master),
             Way::Open(node) => match self.open(node).await {
-                Ok(link) => Some(link),
+                Ok(master) => Some(master),
                 Err(_) => {
                     // Perhaps gone: the map is read again, the request goes the other way.
                     self.moved();
@@ -205,32 +348,29 @@ impl Routes {
                 }
             },
             Way::Cluster | Way::ReadMap => None,
-        }
+        })
     }
 
     fn way(&self, slot: u16) -> Way {
-        let mut state = self.state();
+        let state = self.state();
         let Some(map) = &state.map else {
-            if state.reading {
-                return Way::Cluster;
-            }
-            state.reading = true;
             return Way::ReadMap;
         };
         match master_in(map, slot) {
             Some(node) => match state.links.get(node) {
-                Some((id, link)) => Way::Link(*id, link.clone()),
+                Some(master) => Way::Link(master.clone()),
                 None => Way::Open(node.clone()),
             },
             None => Way::Cluster,
         }
     }
 
-    /// A link to `node` on the loop, named as the connection's others are, and its number.
-    async fn open(&self, node: Node) -> RedisResult<(u64, MultiplexedConnection)> {
-        let _opening = self.opening.lock().await;
-        if let Some((id, link)) = self.state().links.get(&node) {
-            return Ok((*id, link.clone()));
+    /// A link to `node` on the loop, named as the connection's others are.
+    async fn open(&self, node: Node) -> RedisResult<Master> {
+        let gate = lock(&self.opening).entry(node.clone()).or_default().clone();
+        let _opening = gate.lock().await;
+        if let Some(master) = self.state().links.get(&node) {
+            return Ok(master.clone());
         }
         let client = self.nodes.client(&node.0, node.1)?;
         let info = client.get_connection_info();
@@ -248,9 +388,13 @@ impl Routes {
         }
         let mut state = self.state();
         state.opened += 1;
-        let id = state.opened;
-        state.links.insert(node, (id, link.clone()));
-        Ok((id, link))
+        let master = Master {
+            id: state.opened,
+            link,
+            out: Arc::default(),
+        };
+        state.links.insert(node, master.clone());
+        Ok(master)
     }
 }
 

@@ -12,14 +12,6 @@ pub(super) type Node = (String, u16);
 /// Which master serves which slots: ranges of slots, first and last included.
 pub(super) type SlotMap = Vec<(u16, u16, Node)>;
 
-/// The master serving `key`'s slot, from `CLUSTER SLOTS` on the cluster link.
-pub(super) async fn master_of(cluster: ClusterConnection, key: &[u8]) -> RedisResult<Node> {
-    let slot = super::slot(key);
-    master_in(&slot_map(cluster).await?, slot)
-        .cloned()
-        .ok_or_else(no_master)
-}
-
 /// The master serving `slot`, in `map`.
 pub(super) fn master_in(map: &SlotMap, slot: u16) -> Option<&Node> {
     map.iter()
@@ -35,8 +27,7 @@ pub(super) fn no_master() -> redis::RedisError {
     ))
 }
 
-/// Every slot range and its master, from `CLUSTER SLOTS` on the cluster link (answered by
-/// every version, where `CLUSTER SHARDS` would do as well).
+/// Every slot range and its master, from `CLUSTER SLOTS` through redis-rs' cluster connection.
 pub(super) async fn slot_map(mut cluster: ClusterConnection) -> RedisResult<SlotMap> {
     let reply = redis::cmd("CLUSTER")
         .arg("SLOTS")
