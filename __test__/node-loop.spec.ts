@@ -275,6 +275,27 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     expect(await leases.renewLease('{f}', 'a', 60_000)).toBe(true)
   })
 
+  it('RedisLeaseProvider: the link a call timed out on is given up (it may have gone silent), and the next call of its master opens a fresh one', async () => {
+    const keyPrefix = `node-loop-cluster-stalled:${RUN}`
+    const connectionName = `stalled-${process.pid}`
+    const master = await cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:lease:k`))
+    const leases = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix, connectionName, commandTimeoutMs: FROZEN_CALL_TIMEOUT_MS }))
+    const ids = async () => String(await master.cli('CLIENT', 'LIST')).split('\n')
+      .filter((line) => line.includes(` name=${connectionName} `)).map((line) => /^id=(\d+)/.exec(line)![1])
+    expect(await leases.acquireLease('k', 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+    const before = await ids()
+    expect(before).toHaveLength(1)
+    master.freeze()
+    try {
+      await expectRejection(() => leases.renewLease('k', 'a', 60_000), Error, 'ERR_LEASE_TIMEOUT')
+    } finally {
+      master.thaw()
+    }
+    expect(await leases.renewLease('k', 'a', 60_000)).toBe(true)
+    await expect.poll(ids, { timeout: 2_000, interval: 20 }).toHaveLength(1)
+    expect(await ids()).not.toContain(before[0])
+  })
+
   it('RedisStreamsPubSub: its calls on Node’s loop share the transport’s cluster connection: a master none of its readers is on holds two connections of it, that one and the loop’s link', async () => {
     const keyPrefix = `node-loop-cluster-conns:${RUN}`
     const connectionName = `conns-${process.pid}`

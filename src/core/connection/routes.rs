@@ -14,7 +14,7 @@
 //! broken connection say what goes again.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -58,28 +58,36 @@ struct State {
     opened: u64,
 }
 
-/// A link to a master, its number, and how many requests it has out.
+/// A link to a master, its number, and whether a request on it was given up unanswered.
 #[derive(Clone)]
 struct Master {
     id: u64,
     link: MultiplexedConnection,
-    out: Arc<AtomicUsize>,
+    stalled: Arc<AtomicBool>,
 }
 
 impl Master {
-    /// Counts a request out on the link until it is dropped.
+    /// A request sent on the link, until [`Out::answered`].
     fn out(&self) -> Out {
-        self.out.fetch_add(1, Ordering::Relaxed);
-        Out(self.out.clone())
+        Out(Some(self.stalled.clone()))
     }
 }
 
-/// A request out on a master's link ([`Master::out`]).
-struct Out(Arc<AtomicUsize>);
+/// A request out on a master's link. Dropped before it was answered (its call ran out of
+/// time, and the request with it), it marks the link stalled: [`Routes::let_go_stalled`].
+struct Out(Option<Arc<AtomicBool>>);
+
+impl Out {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for Out {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if let Some(stalled) = &self.0 {
+            stalled.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -145,7 +153,7 @@ impl Routes {
         };
         let out = master.out();
         let sent = master.link.req_packed_commands(pipe, offset, count).await;
-        drop(out);
+        out.answered();
         let mut replies = self.answered(master.id, sent)?;
         if replies.len() != pipe.len() || !replies.iter().any(is_moving) {
             return Ok(replies);
@@ -281,7 +289,7 @@ impl Routes {
     async fn ask(&self, mut master: Master, cmd: &Cmd) -> RedisResult<Value> {
         let out = master.out();
         let reply = master.link.req_packed_command(cmd).await;
-        drop(out);
+        out.answered();
         self.answered(master.id, reply)
     }
 
@@ -298,13 +306,13 @@ impl Routes {
         replies
     }
 
-    /// A call ran out of time: the links with requests out are given up (a master that
-    /// stopped answering holds its requests; one that answers is opened again at the cost of
-    /// a connect), the others and the map kept, so the masters that answer go on answering.
+    /// A call ran out of time: the links on which a request was given up unanswered go (a
+    /// master that stopped answering, a connection gone silent: the next call opens a fresh
+    /// one), the others and the map stay, so the masters that answer go on answering.
     pub(super) fn let_go_stalled(&self) {
         self.state()
             .links
-            .retain(|_, master| master.out.load(Ordering::Relaxed) == 0);
+            .retain(|_, master| !master.stalled.load(Ordering::Relaxed));
     }
 
     /// A master said the cluster moved: the map is read again.
@@ -312,8 +320,8 @@ impl Routes {
         self.state().map = None;
     }
 
-    /// A link to the master of `key`'s slot, and its number; `None` where the cluster
-    /// connection must take the request. Fails where no node answers for the map.
+    /// A link to the master of `key`'s slot; `None` where the cluster connection must take
+    /// the request. Fails where no node answers for the map.
     async fn link_for(
         &self,
         key: Option<&[u8]>,
@@ -325,8 +333,8 @@ impl Routes {
         }
     }
 
-    /// A link to the master of `slot`, and its number; `None` where the cluster connection
-    /// must take the request.
+    /// A link to the master of `slot`; `None` where the cluster connection must take the
+    /// request.
     async fn link_to(&self, slot: u16, cluster: &SharedCluster) -> RedisResult<Option<Master>> {
         let mut way = self.way(slot);
         if let Way::ReadMap = way {
@@ -391,7 +399,7 @@ impl Routes {
         let master = Master {
             id: state.opened,
             link,
-            out: Arc::default(),
+            stalled: Arc::default(),
         };
         state.links.insert(node, master.clone());
         Ok(master)
