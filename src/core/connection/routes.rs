@@ -66,24 +66,18 @@ struct Master {
     stalled: Arc<AtomicBool>,
 }
 
-impl Master {
-    /// A request sent on the link, until [`Out::answered`].
-    fn out(&self) -> Out {
-        Out(Some(self.stalled.clone()))
-    }
-}
+/// A request out on a master's link, until [`Out::answered`]. Dropped before it was answered
+/// (its call ran out of time, and the request with it), it marks the link stalled
+/// ([`Routes::let_go_stalled`]).
+struct Out<'a>(Option<&'a AtomicBool>);
 
-/// A request out on a master's link. Dropped before it was answered (its call ran out of
-/// time, and the request with it), it marks the link stalled: [`Routes::let_go_stalled`].
-struct Out(Option<Arc<AtomicBool>>);
-
-impl Out {
+impl Out<'_> {
     fn answered(mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for Out {
+impl Drop for Out<'_> {
     fn drop(&mut self) {
         if let Some(stalled) = &self.0 {
             stalled.store(true, Ordering::Relaxed);
@@ -151,7 +145,7 @@ impl Routes {
                 .req_packed_commands(pipe, offset, count)
                 .await;
         };
-        let out = master.out();
+        let out = Out(Some(&master.stalled));
         let sent = master.link.req_packed_commands(pipe, offset, count).await;
         out.answered();
         let mut replies = self.answered(master.id, sent)?;
@@ -287,7 +281,7 @@ impl Routes {
 
     /// Sends `cmd` on `master`'s link.
     async fn ask(&self, mut master: Master, cmd: &Cmd) -> RedisResult<Value> {
-        let out = master.out();
+        let out = Out(Some(&master.stalled));
         let reply = master.link.req_packed_command(cmd).await;
         out.answered();
         self.answered(master.id, reply)
