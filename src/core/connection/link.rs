@@ -109,14 +109,7 @@ impl SharedCluster {
             return Ok(open);
         }
         let mut opened = self.client.get_async_connection().await?;
-        if let Some(name) = &self.name {
-            // Advice, as for every connection: refused, the connection serves unnamed.
-            let _ = redis::cmd("CLIENT")
-                .arg("SETNAME")
-                .arg(name)
-                .query_async::<Value>(&mut opened)
-                .await;
-        }
+        set_name(&mut opened, self.name.as_deref()).await;
         Ok(lock(&self.connection).get_or_insert(opened).clone())
     }
 
@@ -136,6 +129,18 @@ impl SharedCluster {
 
     fn let_go(&self) {
         lock(&self.connection).take();
+    }
+}
+
+/// Names `connection` (`CLIENT SETNAME`), as every connection is named: advice, so one that
+/// is refused (an ACL) serves unnamed.
+pub(super) async fn set_name<C: ConnectionLike + Send>(connection: &mut C, name: Option<&str>) {
+    if let Some(name) = name {
+        let _ = redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(name)
+            .query_async::<Value>(connection)
+            .await;
     }
 }
 
@@ -297,8 +302,9 @@ impl Target {
     }
 
     /// A shared link was given up (it timed out, or its credentials were refused): the
-    /// cluster connection it shared is let go too, so the next shared link opens a fresh one.
-    /// The connections beside keep theirs until they give it up themselves.
+    /// cluster connection it shared is let go too, so the next shared link opens a fresh one,
+    /// and so are the masters' links on which a request went unanswered. The connections
+    /// beside keep theirs until they give it up themselves.
     pub(super) fn let_go(&self) {
         if let Self::Cluster {
             cluster, routes, ..
@@ -313,10 +319,10 @@ impl Target {
 
     /// The shared connection: for one server, opened on its first command and reopened by
     /// redis-rs after an I/O error, or, on the embedder's event loop, opened now and given up
-    /// when it breaks; for a cluster, connected to the seeds now (on the embedder's event
-    /// loop, its masters' links there opened as calls need them, and the cluster connection
-    /// only when one of them needs it); behind Sentinel, to the master the sentinels name now
-    /// (on the embedder's event loop when there is one).
+    /// when it breaks; for a cluster, connected to the seeds now, or, on the embedder's event
+    /// loop, its masters' links there opened as calls need them (the slot map read over them)
+    /// and the cluster connection only when one of them needs it; behind Sentinel, to the
+    /// master the sentinels name now (on the embedder's event loop when there is one).
     pub(super) async fn shared(
         &self,
         manager: &ConnectionManagerConfig,

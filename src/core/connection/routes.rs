@@ -22,7 +22,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Arg, AsyncConnectionConfig, Cmd, Pipeline, RedisResult, Value};
 
 use super::address::NodeClients;
-use super::link::{is_moving, on_master_of, OnLoop, SharedCluster};
+use super::link::{is_moving, on_master_of, set_name, OnLoop, SharedCluster};
 use super::parse;
 use super::slots::{master_in, no_master, read_slot_map, Node, SlotMap};
 use crate::core::lock;
@@ -380,14 +380,7 @@ impl Routes {
             .on_loop
             .open(info, &self.config, self.connect_timeout)
             .await?;
-        if let Some(name) = &self.name {
-            // Advice, as for the connection's others: refused, the link serves unnamed.
-            let _ = redis::cmd("CLIENT")
-                .arg("SETNAME")
-                .arg(name)
-                .query_async::<Value>(&mut link)
-                .await;
-        }
+        set_name(&mut link, self.name.as_deref()).await;
         let mut state = self.state();
         state.opened += 1;
         let master = Master {
