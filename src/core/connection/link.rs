@@ -22,14 +22,13 @@
 //! whose socket that loop polls.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
-use redis::cluster_async::ClusterConnection;
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
@@ -42,13 +41,13 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::address::{
     check_tls, client, redact_all, seeds, with_credentials, NodeClients, Protocol,
 };
+use super::cluster::SharedCluster;
 use super::reactor::{self, Reactor};
 use super::routes::Routes;
 use super::sentinel::Sentinels;
 use super::slots::{master_in, no_master, slot_map, Node, SlotMap};
 use super::{tls, ConnectionOptions, Deployment};
 use crate::core::error::{Error, InputErrorKind, Result};
-use crate::core::lock;
 
 /// The deployment to reach.
 pub(super) enum Target {
@@ -78,70 +77,6 @@ pub(super) enum Target {
         followed: AtomicU64,
         on_loop: Option<OnLoop>,
     },
-}
-
-/// redis-rs' cluster connection, opened when first needed and shared with the targets beside
-/// this one ([`Target::beside`]): one routing task and one connection per master for them
-/// all, let go with the shared link that gives it up. On the embedder's event loop only what
-/// the masters' links there cannot take needs it ([`Routes`]): a redirection, a slot no master
-/// serves.
-#[derive(Clone)]
-pub struct SharedCluster {
-    client: Arc<ClusterClient>,
-    /// The connection name, given to the connections it opens.
-    name: Option<String>,
-    connection: Arc<Mutex<Option<ClusterConnection>>>,
-}
-
-impl SharedCluster {
-    fn new(client: ClusterClient, name: Option<String>) -> Self {
-        Self {
-            client: Arc::new(client),
-            name,
-            connection: Arc::default(),
-        }
-    }
-
-    /// The connection, opened now if it is not. Two opened at once (by connections beside
-    /// each other) settle on the one stored first, and the other goes.
-    pub(super) async fn get(&self) -> RedisResult<ClusterConnection> {
-        if let Some(open) = self.opened() {
-            return Ok(open);
-        }
-        let mut opened = self.client.get_async_connection().await?;
-        set_name(&mut opened, self.name.as_deref()).await;
-        Ok(lock(&self.connection).get_or_insert(opened).clone())
-    }
-
-    /// The connection, if it is open.
-    pub(super) fn opened(&self) -> Option<ClusterConnection> {
-        lock(&self.connection).clone()
-    }
-
-    /// `connection`, opened by this client for a caller of its own: never shared.
-    fn holding(&self, connection: ClusterConnection) -> Self {
-        Self {
-            client: self.client.clone(),
-            name: self.name.clone(),
-            connection: Arc::new(Mutex::new(Some(connection))),
-        }
-    }
-
-    fn let_go(&self) {
-        lock(&self.connection).take();
-    }
-}
-
-/// Names `connection` (`CLIENT SETNAME`), as every connection is named: advice, so one that
-/// is refused (an ACL) serves unnamed.
-pub(super) async fn set_name<C: ConnectionLike + Send>(connection: &mut C, name: Option<&str>) {
-    if let Some(name) = name {
-        let _ = redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(name)
-            .query_async::<Value>(connection)
-            .await;
-    }
 }
 
 /// The shared link on the embedder's event loop: the loop, and for `rediss://` how TLS is

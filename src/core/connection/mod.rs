@@ -26,6 +26,7 @@
 //! - `tls.rs`: TLS material for `rediss://`.
 
 mod address;
+mod cluster;
 mod exclusive;
 mod keyspace;
 mod link;

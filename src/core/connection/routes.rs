@@ -22,7 +22,8 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Arg, AsyncConnectionConfig, Cmd, Pipeline, RedisResult, Value};
 
 use super::address::NodeClients;
-use super::link::{is_moving, on_master_of, set_name, OnLoop, SharedCluster};
+use super::cluster::{set_name, SharedCluster};
+use super::link::{is_moving, on_master_of, OnLoop};
 use super::parse;
 use super::slots::{master_in, no_master, read_slot_map, Node, SlotMap};
 use crate::core::lock;
@@ -49,7 +50,8 @@ pub struct Routes {
 struct State {
     /// Which master serves which slots, until a reply says the cluster moved.
     map: Option<SlotMap>,
-    /// The masters of the last map read, where the next is read when their links are gone.
+    /// The masters of the last map read, each once: where [`Routes::on_every_master`] goes,
+    /// and where the next map is read when their links are gone.
     masters: Vec<Node>,
     /// A link to each master, opened on first use, given up when it breaks.
     links: HashMap<Node, Master>,
@@ -212,20 +214,14 @@ impl Routes {
         cluster: &SharedCluster,
         cmd: &Cmd,
     ) -> RedisResult<Vec<Value>> {
-        let known = self.state().map.clone();
-        let map = match known {
-            Some(map) => map,
-            None => self.read_map(cluster).await?,
-        };
-        let mut masters: Vec<&Node> = Vec::new();
-        for (_, _, node) in &map {
-            if !masters.contains(&node) {
-                masters.push(node);
-            }
+        let known = self.state().map.is_some();
+        if !known {
+            self.read_map(cluster).await?;
         }
+        let masters = self.state().masters.clone();
         let each = masters
             .into_iter()
-            .map(|node| async move { self.ask(self.open(node.clone()).await?, cmd).await });
+            .map(|node| async move { self.ask(self.open(node).await?, cmd).await });
         futures::future::try_join_all(each).await
     }
 
@@ -249,7 +245,12 @@ impl Routes {
         state
             .links
             .retain(|node, _| map.iter().any(|(_, _, it)| it == node));
-        state.masters = map.iter().map(|(_, _, node)| node.clone()).collect();
+        state.masters.clear();
+        for (_, _, node) in &map {
+            if !state.masters.contains(node) {
+                state.masters.push(node.clone());
+            }
+        }
         state.map = Some(map.clone());
         Ok(map)
     }
