@@ -228,24 +228,26 @@ impl Target {
 
     /// Stops what runs in the background for the deployment (the sentinels' watcher, which
     /// the connections beside share: a provider closes them together), and lets go of a
-    /// cluster connection shared with them ([`Target::let_go`]).
+    /// cluster connection shared with them.
     pub(super) fn close(&self) {
-        if let Self::Sentinel { sentinels, .. } = self {
-            sentinels.stop();
+        match self {
+            Self::Sentinel { sentinels, .. } => sentinels.stop(),
+            Self::Cluster { cluster, .. } => cluster.let_go(),
+            Self::Single(..) => {}
         }
-        self.let_go();
     }
 
-    /// A shared link was given up (it timed out, or its credentials were refused): the
-    /// cluster connection it shared is let go too, so the next shared link opens a fresh one,
-    /// and so are the masters' links on which a request went unanswered. The connections
-    /// beside keep theirs until they give it up themselves.
-    pub(super) fn let_go(&self) {
+    /// A shared link was given up (it timed out, or its credentials were refused): on a
+    /// cluster, what it may have left silent is replaced: the cluster connection it shared,
+    /// opened afresh in the background while it serves on ([`SharedCluster::renew`]), and the
+    /// masters' links on which a request went unanswered. The connections beside keep theirs
+    /// until they give them up themselves.
+    pub(super) fn replace_stalled(&self) {
         if let Self::Cluster {
             cluster, routes, ..
         } = self
         {
-            cluster.let_go();
+            cluster.renew();
             if let Some(routes) = routes.get() {
                 routes.let_go_stalled();
             }
@@ -760,7 +762,11 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
         })
         .collect();
     Ok(Target::Cluster {
-        cluster: SharedCluster::new(client, options.name.clone()),
+        cluster: SharedCluster::new(
+            client,
+            options.name.clone(),
+            options.connect_timeout + options.command_timeout,
+        ),
         nodes: NodeClients::new(first, options),
         seeds,
         on_loop: options

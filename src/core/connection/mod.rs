@@ -422,7 +422,7 @@ impl Connection {
         if slot.as_ref().is_some_and(|(current, _)| *current == number) {
             *slot = None;
             self.setup.renew();
-            self.target.let_go();
+            self.target.replace_stalled();
         }
     }
 
@@ -493,7 +493,7 @@ impl Connection {
             None => {
                 self.slot().take();
                 self.setup.renew();
-                self.target.let_go();
+                self.target.replace_stalled();
             }
         }
     }
