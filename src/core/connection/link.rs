@@ -765,7 +765,8 @@ fn cluster(options: &ConnectionOptions, nodes: &[String], protocol: Protocol) ->
         cluster: SharedCluster::new(
             client,
             options.name.clone(),
-            options.connect_timeout + options.command_timeout,
+            // Connecting the seeds, then the masters of the slot map they read.
+            2 * (options.connect_timeout + options.command_timeout),
         ),
         nodes: NodeClients::new(first, options),
         seeds,
