@@ -14,6 +14,7 @@ import { RedisLeaseProvider, RedisStreamsPubSub } from '../dist/esm/index.js'
 import { expectRejection } from './helpers/lease.js'
 import { closing, leaseSuite, RUN, stopLater } from './helpers/lease-runs.js'
 import { startCluster, type RedisCluster } from './helpers/redis-cluster.js'
+import { until } from './helpers/redis-process.js'
 import { startSentinel, type RedisSentinel } from './helpers/redis-sentinel.js'
 import { monitor, startRedis, type RedisServer } from './helpers/redis-server.js'
 import { runtimeThreadSwitches, switchesOver2000Calls } from './helpers/runtime-thread.js'
@@ -275,6 +276,47 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     expect(await leases.renewLease('{f}', 'a', 60_000)).toBe(true)
   })
 
+  it.for([['RedisLeaseProvider', RedisLeaseProvider], ['RedisStreamsPubSub', RedisStreamsPubSub]] as const)('%s: a master frozen until its replica took its slots over: while it stays frozen its keys’ calls answer from the new master, never false', async ([, Leases]) => {
+    // A cluster of its own: the failover changes who is master.
+    const own = await startCluster()
+    try {
+      const keyPrefix = `node-loop-cluster-frozen-failover:${RUN}:${Leases.name}`
+      const slot = await own.keySlot(`${keyPrefix}:lease:{f}`)
+      const frozen = await own.masterOfSlot(slot)
+      const leases = closing(new Leases({ cluster: { nodes: own.urls }, keyPrefix, commandTimeoutMs: FROZEN_CALL_TIMEOUT_MS }))
+      expect(await leases.acquireLease('{f}', 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+      // The replica holds the lease: it replicated what the master had (WAIT would wait for the
+      // writes of its own connection only).
+      const offset = (info: unknown, field: string) => Number(new RegExp(`${field}:(\\d+)`).exec(String(info))![1])
+      const written = offset(await frozen.cli('INFO', 'replication'), 'master_repl_offset')
+      const [replica] = await own.replicasOf(frozen)
+      await until('the replica caught up', 5_000, async () =>
+        offset(await replica!.cli('INFO', 'replication'), 'slave_repl_offset') >= written ? undefined : 'behind')
+      frozen.freeze()
+      try {
+        // Renewing all along, as an owner does: each call true or rejected, never false.
+        const renewals: unknown[] = []
+        const renew = () => leases.renewLease('{f}', 'a', 60_000).then((held) => held, (err: { code?: string }) => err.code)
+        await until('a replica promoted', 20_000, async () => {
+          renewals.push(await renew())
+          return (await own.masterOfSlot(slot)).port === frozen.port ? 'not yet' : undefined
+        })
+        // Within a few calls of the promotion the new master answers, and from then on.
+        const deadline = performance.now() + 2_000
+        do renewals.push(await renew())
+        while (renewals.at(-1) !== true && performance.now() < deadline)
+        expect(renewals.filter((r) => r !== true && r !== 'ERR_LEASE_TIMEOUT' && r !== 'ERR_LEASE_CONNECTION')).toEqual([])
+        expect(renewals.at(-1)).toBe(true)
+        for (let i = 0; i < 20; i++) expect(await renew()).toBe(true)
+        expect(await leases.getLeaseOwner('{f}')).toBe('a')
+      } finally {
+        frozen.thaw()
+      }
+    } finally {
+      await own.stop()
+    }
+  })
+
   it('RedisLeaseProvider: the link a call timed out on is given up (it may have gone silent), and the next call of its master opens a fresh one', async () => {
     const keyPrefix = `node-loop-cluster-stalled:${RUN}`
     const connectionName = `stalled-${process.pid}`
@@ -321,14 +363,17 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     const leases = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix, connectionName }))
     const named = async (node: RedisCluster['nodes'][number]) =>
       String(await node.cli('CLIENT', 'LIST')).split('\n').filter((line) => line.includes(` name=${connectionName} `)).length
-    // Lease calls on keys of every master, a script loaded on each (renewals) and a ping of
-    // every master: all on the masters' links.
+    // Lease calls on keys of every master, a script loaded on each (renewals), again after a
+    // SCRIPT FLUSH, and a ping of every master: all on the masters' links.
     for (let i = 0; i < 30; i++) {
       expect(await leases.acquireLease(`k${i}`, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
       expect(await leases.renewLease(`k${i}`, 'a', 60_000)).toBe(true)
     }
     expect(await leases.ping()).toBeGreaterThanOrEqual(0)
     const masters = await cluster.masters()
+    // The script caches flushed: the renewals' scripts load again, on the masters' links too.
+    for (const master of masters) await master.cli('SCRIPT', 'FLUSH')
+    for (let i = 0; i < 30; i++) expect(await leases.renewLease(`k${i}`, 'a', 60_000)).toBe(true)
     for (const master of masters) expect(await named(master), master.name).toBe(1)
     // A slot moved: its next call meets MOVED, and the cluster connection that follows it
     // opens a connection to every master.

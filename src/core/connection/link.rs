@@ -249,7 +249,7 @@ impl Target {
         {
             cluster.renew();
             if let Some(routes) = routes.get() {
-                routes.let_go_stalled();
+                routes.timed_out();
             }
         }
     }
@@ -481,7 +481,7 @@ impl Link {
     /// Which master serves which slot, read now (`CLUSTER SLOTS`): on a cluster link only.
     pub(super) async fn slot_map(&self) -> RedisResult<SlotMap> {
         match self {
-            Self::Cluster(cluster, Some(routes)) => routes.read_map(cluster).await,
+            Self::Cluster(_, Some(routes)) => routes.read_map().await,
             Self::Cluster(cluster, None) => slot_map(cluster.get().await?).await,
             _ => Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
@@ -573,7 +573,7 @@ impl Link {
     /// an error reply as such.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Cluster(cluster, Some(routes)) => routes.on_every_master(cluster, cmd).await,
+            Self::Cluster(_, Some(routes)) => routes.on_every_master(cmd).await,
             Self::Cluster(cluster, None) => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 match cluster

@@ -6,14 +6,15 @@
 //!
 //! The slot map is read (`CLUSTER SLOTS`) over these links: a master's, else a seed's. The
 //! cluster connection is opened only for what the map cannot route: a request whose slot no
-//! master serves, one that is not a plain pipeline of known one-key commands, and the
+//! master serves, one that is not a plain pipeline of known one-key commands (the scripts it
+//! loads first aside: they go with it), and the
 //! commands a master answered MOVED, ASK, TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none
 //! of which ran): it follows the redirections. Those answers mean the command did not run
 //! there, so sending it on is sending it once. The map is then read again. A link that broke
 //! is given up, as on one server: the request's error goes to the caller, whose rules for a
 //! broken connection say what goes again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -58,6 +59,9 @@ struct State {
     /// How many links were opened: each is numbered, by which a request tells which one
     /// broke under it.
     opened: u64,
+    /// The nodes a call ran out of time on (a request on their link given up unanswered, a
+    /// link to them not open in time), until a link to them opens: asked for the map last.
+    silent: HashSet<Node>,
 }
 
 /// A link to a master, its number, and whether a request on it was given up unanswered.
@@ -70,7 +74,7 @@ struct Master {
 
 /// A request out on a master's link, until [`Out::answered`]. Dropped before it was answered
 /// (its call ran out of time, and the request with it), it marks the link stalled
-/// ([`Routes::let_go_stalled`]).
+/// ([`Routes::timed_out`]).
 struct Out<'a>(Option<&'a AtomicBool>);
 
 impl Out<'_> {
@@ -132,13 +136,10 @@ impl Routes {
         count: usize,
         repeatable: Option<&(dyn Fn() -> Pipeline + Sync)>,
     ) -> RedisResult<Vec<Value>> {
-        let key = match pipe.is_transaction() {
-            true => None,
-            false => pipe.cmd_iter().next().and_then(key_of),
-        };
+        let key = key_of_pipeline(pipe);
         // What goes through the cluster connection goes in the repeatable form, if any.
         let for_cluster = || repeatable.map(|make| make());
-        let Some(mut master) = self.link_for(key, cluster).await? else {
+        let Some(mut master) = self.link_for(key).await? else {
             let made = for_cluster();
             let pipe = made.as_ref().unwrap_or(pipe);
             return cluster
@@ -178,7 +179,7 @@ impl Routes {
 
     /// Sends one command to the master of its slot, or through `cluster`.
     pub(super) async fn send_one(&self, cluster: &SharedCluster, cmd: &Cmd) -> RedisResult<Value> {
-        let Some(master) = self.link_for(key_of(cmd), cluster).await? else {
+        let Some(master) = self.link_for(key_of(cmd)).await? else {
             return cluster.get().await?.req_packed_command(cmd).await;
         };
         let reply = self.ask(master, cmd).await?;
@@ -198,7 +199,7 @@ impl Routes {
         cmd: &Cmd,
     ) -> RedisResult<Value> {
         let slot = super::slot(key);
-        if let Some(master) = self.link_to(slot, cluster).await? {
+        if let Some(master) = self.link_to(slot).await? {
             let reply = self.ask(master, cmd).await?;
             if !is_moving(&reply) {
                 return Ok(reply);
@@ -209,14 +210,10 @@ impl Routes {
     }
 
     /// Sends `cmd` to every master of the map at once, answering each one's reply.
-    pub(super) async fn on_every_master(
-        &self,
-        cluster: &SharedCluster,
-        cmd: &Cmd,
-    ) -> RedisResult<Vec<Value>> {
+    pub(super) async fn on_every_master(&self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
         let known = self.state().map.is_some();
         if !known {
-            self.read_map(cluster).await?;
+            self.read_map().await?;
         }
         let masters = self.state().masters.clone();
         let each = masters
@@ -225,20 +222,16 @@ impl Routes {
         futures::future::try_join_all(each).await
     }
 
-    /// Reads the map now (`CLUSTER SLOTS`) and keeps it: through the cluster connection if it
-    /// is open, else over a master's link, else a seed's (one that is not a master is let go).
-    pub(super) async fn read_map(&self, cluster: &SharedCluster) -> RedisResult<SlotMap> {
+    /// Reads the map now (`CLUSTER SLOTS`) and keeps it: over a master's link, else a seed's
+    /// (one that is not a master is let go).
+    pub(super) async fn read_map(&self) -> RedisResult<SlotMap> {
         let _reading = self.reading.lock().await;
-        self.read_map_held(cluster).await
+        self.read_map_held().await
     }
 
     /// [`Routes::read_map`], `reading` held.
-    async fn read_map_held(&self, cluster: &SharedCluster) -> RedisResult<SlotMap> {
-        let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-        let reply = match cluster.opened() {
-            Some(mut open) => slots.query_async::<Value>(&mut open).await,
-            None => self.ask_any(&slots).await,
-        };
+    async fn read_map_held(&self) -> RedisResult<SlotMap> {
+        let reply = self.ask_any(redis::cmd("CLUSTER").arg("SLOTS")).await;
         let map = read_slot_map(parse(reply?)?)?;
         let mut state = self.state();
         // A node no longer a master is let go.
@@ -256,21 +249,26 @@ impl Routes {
     }
 
     /// Asks `cmd` of the first node that answers: those with a link open, then the masters of
-    /// the last map, then the seeds.
+    /// the last map, then the seeds; a node a call ran out of time on is asked last, so a
+    /// master that stopped answering holds up no read of the map while another answers.
     async fn ask_any(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let mut nodes: Vec<Node> = {
+        let (mut nodes, silent) = {
             let state = self.state();
-            state.links.keys().chain(&state.masters).cloned().collect()
+            let nodes: Vec<Node> = state.links.keys().chain(&state.masters).cloned().collect();
+            (nodes, state.silent.clone())
         };
         nodes.extend(self.seeds.iter().cloned());
-        let mut tried: Vec<&Node> = Vec::new();
-        let mut last = None;
-        for node in &nodes {
-            if tried.contains(&node) {
-                continue;
+        let mut unique: Vec<Node> = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if !unique.contains(&node) {
+                unique.push(node);
             }
-            tried.push(node);
-            let asked = async { self.ask(self.open(node.clone()).await?, cmd).await };
+        }
+        // Stable: the order above stays within each part.
+        unique.sort_by_key(|node| silent.contains(node));
+        let mut last = None;
+        for node in unique {
+            let asked = async { self.ask(self.open(node).await?, cmd).await };
             match asked.await {
                 Ok(Value::ServerError(err)) => last = Some(err.into()),
                 Ok(reply) => return Ok(reply),
@@ -301,13 +299,25 @@ impl Routes {
         replies
     }
 
-    /// A call ran out of time: the links on which a request was given up unanswered go (a
+    /// A call ran out of time. The links on which a request was given up unanswered go (a
     /// master that stopped answering, a connection gone silent: the next call opens a fresh
-    /// one), the others and the map stay, so the masters that answer go on answering.
-    pub(super) fn let_go_stalled(&self) {
-        self.state()
-            .links
-            .retain(|_, master| !master.stalled.load(Ordering::Relaxed));
+    /// one), their nodes asked for the map last; the others stay, so the masters that answer
+    /// go on answering. The map is read again by the next call: a master that stopped
+    /// answering may have been replaced by its replica meanwhile, and its keys' calls must
+    /// find the new one without an answer from the old.
+    pub(super) fn timed_out(&self) {
+        let mut state = self.state();
+        let State {
+            links, silent, map, ..
+        } = &mut *state;
+        links.retain(|node, master| {
+            let stalled = master.stalled.load(Ordering::Relaxed);
+            if stalled {
+                silent.insert(node.clone());
+            }
+            !stalled
+        });
+        *map = None;
     }
 
     /// A master said the cluster moved: the map is read again.
@@ -317,26 +327,22 @@ impl Routes {
 
     /// A link to the master of `key`'s slot; `None` where the cluster connection must take
     /// the request. Fails where no node answers for the map.
-    async fn link_for(
-        &self,
-        key: Option<&[u8]>,
-        cluster: &SharedCluster,
-    ) -> RedisResult<Option<Master>> {
+    async fn link_for(&self, key: Option<&[u8]>) -> RedisResult<Option<Master>> {
         match key {
-            Some(key) => self.link_to(super::slot(key), cluster).await,
+            Some(key) => self.link_to(super::slot(key)).await,
             None => Ok(None),
         }
     }
 
     /// A link to the master of `slot`; `None` where the cluster connection must take the
     /// request.
-    async fn link_to(&self, slot: u16, cluster: &SharedCluster) -> RedisResult<Option<Master>> {
+    async fn link_to(&self, slot: u16) -> RedisResult<Option<Master>> {
         let mut way = self.way(slot);
         if let Way::ReadMap = way {
             let _reading = self.reading.lock().await;
             // Read by a call that held it first, or read now.
             if self.state().map.is_none() {
-                self.read_map_held(cluster).await?;
+                self.read_map_held().await?;
             }
             way = self.way(slot);
         }
@@ -372,8 +378,13 @@ impl Routes {
     async fn open(&self, node: Node) -> RedisResult<Master> {
         let gate = lock(&self.opening).entry(node.clone()).or_default().clone();
         let _opening = gate.lock().await;
-        if let Some(master) = self.state().links.get(&node) {
-            return Ok(master.clone());
+        {
+            let mut state = self.state();
+            if let Some(master) = state.links.get(&node) {
+                return Ok(master.clone());
+            }
+            // Until it is open: an open given up midway (its call ran out of time) leaves it so.
+            state.silent.insert(node.clone());
         }
         let client = self.nodes.client(&node.0, node.1)?;
         let info = client.get_connection_info();
@@ -383,6 +394,7 @@ impl Routes {
             .await?;
         set_name(&mut link, self.name.as_deref()).await;
         let mut state = self.state();
+        state.silent.remove(&node);
         state.opened += 1;
         let master = Master {
             id: state.opened,
@@ -429,9 +441,53 @@ fn key_of(cmd: &Cmd) -> Option<&[u8]> {
     args.next()?
 }
 
+/// The key by which a pipeline's slot is found: its first command's, past the scripts it loads
+/// first (they go along to the master where the calls after them run); `None` for a
+/// transaction, or where that command has none [`key_of`] knows.
+fn key_of_pipeline(pipe: &Pipeline) -> Option<&[u8]> {
+    if pipe.is_transaction() {
+        return None;
+    }
+    pipe.cmd_iter()
+        .find(|cmd| !is_script_load(cmd))
+        .and_then(key_of)
+}
+
+/// Whether `cmd` is `SCRIPT LOAD`.
+fn is_script_load(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        Arg::Simple(bytes) => bytes,
+        _ => &[],
+    });
+    args.next()
+        .is_some_and(|it| it.eq_ignore_ascii_case(b"SCRIPT"))
+        && args
+            .next()
+            .is_some_and(|it| it.eq_ignore_ascii_case(b"LOAD"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::key_of;
+    use super::{key_of, key_of_pipeline};
+
+    #[test]
+    fn a_pipeline_goes_by_its_first_key_past_the_scripts_it_loads_first() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCRIPT").arg("LOAD").arg("return 1");
+        pipe.cmd("script").arg("load").arg("return 2");
+        pipe.cmd("EVALSHA").arg("abc").arg(1).arg("k1").arg("a");
+        assert_eq!(key_of_pipeline(&pipe), Some(&b"k1"[..]));
+        let mut loads_only = redis::pipe();
+        loads_only.cmd("SCRIPT").arg("LOAD").arg("return 1");
+        assert_eq!(key_of_pipeline(&loads_only), None);
+        let mut flush = redis::pipe();
+        flush.cmd("SCRIPT").arg("FLUSH");
+        flush.cmd("GET").arg("k1");
+        assert_eq!(key_of_pipeline(&flush), None);
+        let mut transaction = redis::pipe();
+        transaction.atomic().cmd("GET").arg("k1");
+        assert_eq!(key_of_pipeline(&transaction), None);
+    }
 
     #[test]
     fn a_commands_key_is_found_for_the_one_key_commands_sent_and_for_no_other() {
