@@ -249,7 +249,7 @@ impl Target {
         {
             cluster.renew();
             if let Some(routes) = routes.get() {
-                routes.timed_out();
+                routes.replace_stalled();
             }
         }
     }

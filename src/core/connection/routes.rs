@@ -6,10 +6,10 @@
 //!
 //! The slot map is read (`CLUSTER SLOTS`) over these links: a master's, else a seed's. The
 //! cluster connection is opened only for what the map cannot route: a request whose slot no
-//! master serves, one that is not a plain pipeline of known one-key commands (the scripts it
-//! loads first aside: they go with it), and the
-//! commands a master answered MOVED, ASK, TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none
-//! of which ran): it follows the redirections. Those answers mean the command did not run
+//! master serves, one that is not a plain pipeline of known one-key commands (but for the
+//! scripts it loads first, which go with it), and the commands a master answered MOVED, ASK,
+//! TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none of which ran): it follows the
+//! redirections. Those answers mean the command did not run
 //! there, so sending it on is sending it once. The map is then read again. A link that broke
 //! is given up, as on one server: the request's error goes to the caller, whose rules for a
 //! broken connection say what goes again.
@@ -74,7 +74,7 @@ struct Master {
 
 /// A request out on a master's link, until [`Out::answered`]. Dropped before it was answered
 /// (its call ran out of time, and the request with it), it marks the link stalled
-/// ([`Routes::timed_out`]).
+/// ([`Routes::replace_stalled`]).
 struct Out<'a>(Option<&'a AtomicBool>);
 
 impl Out<'_> {
@@ -299,13 +299,14 @@ impl Routes {
         replies
     }
 
-    /// A call ran out of time. The links on which a request was given up unanswered go (a
-    /// master that stopped answering, a connection gone silent: the next call opens a fresh
-    /// one), their nodes asked for the map last; the others stay, so the masters that answer
-    /// go on answering. The map is read again by the next call: a master that stopped
-    /// answering may have been replaced by its replica meanwhile, and its keys' calls must
-    /// find the new one without an answer from the old.
-    pub(super) fn timed_out(&self) {
+    /// The shared link was given up: a call ran out of time (or credentials were refused). The
+    /// links on which a request was given up unanswered go (a master that stopped answering,
+    /// a connection gone silent: the next call opens a fresh one), their nodes asked for the
+    /// map last; the others stay, so the masters that answer go on answering. The map is read
+    /// again by the next call: a master that stopped answering may have been replaced by its
+    /// replica meanwhile, and its keys' calls must find the new one without an answer from
+    /// the old.
+    pub(super) fn replace_stalled(&self) {
         let mut state = self.state();
         let State {
             links, silent, map, ..
