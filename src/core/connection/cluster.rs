@@ -1,10 +1,10 @@
 //! redis-rs' cluster connection as the connections of one deployment share it, opened when
 //! first needed ([`SharedCluster`]), and the naming every connection gets.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -13,53 +13,68 @@ use redis::{RedisResult, Value};
 use crate::core::lock;
 
 /// redis-rs' cluster connection, opened when first needed and shared with the targets beside
-/// this one ([`Target::beside`](super::link::Target::beside)): one routing task and one connection per master for them
-/// all, replaced when the shared link that uses it is given up ([`SharedCluster::renew`]). On
-/// the embedder's event loop only what the masters' links there cannot take needs it
-/// ([`Routes`](super::routes::Routes)): a redirection, a slot no master serves.
+/// this one ([`Target::beside`](super::link::Target::beside)): one routing task and one
+/// connection per master for them all, replaced when the shared link that uses it is given up
+/// ([`SharedCluster::renew`]). On the embedder's event loop only what the masters' links there
+/// cannot take needs it ([`Routes`](super::routes::Routes)): a redirection, a slot no master
+/// serves.
+///
+/// Opening one waits for every seed, one that does not answer too (frozen, or a host that
+/// drops what is sent to it), until the connect timeout: longer than a call may wait, perhaps.
+/// So it is opened apart from the calls that need it, on the runtime: a call that runs out of
+/// time leaves it opening, and the next one waits for the same opening rather than start
+/// another, which would run out of time in turn.
 #[derive(Clone)]
 pub struct SharedCluster {
     pub(super) client: Arc<ClusterClient>,
     /// The connection name, given to the connections it opens.
     name: Option<String>,
-    connection: Arc<Mutex<Option<ClusterConnection>>>,
-    /// A fresh connection is being opened to replace the one in `connection`.
-    renewing: Arc<AtomicBool>,
-    /// How long a replacement may take to open before it is given up.
+    slot: Arc<Mutex<Slot>>,
+    /// How long an opening may take before it is given up.
     open_within: Duration,
 }
+
+#[derive(Default)]
+struct Slot {
+    /// The connection calls take.
+    open: Option<ClusterConnection>,
+    /// A connection being opened, which takes `open`'s place once it is.
+    opening: Option<Opening>,
+    /// Closed: nothing opened is kept any more.
+    closed: bool,
+}
+
+type Opening = Shared<BoxFuture<'static, RedisResult<ClusterConnection>>>;
 
 impl SharedCluster {
     pub(super) fn new(client: ClusterClient, name: Option<String>, open_within: Duration) -> Self {
         Self {
             client: Arc::new(client),
             name,
-            connection: Arc::default(),
-            renewing: Arc::default(),
+            slot: Arc::default(),
             open_within,
         }
     }
 
-    /// The connection, opened now if it is not. Two opened at once (by connections beside
-    /// each other) settle on the one stored first, and the other goes.
+    /// The connection; the one being opened when there is none, opened now if none is.
     pub(super) async fn get(&self) -> RedisResult<ClusterConnection> {
-        if let Some(open) = self.opened() {
-            return Ok(open);
-        }
-        let opened = self.open().await?;
-        Ok(lock(&self.connection).get_or_insert(opened).clone())
-    }
-
-    /// A fresh connection, named.
-    async fn open(&self) -> RedisResult<ClusterConnection> {
-        let mut opened = self.client.get_async_connection().await?;
-        set_name(&mut opened, self.name.as_deref()).await;
-        Ok(opened)
-    }
-
-    /// The connection, if it is open.
-    pub(super) fn opened(&self) -> Option<ClusterConnection> {
-        lock(&self.connection).clone()
+        let opening = {
+            let mut slot = lock(&self.slot);
+            if let Some(open) = &slot.open {
+                return Ok(open.clone());
+            }
+            if slot.closed {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the cluster connection was closed",
+                )));
+            }
+            match &slot.opening {
+                Some(opening) => opening.clone(),
+                None => self.start_opening(&mut slot).0,
+            }
+        };
+        opening.await
     }
 
     /// `connection`, opened by this client for a caller of its own: never shared.
@@ -67,8 +82,10 @@ impl SharedCluster {
         Self {
             client: self.client.clone(),
             name: self.name.clone(),
-            connection: Arc::new(Mutex::new(Some(connection))),
-            renewing: Arc::default(),
+            slot: Arc::new(Mutex::new(Slot {
+                open: Some(connection),
+                ..Slot::default()
+            })),
             open_within: self.open_within,
         }
     }
@@ -80,28 +97,68 @@ impl SharedCluster {
     /// connection meanwhile rather than wait for that. A replacement that fails or takes
     /// longer than `open_within` is dropped, the old one kept; the next timeout tries again.
     pub(super) fn renew(&self) {
-        if self.opened().is_none() || self.renewing.swap(true, Ordering::AcqRel) {
+        let mut slot = lock(&self.slot);
+        if slot.open.is_none() || slot.opening.is_some() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.renewing.store(false, Ordering::Release);
-            return self.let_go();
-        };
-        let this = self.clone();
-        runtime.spawn(async move {
-            if let Ok(Ok(fresh)) = tokio::time::timeout(this.open_within, this.open()).await {
-                let mut connection = lock(&this.connection);
-                // Let go of meanwhile (closed): the fresh one goes too.
-                if connection.is_some() {
-                    *connection = Some(fresh);
-                }
-            }
-            this.renewing.store(false, Ordering::Release);
-        });
+        if !self.start_opening(&mut slot).1 {
+            // Nothing runs it but a caller: the next one waits for it.
+            slot.open = None;
+        }
     }
 
-    pub(super) fn let_go(&self) {
-        lock(&self.connection).take();
+    /// Starts opening a connection, stored in the slot once open unless it was closed
+    /// meanwhile: on the runtime when there is one (and then `true`), else as its callers
+    /// wait for it.
+    fn start_opening(&self, slot: &mut Slot) -> (Opening, bool) {
+        let this = self.clone();
+        let opening = async move {
+            let opened = match tokio::time::timeout(this.open_within, this.open()).await {
+                Ok(opened) => opened,
+                Err(_) => Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the cluster connection did not open in time",
+                ))),
+            };
+            let mut slot = lock(&this.slot);
+            slot.opening = None;
+            if let (Ok(fresh), false) = (&opened, slot.closed) {
+                slot.open = Some(fresh.clone());
+            }
+            opened
+        };
+        let (opening, spawned): (Opening, bool) = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(opening);
+                let joined = async move {
+                    task.await.unwrap_or_else(|_| {
+                        Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "the cluster connection's opening was cancelled",
+                        )))
+                    })
+                };
+                (joined.boxed().shared(), true)
+            }
+            Err(_) => (opening.boxed().shared(), false),
+        };
+        slot.opening = Some(opening.clone());
+        (opening, spawned)
+    }
+
+    /// A fresh connection, named.
+    async fn open(&self) -> RedisResult<ClusterConnection> {
+        let mut opened = self.client.get_async_connection().await?;
+        set_name(&mut opened, self.name.as_deref()).await;
+        Ok(opened)
+    }
+
+    /// Lets go of the connection, and of one being opened: nothing is kept from now on.
+    pub(super) fn close(&self) {
+        let mut slot = lock(&self.slot);
+        slot.closed = true;
+        slot.open = None;
+        slot.opening = None;
     }
 }
 

@@ -232,7 +232,7 @@ impl Target {
     pub(super) fn close(&self) {
         match self {
             Self::Sentinel { sentinels, .. } => sentinels.stop(),
-            Self::Cluster { cluster, .. } => cluster.let_go(),
+            Self::Cluster { cluster, .. } => cluster.close(),
             Self::Single(..) => {}
         }
     }
