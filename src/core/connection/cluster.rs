@@ -60,21 +60,18 @@ impl SharedCluster {
     pub(super) async fn get(&self) -> RedisResult<ClusterConnection> {
         let opening = {
             let mut slot = lock(&self.slot);
-            if let Some(open) = &slot.open {
-                return Ok(open.clone());
-            }
-            if slot.closed {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the cluster connection was closed",
-                )));
-            }
-            match &slot.opening {
-                Some(opening) => opening.clone(),
-                None => self.start_opening(&mut slot).0,
+            match (&slot.open, &slot.opening, slot.closed) {
+                (Some(open), ..) => return Ok(open.clone()),
+                (None, Some(opening), _) => Some(opening.clone()),
+                (None, None, false) => Some(self.start_opening(&mut slot).0),
+                (None, None, true) => None,
             }
         };
-        opening.await
+        match opening {
+            Some(opening) => opening.await,
+            // A call that was in flight when it closed: one of its own, kept by none.
+            None => self.open().await,
+        }
     }
 
     /// `connection`, opened by this client for a caller of its own: never shared.
