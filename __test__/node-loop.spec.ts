@@ -395,6 +395,22 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     for (const master of masters) expect(await named(master), master.name).toBe(2)
   })
 
+  it('calls of one turn on keys of many slots of one master (one pipeline per master), one of the slots moved meanwhile: every renewal and read answers as before the move', async () => {
+    const keyPrefix = `node-loop-moved-many:${RUN}`
+    const leases = closing(new RedisLeaseProvider({ cluster: { nodes: cluster.urls }, keyPrefix }))
+    const masterOf = async (key: string) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:lease:${key}`))
+    const from = await masterOf('m0')
+    const keys: string[] = []
+    for (let i = 0; keys.length < 20; i++) if ((await masterOf(`m${i}`)).port === from.port) keys.push(`m${i}`)
+    expect(new Set(await Promise.all(keys.map((key) => cluster.keySlot(`${keyPrefix}:lease:${key}`)))).size).toBeGreaterThan(1)
+    expect(await Promise.all(keys.map((key) => leases.acquireLease(key, 'a', 60_000)))).toEqual(keys.map(() => ({ acquired: true, owner: 'a' })))
+    const to = (await cluster.masters()).find((m) => m.port !== from.port)!
+    expect(await cluster.migrateSlot(await cluster.keySlot(`${keyPrefix}:lease:${keys[0]}`), to)).toBeGreaterThanOrEqual(1)
+    expect(await Promise.all(keys.map((key) => leases.renewLease(key, 'a', 60_000)))).toEqual(keys.map(() => true))
+    expect(await Promise.all(keys.map((key) => leases.getLeaseOwner(key)))).toEqual(keys.map(() => 'a'))
+    expect(await to.cli('GET', `${keyPrefix}:lease:${keys[0]}`)).toBe('a')
+  })
+
   it('a slot moved to another master under held leases: every renewal, read and transfer answers as before the move, and calls are back on Node’s loop after it', async ({ skip }) => {
     const keyPrefix = `node-loop-moved:${RUN}`
     const [, make] = onCluster[0]!

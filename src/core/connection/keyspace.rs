@@ -124,6 +124,39 @@ impl Connection {
         groups
     }
 
+    /// Splits `items` into groups that may share one pipeline (neither a transaction nor one
+    /// script): as [`Connection::by_shard`], but on a cluster whose masters are on the
+    /// embedder's event loop, one group per master by the slot map last read there (a master
+    /// runs the commands of every slot it serves). Each group keeps the items' order.
+    pub fn by_node<T, K, F>(&self, items: impl IntoIterator<Item = T>, key: F) -> Vec<Vec<T>>
+    where
+        K: AsRef<[u8]>,
+        F: Fn(&T) -> K,
+    {
+        let items: Vec<T> = items.into_iter().collect();
+        let slots: Vec<u16> = match self.keyspace() {
+            Keyspace::Single => return self.by_shard(items, key),
+            Keyspace::Slotted => items.iter().map(|item| slot(key(item).as_ref())).collect(),
+        };
+        let Some(masters) = self.target.masters_of(&slots) else {
+            return self.by_shard(items, key);
+        };
+        let mut groups: Vec<Vec<T>> = Vec::new();
+        let mut of_master: Vec<(usize, usize)> = Vec::new();
+        for (item, master) in items.into_iter().zip(masters) {
+            let at = match of_master.iter().find(|(m, _)| *m == master) {
+                Some(&(_, at)) => at,
+                None => {
+                    groups.push(Vec::new());
+                    of_master.push((master, groups.len() - 1));
+                    groups.len() - 1
+                }
+            };
+            groups[at].push(item);
+        }
+        groups
+    }
+
     /// Every master, for a caller that visits each (a `SCAN` of every key): on one node,
     /// `None`, the node itself; on a cluster, each master by the first slot it serves, in
     /// slot order (none when no master serves a slot). A keyless command reaches the master

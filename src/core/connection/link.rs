@@ -237,6 +237,16 @@ impl Target {
         }
     }
 
+    /// For each of `slots`, which master serves it (an index among the masters), by the map
+    /// the masters' links on the embedder's event loop last read; `None` where there is none
+    /// (no map read yet, not on a loop, not a cluster) or a slot has no master.
+    pub(super) fn masters_of(&self, slots: &[u16]) -> Option<Vec<usize>> {
+        match self {
+            Self::Cluster { routes, .. } => routes.get()?.masters_of(slots),
+            Self::Single(..) | Self::Sentinel { .. } => None,
+        }
+    }
+
     /// A shared link was given up (it timed out, or its credentials were refused): on a
     /// cluster, what it may have left silent is replaced: the cluster connection it shared,
     /// opened afresh in the background while it serves on ([`SharedCluster::renew`]), and the

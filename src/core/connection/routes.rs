@@ -142,11 +142,7 @@ impl Routes {
         let Some(mut master) = self.link_for(key).await? else {
             let made = for_cluster();
             let pipe = made.as_ref().unwrap_or(pipe);
-            return cluster
-                .get()
-                .await?
-                .req_packed_commands(pipe, offset, count)
-                .await;
+            return through_cluster(cluster, pipe, offset, count).await;
         };
         let out = Out(Some(&master.stalled));
         let sent = master.link.req_packed_commands(pipe, offset, count).await;
@@ -166,11 +162,7 @@ impl Routes {
                 at.push(i);
             }
         }
-        let answers = cluster
-            .get()
-            .await?
-            .req_packed_commands(&again, 0, again.len())
-            .await?;
+        let answers = through_cluster(cluster, &again, 0, again.len()).await?;
         for (i, answer) in at.into_iter().zip(answers) {
             replies[i] = answer;
         }
@@ -321,6 +313,20 @@ impl Routes {
         *map = None;
     }
 
+    /// For each of `slots`, its master's place among the map's masters; `None` without a map
+    /// or where a slot has no master.
+    pub(super) fn masters_of(&self, slots: &[u16]) -> Option<Vec<usize>> {
+        let state = self.state();
+        let map = state.map.as_ref()?;
+        slots
+            .iter()
+            .map(|&slot| {
+                let node = master_in(map, slot)?;
+                state.masters.iter().position(|it| it == node)
+            })
+            .collect()
+    }
+
     /// A master said the cluster moved: the map is read again.
     fn moved(&self) {
         self.state().map = None;
@@ -405,6 +411,55 @@ impl Routes {
         state.links.insert(node, master.clone());
         Ok(master)
     }
+}
+
+/// Sends `pipe` through the cluster connection, which takes one slot's commands per pipeline:
+/// one of several slots' (a master's: [`Connection::by_node`](super::Connection::by_node))
+/// goes as one pipeline per slot at once, each with the scripts `pipe` loads first, and the
+/// replies are put back in `pipe`'s order.
+async fn through_cluster(
+    cluster: &SharedCluster,
+    pipe: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let mut connection = cluster.get().await?;
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    let loads = cmds.iter().take_while(|cmd| is_script_load(cmd)).count();
+    let mut slots: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
+    for (i, cmd) in cmds.iter().enumerate().skip(loads) {
+        let slot = key_of(cmd).map(super::slot);
+        match slots.iter_mut().find(|(it, _)| *it == slot) {
+            Some((_, at)) => at.push(i),
+            None => slots.push((slot, vec![i])),
+        }
+    }
+    let whole = pipe.is_transaction() || offset != 0 || count != cmds.len();
+    if whole || slots.len() <= 1 {
+        return connection.req_packed_commands(pipe, offset, count).await;
+    }
+    let each = slots.iter().map(|(_, at)| {
+        let mut part = redis::pipe();
+        for cmd in cmds[..loads].iter().chain(at.iter().map(|&i| &cmds[i])) {
+            part.add_command((*cmd).clone());
+        }
+        let mut connection = connection.clone();
+        async move { connection.req_packed_commands(&part, 0, part.len()).await }
+    });
+    let answered = futures::future::try_join_all(each).await?;
+    let mut replies = vec![Value::Nil; cmds.len()];
+    for (n, ((_, at), answers)) in slots.iter().zip(answered).enumerate() {
+        let mut answers = answers.into_iter();
+        for (i, answer) in answers.by_ref().take(loads).enumerate() {
+            if n == 0 {
+                replies[i] = answer;
+            }
+        }
+        for (&i, answer) in at.iter().zip(answers) {
+            replies[i] = answer;
+        }
+    }
+    Ok(replies)
 }
 
 /// The key of a one-key command this package sends, by which its slot is found; `None` for

@@ -1,5 +1,6 @@
 //! How a batch is split into pipelines: a key's calls all in one, a few pipelines at once, one
-//! slot per pipeline on a cluster, and under `minReplicas` the keys a call may grant apart.
+//! master's keys per pipeline on a cluster (one slot's where its masters are not on Node's
+//! loop), and under `minReplicas` the keys a call may grant apart.
 
 use hashbrown::{HashMap, HashSet};
 
@@ -11,9 +12,9 @@ type Hasher = foldhash::fast::RandomState;
 
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
-    /// first; at most [`pipeline_size`] keys' first calls in one; one shard's keys per
-    /// pipeline (on a cluster, one slot's); and, under `minReplicas`, the keys a call may
-    /// grant apart from the others.
+    /// first; at most [`pipeline_size`] keys' first calls in one; one node's keys per
+    /// pipeline ([`Connection::by_node`](crate::core::connection::Connection::by_node)); and,
+    /// under `minReplicas`, the keys a call may grant apart from the others.
     pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
         let size = pipeline_size(good.len());
         let confirming = self.replication.is_some();
@@ -26,15 +27,15 @@ impl RedisStore {
                 .collect(),
             false => HashSet::default(),
         };
-        let shards = self.connection.by_shard(good.iter().copied(), |&i| {
+        let nodes = self.connection.by_node(good.iter().copied(), |&i| {
             self.layout.lease(calls[i].call.key())
         });
         let mut pipelines: Vec<Part> = Vec::new();
         let mut of_key: HashMap<&str, usize, Hasher> = HashMap::default();
-        for shard in shards {
-            // The pipelines before these hold another shard's keys.
+        for node in nodes {
+            // The pipelines before these hold another node's keys.
             let first = pipelines.len();
-            for i in shard {
+            for i in node {
                 let key = calls[i].call.key();
                 if let Some(&at) = of_key.get(key) {
                     pipelines[at].sent.push(i);
