@@ -29,13 +29,14 @@ pub struct SharedCluster {
     pub(super) client: Arc<ClusterClient>,
     /// The connection name, given to the connections it opens.
     name: Option<String>,
-    slot: Arc<Mutex<Slot>>,
+    kept: Arc<Mutex<Kept>>,
     /// How long an opening may take before it is given up.
     open_within: Duration,
 }
 
+/// The connection a [`SharedCluster`] keeps, and the one it is opening.
 #[derive(Default)]
-struct Slot {
+struct Kept {
     /// The connection calls take.
     open: Option<ClusterConnection>,
     /// A connection being opened, which takes `open`'s place once it is.
@@ -51,7 +52,7 @@ impl SharedCluster {
         Self {
             client: Arc::new(client),
             name,
-            slot: Arc::default(),
+            kept: Arc::default(),
             open_within,
         }
     }
@@ -59,11 +60,11 @@ impl SharedCluster {
     /// The connection; the one being opened when there is none, opened now if none is.
     pub(super) async fn get(&self) -> RedisResult<ClusterConnection> {
         let opening = {
-            let mut slot = lock(&self.slot);
-            match (&slot.open, &slot.opening, slot.closed) {
+            let mut kept = lock(&self.kept);
+            match (&kept.open, &kept.opening, kept.closed) {
                 (Some(open), ..) => return Ok(open.clone()),
                 (None, Some(opening), _) => Some(opening.clone()),
-                (None, None, false) => Some(self.start_opening(&mut slot).0),
+                (None, None, false) => Some(self.start_opening(&mut kept).0),
                 (None, None, true) => None,
             }
         };
@@ -79,9 +80,9 @@ impl SharedCluster {
         Self {
             client: self.client.clone(),
             name: self.name.clone(),
-            slot: Arc::new(Mutex::new(Slot {
+            kept: Arc::new(Mutex::new(Kept {
                 open: Some(connection),
-                ..Slot::default()
+                ..Kept::default()
             })),
             open_within: self.open_within,
         }
@@ -94,20 +95,20 @@ impl SharedCluster {
     /// connection meanwhile rather than wait for that. A replacement that fails or takes
     /// longer than `open_within` is dropped, the old one kept; the next timeout tries again.
     pub(super) fn renew(&self) {
-        let mut slot = lock(&self.slot);
-        if slot.open.is_none() || slot.opening.is_some() {
+        let mut kept = lock(&self.kept);
+        if kept.open.is_none() || kept.opening.is_some() {
             return;
         }
-        if !self.start_opening(&mut slot).1 {
+        if !self.start_opening(&mut kept).1 {
             // Nothing runs it but a caller: the next one waits for it.
-            slot.open = None;
+            kept.open = None;
         }
     }
 
-    /// Starts opening a connection, stored in the slot once open unless it was closed
+    /// Starts opening a connection, kept once open unless it was closed
     /// meanwhile: on the runtime when there is one (and then `true`), else as its callers
     /// wait for it.
-    fn start_opening(&self, slot: &mut Slot) -> (Opening, bool) {
+    fn start_opening(&self, kept: &mut Kept) -> (Opening, bool) {
         let this = self.clone();
         let opening = async move {
             let opened = match tokio::time::timeout(this.open_within, this.open()).await {
@@ -117,10 +118,10 @@ impl SharedCluster {
                     "the cluster connection did not open in time",
                 ))),
             };
-            let mut slot = lock(&this.slot);
-            slot.opening = None;
-            if let (Ok(fresh), false) = (&opened, slot.closed) {
-                slot.open = Some(fresh.clone());
+            let mut kept = lock(&this.kept);
+            kept.opening = None;
+            if let (Ok(fresh), false) = (&opened, kept.closed) {
+                kept.open = Some(fresh.clone());
             }
             opened
         };
@@ -139,7 +140,7 @@ impl SharedCluster {
             }
             Err(_) => (opening.boxed().shared(), false),
         };
-        slot.opening = Some(opening.clone());
+        kept.opening = Some(opening.clone());
         (opening, spawned)
     }
 
@@ -152,10 +153,10 @@ impl SharedCluster {
 
     /// Lets go of the connection, and of one being opened: nothing is kept from now on.
     pub(super) fn close(&self) {
-        let mut slot = lock(&self.slot);
-        slot.closed = true;
-        slot.open = None;
-        slot.opening = None;
+        let mut kept = lock(&self.kept);
+        kept.closed = true;
+        kept.open = None;
+        kept.opening = None;
     }
 }
 

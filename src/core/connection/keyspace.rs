@@ -133,11 +133,11 @@ impl Connection {
         K: AsRef<[u8]>,
         F: Fn(&T) -> K,
     {
+        if self.keyspace() == Keyspace::Single {
+            return self.by_shard(items, key);
+        }
         let items: Vec<T> = items.into_iter().collect();
-        let slots: Vec<u16> = match self.keyspace() {
-            Keyspace::Single => return self.by_shard(items, key),
-            Keyspace::Slotted => items.iter().map(|item| slot(key(item).as_ref())).collect(),
-        };
+        let slots: Vec<u16> = items.iter().map(|item| slot(key(item).as_ref())).collect();
         let Some(masters) = self.target.masters_of(&slots) else {
             return self.by_shard(items, key);
         };
