@@ -25,7 +25,20 @@ export const STORM_MARGIN_MS = 100
  * can rule out, that fencing tokens exist for (docs/security.md), and no fault of the lease.
  */
 export function unprotectedWithoutPause(report: HistoryReport): LeaseUse[] {
-  return report.unprotectedUses.filter((u) => Number(u.end - u.start) / 1e6 <= STORM_MARGIN_MS)
+  return report.unprotectedUses.filter((u) => !pausedPastTheMargin(u))
+}
+
+/** A critical section that took longer than the worker's margin: its process was paused. */
+const pausedPastTheMargin = (u: LeaseUse) => Number(u.end - u.start) / 1e6 > STORM_MARGIN_MS
+
+/**
+ * The counters that lost updates although no critical section on their key was paused past
+ * the margin: a lease fault. A paused one, read before the pause and written after it, may
+ * overwrite any number of increments made meanwhile, so a key with one is not counted.
+ */
+export function lostWithoutPause(report: HistoryReport, counters: StormResult['counters']): StormResult['counters'] {
+  const paused = new Set(report.unprotectedUses.filter(pausedPastTheMargin).map((u) => u.key))
+  return counters.filter((c) => c.lost !== 0 && !paused.has(c.key))
 }
 
 export interface StormConfig {
