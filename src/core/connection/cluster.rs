@@ -64,7 +64,7 @@ impl SharedCluster {
             match (&kept.open, &kept.opening, kept.closed) {
                 (Some(open), ..) => return Ok(open.clone()),
                 (None, Some(opening), _) => Some(opening.clone()),
-                (None, None, false) => Some(self.start_opening(&mut kept).0),
+                (None, None, false) => Some(self.start_opening(&mut kept)),
                 (None, None, true) => None,
             }
         };
@@ -99,16 +99,16 @@ impl SharedCluster {
         if kept.open.is_none() || kept.opening.is_some() {
             return;
         }
-        if !self.start_opening(&mut kept).1 {
-            // Nothing runs it but a caller: the next one waits for it.
-            kept.open = None;
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => drop(self.start_opening(&mut kept)),
+            // Nothing would run it in the background: the next call opens one.
+            Err(_) => kept.open = None,
         }
     }
 
-    /// Starts opening a connection, kept once open unless it was closed
-    /// meanwhile: on the runtime when there is one (and then `true`), else as its callers
-    /// wait for it.
-    fn start_opening(&self, kept: &mut Kept) -> (Opening, bool) {
+    /// Starts opening a connection, kept once open unless it was closed meanwhile: on the
+    /// runtime when there is one, else as its callers wait for it.
+    fn start_opening(&self, kept: &mut Kept) -> Opening {
         let this = self.clone();
         let opening = async move {
             let opened = match tokio::time::timeout(this.open_within, this.open()).await {
@@ -125,7 +125,7 @@ impl SharedCluster {
             }
             opened
         };
-        let (opening, spawned): (Opening, bool) = match tokio::runtime::Handle::try_current() {
+        let opening: Opening = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let task = runtime.spawn(opening);
                 let joined = async move {
@@ -136,12 +136,12 @@ impl SharedCluster {
                         )))
                     })
                 };
-                (joined.boxed().shared(), true)
+                joined.boxed().shared()
             }
-            Err(_) => (opening.boxed().shared(), false),
+            Err(_) => opening.boxed().shared(),
         };
         kept.opening = Some(opening.clone());
-        (opening, spawned)
+        opening
     }
 
     /// A fresh connection, named.

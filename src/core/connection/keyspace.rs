@@ -4,6 +4,8 @@
 //! [`Connection::masters`]; and Redis Cluster's hash slots themselves ([`slot`], [`slot_tag`],
 //! [`in_slot`]), which the connection routes by and the lease layout names keys with.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::LazyLock;
 
 use super::{parse, slots, Connection};
@@ -64,6 +66,24 @@ pub fn in_slot(slot: u16) -> Vec<u8> {
     format!("{{{}}}", slot_tag(slot)).into_bytes()
 }
 
+/// `items` in groups by `group` (asked once per item, in order): each group keeps the items'
+/// order, the groups the order of their first item; none is empty.
+pub(super) fn grouped<T, G: Hash + Eq>(
+    items: impl IntoIterator<Item = T>,
+    mut group: impl FnMut(&T) -> G,
+) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    let mut of_group: HashMap<G, usize> = HashMap::new();
+    for item in items {
+        let at = *of_group.entry(group(&item)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[at].push(item);
+    }
+    groups
+}
+
 /// How a deployment's keys are spread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keyspace {
@@ -111,17 +131,7 @@ impl Connection {
         if self.keyspace() == Keyspace::Single {
             return vec![items.collect()];
         }
-        let mut groups: Vec<Vec<T>> = Vec::new();
-        let mut of_shard: std::collections::HashMap<Shard, usize> = Default::default();
-        for item in items {
-            let shard = self.shard(key(&item).as_ref());
-            let at = *of_shard.entry(shard).or_insert_with(|| {
-                groups.push(Vec::new());
-                groups.len() - 1
-            });
-            groups[at].push(item);
-        }
-        groups
+        grouped(items, |item| self.shard(key(item).as_ref()))
     }
 
     /// Splits `items` into groups that may share one pipeline (neither a transaction nor one
@@ -138,23 +148,17 @@ impl Connection {
         }
         let items: Vec<T> = items.into_iter().collect();
         let slots: Vec<u16> = items.iter().map(|item| slot(key(item).as_ref())).collect();
-        let Some(masters) = self.target.masters_of(&slots) else {
-            return self.by_shard(items, key);
-        };
-        let mut groups: Vec<Vec<T>> = Vec::new();
-        let mut of_master: Vec<(usize, usize)> = Vec::new();
-        for (item, master) in items.into_iter().zip(masters) {
-            let at = match of_master.iter().find(|(m, _)| *m == master) {
-                Some(&(_, at)) => at,
-                None => {
-                    groups.push(Vec::new());
-                    of_master.push((master, groups.len() - 1));
-                    groups.len() - 1
-                }
-            };
-            groups[at].push(item);
+        // `grouped` asks for each item's group once, in order.
+        match self.target.masters_of(&slots) {
+            Some(masters) => {
+                let mut masters = masters.into_iter();
+                grouped(items, |_| masters.next())
+            }
+            None => {
+                let mut slots = slots.into_iter();
+                grouped(items, |_| slots.next())
+            }
         }
-        groups
     }
 
     /// Every master, for a caller that visits each (a `SCAN` of every key): on one node,

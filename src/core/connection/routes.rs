@@ -9,10 +9,10 @@
 //! master serves, one that is not a plain pipeline of known one-key commands (but for the
 //! scripts it loads first, which go with it), and the commands a master answered MOVED, ASK,
 //! TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none of which ran): it follows the
-//! redirections. Those answers mean the command did not run
-//! there, so sending it on is sending it once. The map is then read again. A link that broke
-//! is given up, as on one server: the request's error goes to the caller, whose rules for a
-//! broken connection say what goes again.
+//! redirections. Those answers mean the command did not run there, so sending it on is
+//! sending it once. The map is then read again. A link that broke is given up, as on one
+//! server: the request's error goes to the caller, whose rules for a broken connection say
+//! what goes again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +24,7 @@ use redis::{Arg, AsyncConnectionConfig, Cmd, Pipeline, RedisResult, Value};
 
 use super::address::NodeClients;
 use super::cluster::{set_name, SharedCluster};
+use super::keyspace::grouped;
 use super::link::{is_moving, on_master_of, OnLoop};
 use super::parse;
 use super::slots::{master_in, no_master, read_slot_map, Node, SlotMap};
@@ -424,21 +425,16 @@ async fn through_cluster(
     count: usize,
 ) -> RedisResult<Vec<Value>> {
     let mut connection = cluster.get().await?;
-    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
-    let loads = cmds.iter().take_while(|cmd| is_script_load(cmd)).count();
-    let mut slots: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
-    for (i, cmd) in cmds.iter().enumerate().skip(loads) {
-        let slot = key_of(cmd).map(super::slot);
-        match slots.iter_mut().find(|(it, _)| *it == slot) {
-            Some((_, at)) => at.push(i),
-            None => slots.push((slot, vec![i])),
-        }
-    }
-    let whole = pipe.is_transaction() || offset != 0 || count != cmds.len();
-    if whole || slots.len() <= 1 {
+    if pipe.is_transaction() || offset != 0 || count != pipe.len() {
         return connection.req_packed_commands(pipe, offset, count).await;
     }
-    let each = slots.iter().map(|(_, at)| {
+    let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+    let loads = cmds.iter().take_while(|cmd| is_script_load(cmd)).count();
+    let slots = grouped(loads..cmds.len(), |&i| key_of(cmds[i]).map(super::slot));
+    if slots.len() <= 1 {
+        return connection.req_packed_commands(pipe, offset, count).await;
+    }
+    let each = slots.iter().map(|at| {
         let mut part = redis::pipe();
         for cmd in cmds[..loads].iter().chain(at.iter().map(|&i| &cmds[i])) {
             part.add_command((*cmd).clone());
@@ -448,7 +444,7 @@ async fn through_cluster(
     });
     let answered = futures::future::try_join_all(each).await?;
     let mut replies = vec![Value::Nil; cmds.len()];
-    for (n, ((_, at), answers)) in slots.iter().zip(answered).enumerate() {
+    for (n, (at, answers)) in slots.iter().zip(answered).enumerate() {
         let mut answers = answers.into_iter();
         for (i, answer) in answers.by_ref().take(loads).enumerate() {
             if n == 0 {
