@@ -327,6 +327,34 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     }
   })
 
+  it.for([['RedisLeaseProvider', RedisLeaseProvider], ['RedisStreamsPubSub', RedisStreamsPubSub]] as const)('%s: the one seed named killed for good (its replica promoted), a slot moved after it: the redirection is followed from the masters that answer, not the seed', async ([, Leases]) => {
+    // A cluster of its own: a master is killed and a slot moved.
+    const own = await startCluster()
+    try {
+      const keyPrefix = `node-loop-cluster-seed-gone:${RUN}:${Leases.name}`
+      const [seed] = await own.masters()
+      const leases = closing(new Leases({ cluster: { nodes: [seed!.url] }, keyPrefix }))
+      // A key of another master than the seed.
+      let key = ''
+      for (let i = 0; !key; i++) {
+        if ((await own.masterOfSlot(await own.keySlot(`${keyPrefix}:lease:k${i}`))).port !== seed!.port) key = `k${i}`
+      }
+      expect(await leases.acquireLease(key, 'a', 60_000)).toEqual({ acquired: true, owner: 'a' })
+      await own.killMasterAndWaitForPromotion(seed!)
+      expect(await leases.renewLease(key, 'a', 60_000)).toBe(true)
+      // Its slot moved: the master it was on answers MOVED.
+      const slot = await own.keySlot(`${keyPrefix}:lease:${key}`)
+      const from = await own.masterOfSlot(slot)
+      const to = (await own.masters()).find((m) => m.port !== from.port)!
+      expect(await own.migrateSlot(slot, to)).toBe(1)
+      expect(await leases.renewLease(key, 'a', 60_000)).toBe(true)
+      expect(await leases.transferLease(key, 'a', 'b', 60_000)).toBe(true)
+      expect(await to.cli('GET', `${keyPrefix}:lease:${key}`)).toBe('b')
+    } finally {
+      await own.stop()
+    }
+  })
+
   it('RedisLeaseProvider: the link a call timed out on is given up (it may have gone silent), and the next call of its master opens a fresh one', async () => {
     const keyPrefix = `node-loop-cluster-stalled:${RUN}`
     const connectionName = `stalled-${process.pid}`
