@@ -108,6 +108,29 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     for (const [topic, numbers] of byTopic(fanned.events, (e) => e.runId)) expect(numbers, topic).toEqual([...Array(10).keys()])
   })
 
+  it('with streamIdleTtlMs, publishes of one turn to topics on every master resolve with their ids, each stream holds its events once and expires, and a group made on a fresh topic expires too', async () => {
+    const prefix = uniquePrefix('idle-ttl')
+    const topics = Array.from({ length: 12 }, (_, i) => `ttl-${i}`)
+    expect(new Set(await Promise.all(topics.map((t) => nodeOf(prefix, t)))).size).toBe(3)
+    const pubsub = open({ keyPrefix: prefix, streamIdleTtlMs: 60_000 })
+    const grouped = new Inbox()
+    await pubsub.subscribe('fresh', grouped.cb, { group: 'workers' })
+    const fresh = await nodeOf(prefix, 'fresh')
+    expect(Number(await fresh.cli('PTTL', `${prefix}:fresh`))).toBeGreaterThan(0)
+    // A turn's publishes: one pipeline per master, each event in its own MULTI with its PEXPIRE.
+    await Promise.all(topics.map((t, n) => pubsub.publish(t, { ...ev(n), runId: t })))
+    await Promise.all(topics.map((t) => pubsub.publish(t, { ...ev(100), runId: t })))
+    for (const topic of topics) {
+      const node = await nodeOf(prefix, topic)
+      expect(Number(await node.cli('XLEN', `${prefix}:${topic}`)), topic).toBe(2)
+      const ttl = Number(await node.cli('PTTL', `${prefix}:${topic}`))
+      expect(ttl, topic).toBeGreaterThan(50_000)
+      expect(ttl, topic).toBeLessThanOrEqual(60_000)
+    }
+    await pubsub.publish('fresh', ev(1))
+    await grouped.count(1)
+  })
+
   /** One topic per master. */
   async function topicsOnEveryMaster(prefix: string): Promise<string[]> {
     const topics: string[] = []

@@ -415,9 +415,11 @@ impl Routes {
 }
 
 /// Sends `pipe` through the cluster connection, which takes one slot's commands per pipeline:
-/// one of several slots' (a master's: [`Connection::by_node`](super::Connection::by_node))
-/// goes as one pipeline per slot at once, each with the scripts `pipe` loads first, and the
-/// replies are put back in `pipe`'s order.
+/// one of one-key commands of several slots (a master's:
+/// [`Connection::by_node`](super::Connection::by_node)) goes as one pipeline per slot at once,
+/// each with the scripts `pipe` loads first, and the replies are put back in `pipe`'s order.
+/// Any other goes whole, as redis-rs routes it: a `MULTI` block (an append under an idle TTL)
+/// must not be parted from its keyless `MULTI` and `EXEC`.
 async fn through_cluster(
     cluster: &SharedCluster,
     pipe: &Pipeline,
@@ -430,7 +432,14 @@ async fn through_cluster(
     }
     let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
     let loads = cmds.iter().take_while(|cmd| is_script_load(cmd)).count();
-    let slots = grouped(loads..cmds.len(), |&i| key_of(cmds[i]).map(super::slot));
+    let slot_of: Option<Vec<u16>> = cmds[loads..]
+        .iter()
+        .map(|cmd| key_of(cmd).map(super::slot))
+        .collect();
+    let Some(slot_of) = slot_of else {
+        return connection.req_packed_commands(pipe, offset, count).await;
+    };
+    let slots = grouped(loads..cmds.len(), |&i| slot_of[i - loads]);
     if slots.len() <= 1 {
         return connection.req_packed_commands(pipe, offset, count).await;
     }
