@@ -229,5 +229,32 @@ describe('RedisLeaseProvider', () => {
       while ((await clients()) !== baseline && Date.now() < deadline) await sleep(20)
       expect(await clients()).toBe(baseline)
     })
+
+    it.skipIf(EXTERNAL_REDIS)('64 callers each awaiting its call before the next, as agents do: a turn’s calls go whole on one connection, so Redis reads them 24 or more at a time (spread by key turn after turn, the batches shrank to a few calls)', async ({ annotate }) => {
+      const server = await ownServer()
+      const p = provider({ url: server.url })
+      const key = uniqueKey('turns')
+      const lifecycles = async (units: number) => {
+        let next = 0
+        await Promise.all(Array.from({ length: 64 }, async (_, w) => {
+          for (let i; (i = next++) < units;) {
+            const k = `${key}:${i}`
+            expect(await p.acquireLease(k, `a${w}`, LONG)).toEqual({ acquired: true, owner: `a${w}` })
+            expect(await p.renewLease(k, `a${w}`, LONG)).toBe(true)
+            expect(await p.getLeaseOwner(k)).toBe(`a${w}`)
+            expect(await p.transferLease(k, `a${w}`, `b${w}`, LONG)).toBe(true)
+            await p.releaseLease(k, `b${w}`)
+          }
+        }))
+      }
+      await lifecycles(256) // both connections open
+      const reads = async () => Number((await server.info('stats')).total_reads_processed)
+      const before = await reads()
+      await lifecycles(1_000)
+      // The test's own INFO is one read more.
+      const perCall = (await reads() - before - 1) / 5_000
+      await annotate(`Redis's reads per call: ${perCall.toFixed(3)} (one per ${Math.round(1 / perCall)} calls)`)
+      expect(perCall).toBeLessThan(1 / 24)
+    })
   })
 })

@@ -29,7 +29,7 @@ use crate::core::log::{Level, Notice, Throttle};
 use crate::core::scripts;
 pub(super) use commands::decode;
 use commands::{is_noscript, lua, Delivery, How};
-use parts::{repeated_keys, Part};
+use parts::{repeated_keys, InFlight, Part};
 
 /// How to reach Redis and where the leases live there.
 #[derive(Debug, Clone)]
@@ -71,9 +71,11 @@ impl Default for RedisOptions {
 #[derive(Debug)]
 pub struct RedisStore {
     connection: Arc<Connection>,
-    /// Connections beside `connection` that the calls are spread over, a key's calls always on
-    /// the same one.
+    /// Connections beside `connection` that the calls are spread over, a key's calls on the
+    /// one its calls in flight are on ([`InFlight`]).
     beside: Vec<Connection>,
+    /// The calls in flight on each connection, when they are spread over more than one.
+    in_flight: std::sync::Mutex<InFlight>,
     layout: Layout,
     limits: Limits,
     replication: Option<Replication>,
@@ -132,6 +134,7 @@ impl RedisStore {
             layout: Layout::new(&key_prefix, connection.keyspace())?,
             connection,
             beside: Vec::new(),
+            in_flight: std::sync::Mutex::default(),
             limits,
             replication: None,
             plain_acquire: AtomicBool::new(true),
@@ -159,11 +162,11 @@ impl RedisStore {
     /// Spreads the calls over a second connection beside the first, when one can be opened
     /// on the first's reactor (one server at a `redis://` or `rediss://` address, or the
     /// master behind Sentinel, on Node's loop; a cluster's calls are spread over its masters
-    /// already): a key's calls always go on the same one, so they still take effect in the
-    /// order they were made. With many calls in flight on one connection, Redis and this
-    /// process take turns, each idle while the other works (a turn's pipeline, then its
-    /// answers); over two, each works on one connection's calls while the other's are away.
-    /// It opens on first use.
+    /// already). With many calls in flight on one connection, Redis and this process take
+    /// turns, each idle while the other works (a turn's pipeline, then its answers); over two,
+    /// each works on one connection's calls while the other's are away. How a batch is
+    /// spread, and why a key's calls still take effect in the order they were made:
+    /// [`InFlight`]. It opens on first use.
     pub fn spread_over(&mut self, options: &ConnectionOptions) -> Result<()> {
         if self.replication.is_none() && self.connection.keyspace() == Keyspace::Single {
             self.beside.extend(self.connection.beside(options)?);
@@ -176,17 +179,6 @@ impl RedisStore {
         self.connection.close();
         for connection in &self.beside {
             connection.close();
-        }
-    }
-
-    /// The connection `key`'s calls go through: 0 the first, n the n-th beside it. Any hash
-    /// of the key that stays put spreads them: foldhash's, with a fixed seed, is cheaper than
-    /// the key's hash slot (a CRC16, byte by byte).
-    fn connection_of(&self, key: &str) -> usize {
-        use std::hash::BuildHasher;
-        match self.beside.len() {
-            0 => 0,
-            n => (foldhash::fast::FixedState::default().hash_one(key) % (n as u64 + 1)) as usize,
         }
     }
 
@@ -283,9 +275,18 @@ impl RedisStore {
             report(refused);
         }
         let pipelines = self.pipelines(&calls, &good);
-        let sends = pipelines
-            .iter()
-            .map(|pipeline| self.send(&calls, pipeline, Timing { started, deadline }, &report));
+        let sends = pipelines.iter().map(|pipeline| {
+            // Counted in flight (by `pipelines`) until its calls are answered or given up,
+            // whatever ends the send: taken here, before anything awaits.
+            let flying = self.flying(&calls, pipeline);
+            let report = &report;
+            let calls = &calls;
+            async move {
+                let _flying = flying;
+                self.send(calls, pipeline, Timing { started, deadline }, report)
+                    .await
+            }
+        });
         futures::future::join_all(sends).await;
     }
 

@@ -1,20 +1,73 @@
 //! How a batch is split into pipelines: a key's calls all in one, a few pipelines at once, one
 //! master's keys per pipeline on a cluster (one slot's where its masters are not on Node's
-//! loop), and under `minReplicas` the keys a call may grant apart.
+//! loop), over the connections they are spread over by what is in flight on each
+//! ([`InFlight`]), and under `minReplicas` the keys a call may grant apart.
+
+use std::hash::BuildHasher;
 
 use hashbrown::{HashMap, HashSet};
 
 use super::{Call, RedisStore, Sent};
+use crate::core::lock;
 
 /// foldhash, seeded per process, rather than std's SipHash: every call's key is hashed here
 /// (as in the in-memory table, `memory.rs`).
 type Hasher = foldhash::fast::RandomState;
 
+/// The calls in flight on each connection a store's calls are spread over, and where each key's
+/// are. A key with calls in flight gets its next ones on the same connection, after them, so
+/// a key's calls take effect in the order they were made. The others of a batch go whole on
+/// the connection with the fewest calls in flight, and are spread by key over every
+/// connection only when none has any: each connection then carries a turn's worth of calls
+/// in one pipeline, Redis reads them in one go, and while it works on one connection's this
+/// process answers the other's. Spread by key every time, the pipelines shrink turn after
+/// turn (the answers of one connection's calls make the next calls of both), and Redis
+/// reads a few calls at a time: over TLS it spent half as much again per call.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    /// Per connection (0 the first, n the n-th beside it), its calls in flight.
+    on: Vec<usize>,
+    /// Per key (by its hash: two keys that share one share a connection, no harm), the
+    /// connection its calls in flight are on, and how many.
+    keys: HashMap<u64, (usize, usize), Hasher>,
+}
+
+/// A key's hash in [`InFlight`].
+fn key_hash(key: &str) -> u64 {
+    foldhash::fast::FixedState::default().hash_one(key)
+}
+
+/// A pipeline's calls counted in flight until it is dropped.
+pub(super) struct Flying<'a> {
+    store: &'a RedisStore,
+    on: usize,
+    keys: Vec<u64>,
+}
+
+impl Drop for Flying<'_> {
+    fn drop(&mut self) {
+        let mut flight = lock(&self.store.in_flight);
+        if let Some(count) = flight.on.get_mut(self.on) {
+            *count = count.saturating_sub(self.keys.len());
+        }
+        for hash in &self.keys {
+            if let Some((_, count)) = flight.keys.get_mut(hash) {
+                *count -= 1;
+                if *count == 0 {
+                    flight.keys.remove(hash);
+                }
+            }
+        }
+    }
+}
+
 impl RedisStore {
     /// Splits the calls at `good` into pipelines: a key's calls all in the pipeline of its
     /// first; at most [`pipeline_size`] keys' first calls in one; one node's keys per
-    /// pipeline ([`Connection::by_node`](crate::core::connection::Connection::by_node)); and,
-    /// under `minReplicas`, the keys a call may grant apart from the others.
+    /// pipeline ([`Connection::by_node`](crate::core::connection::Connection::by_node)); on the
+    /// connections they are spread over as [`InFlight`] says, counted in flight there until
+    /// the guard of [`RedisStore::flying`] drops; and, under `minReplicas`, the keys a call
+    /// may grant apart from the others.
     pub(super) fn pipelines(&self, calls: &[Sent], good: &[usize]) -> Vec<Part> {
         let size = pipeline_size(good.len());
         let confirming = self.replication.is_some();
@@ -30,6 +83,20 @@ impl RedisStore {
         let nodes = self.connection.by_node(good.iter().copied(), |&i| {
             self.layout.lease(calls[i].call.key())
         });
+        // Held until the batch's calls are counted in flight (`flying`): a batch made
+        // meanwhile must find this one's keys where they went.
+        let mut flight = (!self.beside.is_empty()).then(|| lock(&self.in_flight));
+        let connections = self.beside.len() + 1;
+        let spread = flight.as_deref_mut().map(|flight| {
+            flight.on.resize(connections, 0);
+            let least = (0..connections)
+                .min_by_key(|&on| flight.on[on])
+                .unwrap_or(0);
+            (
+                flight.on[least] == 0 && flight.on.iter().all(|&n| n == 0),
+                least,
+            )
+        });
         let mut pipelines: Vec<Part> = Vec::new();
         let mut of_key: HashMap<&str, usize, Hasher> = HashMap::default();
         for node in nodes {
@@ -43,7 +110,17 @@ impl RedisStore {
                     continue;
                 }
                 let confirm = confirmed.contains(key);
-                let on = self.connection_of(key);
+                let on = match (&flight, spread) {
+                    (Some(flight), Some((idle, least))) => {
+                        let hash = key_hash(key);
+                        match flight.keys.get(&hash) {
+                            Some(&(on, _)) => on,
+                            None if idle => (hash % connections as u64) as usize,
+                            None => least,
+                        }
+                    }
+                    _ => 0,
+                };
                 let open = pipelines[first..]
                     .iter()
                     .rposition(|p| p.confirm == confirm && p.on == on && p.keys < size);
@@ -65,7 +142,30 @@ impl RedisStore {
                 of_key.insert(key, at);
             }
         }
+        if let Some(flight) = flight.as_deref_mut() {
+            for pipeline in &pipelines {
+                flight.on[pipeline.on] += pipeline.sent.len();
+                for &i in &pipeline.sent {
+                    let entry = flight.keys.entry(key_hash(calls[i].call.key()));
+                    entry.or_insert((pipeline.on, 0)).1 += 1;
+                }
+            }
+        }
         pipelines
+    }
+
+    /// `pipeline`'s calls, counted in flight by [`RedisStore::pipelines`], until the result
+    /// is dropped; nothing when the calls go on one connection.
+    pub(super) fn flying(&self, calls: &[Sent], pipeline: &Part) -> Option<Flying<'_>> {
+        (!self.beside.is_empty()).then(|| Flying {
+            store: self,
+            on: pipeline.on,
+            keys: pipeline
+                .sent
+                .iter()
+                .map(|&i| key_hash(calls[i].call.key()))
+                .collect(),
+        })
     }
 }
 
