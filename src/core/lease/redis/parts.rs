@@ -40,21 +40,22 @@ fn key_hash(key: &str) -> u64 {
 /// A pipeline's calls counted in flight until it is dropped.
 pub(super) struct Flying<'a> {
     store: &'a RedisStore,
-    on: usize,
-    keys: Vec<u64>,
+    calls: &'a [Sent],
+    pipeline: &'a Part,
 }
 
 impl Drop for Flying<'_> {
     fn drop(&mut self) {
         let mut flight = lock(&self.store.in_flight);
-        if let Some(count) = flight.on.get_mut(self.on) {
-            *count = count.saturating_sub(self.keys.len());
+        if let Some(count) = flight.on.get_mut(self.pipeline.on) {
+            *count = count.saturating_sub(self.pipeline.sent.len());
         }
-        for hash in &self.keys {
-            if let Some((_, count)) = flight.keys.get_mut(hash) {
+        for &i in &self.pipeline.sent {
+            let hash = key_hash(self.calls[i].call.key());
+            if let Some((_, count)) = flight.keys.get_mut(&hash) {
                 *count -= 1;
                 if *count == 0 {
-                    flight.keys.remove(hash);
+                    flight.keys.remove(&hash);
                 }
             }
         }
@@ -83,8 +84,8 @@ impl RedisStore {
         let nodes = self.connection.by_node(good.iter().copied(), |&i| {
             self.layout.lease(calls[i].call.key())
         });
-        // Held until the batch's calls are counted in flight (`flying`): a batch made
-        // meanwhile must find this one's keys where they went.
+        // Held while the batch's calls are counted in flight, below (the guards of `flying`
+        // count them out): a batch made meanwhile must find this one's keys where they went.
         let mut flight = (!self.beside.is_empty()).then(|| lock(&self.in_flight));
         let connections = self.beside.len() + 1;
         let spread = flight.as_deref_mut().map(|flight| {
@@ -92,32 +93,38 @@ impl RedisStore {
             let least = (0..connections)
                 .min_by_key(|&on| flight.on[on])
                 .unwrap_or(0);
-            (
-                flight.on[least] == 0 && flight.on.iter().all(|&n| n == 0),
-                least,
-            )
+            (flight.on.iter().all(|&n| n == 0), least)
         });
         let mut pipelines: Vec<Part> = Vec::new();
-        let mut of_key: HashMap<&str, usize, Hasher> = HashMap::default();
+        // Per key, its pipeline and its hash in `flight`.
+        let mut of_key: HashMap<&str, (usize, u64), Hasher> = HashMap::default();
         for node in nodes {
             // The pipelines before these hold another node's keys.
             let first = pipelines.len();
             for i in node {
                 let key = calls[i].call.key();
-                if let Some(&at) = of_key.get(key) {
+                if let Some(&(at, hash)) = of_key.get(key) {
                     pipelines[at].sent.push(i);
                     pipelines[at].keys_repeat = true;
+                    if let Some(flight) = flight.as_deref_mut() {
+                        flight.on[pipelines[at].on] += 1;
+                        flight.keys.entry(hash).or_insert((pipelines[at].on, 0)).1 += 1;
+                    }
                     continue;
                 }
                 let confirm = confirmed.contains(key);
-                let on = match (&flight, spread) {
+                let hash = flight.as_ref().map_or(0, |_| key_hash(key));
+                // Counted in flight here, on the connection its calls in flight are on.
+                let on = match (flight.as_deref_mut(), spread) {
                     (Some(flight), Some((idle, least))) => {
-                        let hash = key_hash(key);
-                        match flight.keys.get(&hash) {
-                            Some(&(on, _)) => on,
-                            None if idle => (hash % connections as u64) as usize,
-                            None => least,
-                        }
+                        let (on, count) = flight.keys.entry(hash).or_insert_with(|| match idle {
+                            true => ((hash % connections as u64) as usize, 0),
+                            false => (least, 0),
+                        });
+                        *count += 1;
+                        let on = *on;
+                        flight.on[on] += 1;
+                        on
                     }
                     _ => 0,
                 };
@@ -139,16 +146,7 @@ impl RedisStore {
                 };
                 pipelines[at].sent.push(i);
                 pipelines[at].keys += 1;
-                of_key.insert(key, at);
-            }
-        }
-        if let Some(flight) = flight.as_deref_mut() {
-            for pipeline in &pipelines {
-                flight.on[pipeline.on] += pipeline.sent.len();
-                for &i in &pipeline.sent {
-                    let entry = flight.keys.entry(key_hash(calls[i].call.key()));
-                    entry.or_insert((pipeline.on, 0)).1 += 1;
-                }
+                of_key.insert(key, (at, hash));
             }
         }
         pipelines
@@ -156,15 +154,15 @@ impl RedisStore {
 
     /// `pipeline`'s calls, counted in flight by [`RedisStore::pipelines`], until the result
     /// is dropped; nothing when the calls go on one connection.
-    pub(super) fn flying(&self, calls: &[Sent], pipeline: &Part) -> Option<Flying<'_>> {
-        (!self.beside.is_empty()).then(|| Flying {
+    pub(super) fn flying<'a>(
+        &'a self,
+        calls: &'a [Sent],
+        pipeline: &'a Part,
+    ) -> Option<Flying<'a>> {
+        (!self.beside.is_empty()).then_some(Flying {
             store: self,
-            on: pipeline.on,
-            keys: pipeline
-                .sent
-                .iter()
-                .map(|&i| key_hash(calls[i].call.key()))
-                .collect(),
+            calls,
+            pipeline,
         })
     }
 }
