@@ -32,6 +32,31 @@ pub(super) struct InFlight {
     keys: HashMap<u64, (usize, usize), Hasher>,
 }
 
+impl InFlight {
+    /// Counts a call on the key of `hash` in flight, on the connection its calls in flight
+    /// are on, else on `new`'s; answers which.
+    fn count(&mut self, hash: u64, new: impl FnOnce() -> usize) -> usize {
+        let (on, count) = self.keys.entry(hash).or_insert_with(|| (new(), 0));
+        *count += 1;
+        let on = *on;
+        self.on[on] += 1;
+        on
+    }
+
+    /// Counts out a call on the key of `hash`, in flight on connection `on`.
+    fn uncount(&mut self, hash: u64, on: usize) {
+        if let Some(count) = self.on.get_mut(on) {
+            *count = count.saturating_sub(1);
+        }
+        if let Some((_, count)) = self.keys.get_mut(&hash) {
+            *count -= 1;
+            if *count == 0 {
+                self.keys.remove(&hash);
+            }
+        }
+    }
+}
+
 /// A key's hash in [`InFlight`].
 fn key_hash(key: &str) -> u64 {
     foldhash::fast::FixedState::default().hash_one(key)
@@ -47,17 +72,8 @@ pub(super) struct Flying<'a> {
 impl Drop for Flying<'_> {
     fn drop(&mut self) {
         let mut flight = lock(&self.store.in_flight);
-        if let Some(count) = flight.on.get_mut(self.pipeline.on) {
-            *count = count.saturating_sub(self.pipeline.sent.len());
-        }
         for &i in &self.pipeline.sent {
-            let hash = key_hash(self.calls[i].call.key());
-            if let Some((_, count)) = flight.keys.get_mut(&hash) {
-                *count -= 1;
-                if *count == 0 {
-                    flight.keys.remove(&hash);
-                }
-            }
+            flight.uncount(key_hash(self.calls[i].call.key()), self.pipeline.on);
         }
     }
 }
@@ -107,25 +123,17 @@ impl RedisStore {
                     pipelines[at].sent.push(i);
                     pipelines[at].keys_repeat = true;
                     if let Some(flight) = flight.as_deref_mut() {
-                        flight.on[pipelines[at].on] += 1;
-                        flight.keys.entry(hash).or_insert((pipelines[at].on, 0)).1 += 1;
+                        flight.count(hash, || pipelines[at].on);
                     }
                     continue;
                 }
                 let confirm = confirmed.contains(key);
                 let hash = flight.as_ref().map_or(0, |_| key_hash(key));
-                // Counted in flight here, on the connection its calls in flight are on.
                 let on = match (flight.as_deref_mut(), spread) {
-                    (Some(flight), Some((idle, least))) => {
-                        let (on, count) = flight.keys.entry(hash).or_insert_with(|| match idle {
-                            true => ((hash % connections as u64) as usize, 0),
-                            false => (least, 0),
-                        });
-                        *count += 1;
-                        let on = *on;
-                        flight.on[on] += 1;
-                        on
-                    }
+                    (Some(flight), Some((idle, least))) => flight.count(hash, || match idle {
+                        true => (hash % connections as u64) as usize,
+                        false => least,
+                    }),
                     _ => 0,
                 };
                 let open = pipelines[first..]
