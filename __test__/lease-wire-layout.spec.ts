@@ -200,7 +200,7 @@ describe('RedisLeaseProvider', () => {
       expect(await server.cli('GET', `mastra:topic:lease:${key}`)).toBe('A')
     })
 
-    it.skipIf(EXTERNAL_REDIS)('the calls share two connections, a key’s calls always on one and in the order made across turns; close() drops them', async () => {
+    it.skipIf(EXTERNAL_REDIS)('the calls share two connections, a key’s calls on the one its calls in flight are on, in the order made across turns; close() drops them', async () => {
       const server = await ownServer()
       const clients = async () => Number((await server.info('clients')).connected_clients)
       const baseline = await clients()
