@@ -462,6 +462,47 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     expect(woken).toBeLessThan(200)
   })
 
+  it('RedisStreamsPubSub with streamIdleTtlMs: 1,000 publishes one after another, to topics on every master, wake the runtime’s thread fewer than 200 times; each stream holds its events and its TTL', async ({ skip }) => {
+    const keyPrefix = `node-loop-cluster-ttl:${RUN}`
+    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, streamIdleTtlMs: 60_000 }))
+    const topics = Array.from({ length: 10 }, (_, i) => `ttl-${i}`)
+    const masterOf = async (topic: string) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:${topic}`))
+    expect(new Set((await Promise.all(topics.map(masterOf))).map((m) => m.port)).size).toBe(3)
+    for (const topic of topics) await pubsub.publish(topic, { type: 't', runId: 'r', data: {} })
+    const before = runtimeThreadSwitches()
+    skip(before === undefined, 'no /proc/self/task here: the thread’s context switches cannot be read')
+    for (let i = 0; i < 1_000; i++) await pubsub.publish(topics[i % topics.length]!, { type: 't', runId: 'r', data: { i } })
+    expect(runtimeThreadSwitches()! - before!).toBeLessThan(200)
+    for (const topic of topics) {
+      const master = await masterOf(topic)
+      expect(Number(await master.cli('XLEN', `${keyPrefix}:${topic}`)), topic).toBe(101)
+      expect(Number(await master.cli('PTTL', `${keyPrefix}:${topic}`)), topic).toBeGreaterThan(50_000)
+    }
+  })
+
+  it('RedisStreamsPubSub with streamIdleTtlMs: a topic’s slot moved to another master, a turn’s publishes to it, to a topic of its slot and to one of the master it moved to resolve, each event in its stream once, with its TTL', async () => {
+    const keyPrefix = `node-loop-cluster-ttl-moved:${RUN}`
+    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, streamIdleTtlMs: 60_000 }))
+    const stream = (topic: string) => `${keyPrefix}:${topic}`
+    // Two topics of one slot (one hash tag): one to move, one that stays with it in the turn.
+    const [moving, staying] = ['{ttl-moved}-a', '{ttl-moved}-b']
+    for (const topic of [moving, staying]) await pubsub.publish(topic, { type: 't', runId: 'r', data: { n: -1 } })
+    const slot = await cluster.keySlot(stream(moving))
+    const from = await cluster.masterOfSlot(slot)
+    const to = (await cluster.masters()).find((m) => m.port !== from.port)!
+    // A topic of another master, in the same turn.
+    let other = 'other-0'
+    for (let i = 1; (await cluster.masterOfSlot(await cluster.keySlot(stream(other)))).port !== to.port; i++) other = `other-${i}`
+    expect(await cluster.migrateSlot(slot, to)).toBeGreaterThan(0)
+    await Promise.all([moving, staying, other].flatMap((topic) => [0, 1, 2].map((n) => pubsub.publish(topic, { type: 't', runId: 'r', data: { n } }))))
+    const sent = (topic: string) => (topic === other ? [0, 1, 2] : [-1, 0, 1, 2])
+    for (const topic of [moving, staying, other]) {
+      const entries = (await to.cli('XRANGE', stream(topic), '-', '+')) as [string, string[]][]
+      expect(entries.map(([, fields]) => (JSON.parse(fields[1]!) as { data: { n: number } }).data.n), topic).toEqual(sent(topic))
+      expect(Number(await to.cli('PTTL', stream(topic))), topic).toBeGreaterThan(50_000)
+    }
+  })
+
   it('a master killed: the calls of its slots reach the replica promoted in its place, on Node’s loop again once they do', async ({ skip }) => {
     const keyPrefix = `node-loop-cluster-failover:${RUN}`
     const [, make] = onCluster[0]!

@@ -117,7 +117,7 @@ describe.skipIf(EXTERNAL_REDIS)('RedisStreamsPubSub on a Redis Cluster', () => {
     await pubsub.subscribe('fresh', grouped.cb, { group: 'workers' })
     const fresh = await nodeOf(prefix, 'fresh')
     expect(Number(await fresh.cli('PTTL', `${prefix}:fresh`))).toBeGreaterThan(0)
-    // A turn's publishes: one pipeline per master, each event in its own MULTI with its PEXPIRE.
+    // A turn's publishes: one pipeline per slot, each event in its own MULTI with its PEXPIRE.
     await Promise.all(topics.map((t, n) => pubsub.publish(t, { ...ev(n), runId: t })))
     await Promise.all(topics.map((t) => pubsub.publish(t, { ...ev(100), runId: t })))
     for (const topic of topics) {

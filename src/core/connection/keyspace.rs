@@ -67,13 +67,15 @@ pub fn in_slot(slot: u16) -> Vec<u8> {
 }
 
 /// `items` in groups by `group` (asked once per item, in order): each group keeps the items'
-/// order, the groups the order of their first item; none is empty.
+/// order, the groups the order of their first item; none is empty. Groups are looked up by
+/// foldhash rather than std's SipHash: a Cluster's every batch passes here, and a group is a
+/// slot or a node, not a caller's key.
 pub(super) fn grouped<T, G: Hash + Eq>(
     items: impl IntoIterator<Item = T>,
     mut group: impl FnMut(&T) -> G,
 ) -> Vec<Vec<T>> {
     let mut groups: Vec<Vec<T>> = Vec::new();
-    let mut of_group: HashMap<G, usize> = HashMap::new();
+    let mut of_group: HashMap<G, usize, foldhash::fast::RandomState> = HashMap::default();
     for item in items {
         let at = *of_group.entry(group(&item)).or_insert_with(|| {
             groups.push(Vec::new());

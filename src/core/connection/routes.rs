@@ -7,14 +7,15 @@
 //! The slot map is read (`CLUSTER SLOTS`) over these links: a master's, else a seed's. The
 //! cluster connection is opened only for what the map cannot route: a request whose slot no
 //! master serves, one that is not a plain pipeline of known one-key commands (but for the
-//! scripts it loads first, which go with it), and the commands a master answered MOVED, ASK,
-//! TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (none of which ran): it follows the
-//! redirections. Those answers mean the command did not run there, so sending it on is
-//! sending it once. The map is then read again. A link that broke is given up, as on one
+//! scripts it loads first, which go with it, and `MULTI` blocks of them), and the commands a
+//! master answered MOVED, ASK, TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (with the rest
+//! of their block): it follows the redirections. Those answers mean the command did not run
+//! there (nor did its block), so sending it on is sending it once. The map is then read again. A link that broke is given up, as on one
 //! server: the request's error goes to the caller, whose rules for a broken connection say
 //! what goes again.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -154,13 +155,17 @@ impl Routes {
         }
         self.moved();
         let made = for_cluster();
+        let cmds: Vec<&Cmd> = made.as_ref().unwrap_or(pipe).cmd_iter().collect();
         let mut again = redis::pipe();
         let mut at = Vec::new();
-        let cmds = made.as_ref().unwrap_or(pipe).cmd_iter();
-        for (i, (cmd, reply)) in cmds.zip(&replies).enumerate() {
-            if is_moving(reply) {
-                again.add_command(cmd.clone());
-                at.push(i);
+        // A command answered MOVED (or the like) did not run; nor did the rest of its `MULTI`
+        // block, which goes again whole.
+        for unit in units(&cmds) {
+            if replies[unit.clone()].iter().any(is_moving) {
+                for i in unit {
+                    again.add_command(cmds[i].clone());
+                    at.push(i);
+                }
             }
         }
         let answers = through_cluster(cluster, &again, 0, again.len()).await?;
@@ -503,15 +508,41 @@ fn key_of(cmd: &Cmd) -> Option<&[u8]> {
 }
 
 /// The key by which a pipeline's slot is found: its first command's, past the scripts it loads
-/// first (they go along to the master where the calls after them run); `None` for a
-/// transaction, or where that command has none [`key_of`] knows.
+/// first (they go along to the master where the calls after them run) and a `MULTI` (an
+/// append under an idle TTL: its block runs on that master); `None` for a transaction, or
+/// where that command has none [`key_of`] knows.
 fn key_of_pipeline(pipe: &Pipeline) -> Option<&[u8]> {
     if pipe.is_transaction() {
         return None;
     }
     pipe.cmd_iter()
-        .find(|cmd| !is_script_load(cmd))
+        .find(|cmd| !is_script_load(cmd) && !is(cmd, &[b"MULTI"]))
         .and_then(key_of)
+}
+
+/// The commands of `cmds` that run or fail together, in order: each on its own, but for a
+/// `MULTI` block, from `MULTI` to its `EXEC` (or `DISCARD`).
+fn units(cmds: &[&Cmd]) -> Vec<RangeInclusive<usize>> {
+    let mut units = Vec::with_capacity(cmds.len());
+    let mut i = 0;
+    while i < cmds.len() {
+        let mut end = i;
+        if is(cmds[i], &[b"MULTI"]) {
+            while end + 1 < cmds.len() && !is(cmds[end], &[b"EXEC", b"DISCARD"]) {
+                end += 1;
+            }
+        }
+        units.push(i..=end);
+        i = end + 1;
+    }
+    units
+}
+
+/// Whether `cmd`'s name is one of `names`, alone (`MULTI`, `EXEC`).
+fn is(cmd: &Cmd, names: &[&[u8]]) -> bool {
+    let mut args = cmd.args_iter();
+    matches!(args.next(), Some(Arg::Simple(name)) if names.iter().any(|it| it.eq_ignore_ascii_case(name)))
+        && args.next().is_none()
 }
 
 /// Whether `cmd` is `SCRIPT LOAD`.
@@ -529,7 +560,7 @@ fn is_script_load(cmd: &Cmd) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{key_of, key_of_pipeline};
+    use super::{key_of, key_of_pipeline, units};
 
     #[test]
     fn a_pipeline_goes_by_its_first_key_past_the_scripts_it_loads_first() {
@@ -548,6 +579,44 @@ mod tests {
         let mut transaction = redis::pipe();
         transaction.atomic().cmd("GET").arg("k1");
         assert_eq!(key_of_pipeline(&transaction), None);
+    }
+
+    #[test]
+    fn a_pipeline_of_multi_blocks_goes_by_the_key_of_the_first_command_in_its_first_block() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI")
+            .cmd("XADD")
+            .arg("s1")
+            .arg("*")
+            .arg("event")
+            .arg("{}")
+            .cmd("PEXPIRE")
+            .arg("s1")
+            .arg(1000)
+            .cmd("EXEC");
+        assert_eq!(key_of_pipeline(&pipe), Some(&b"s1"[..]));
+        let mut group = redis::pipe();
+        group.cmd("MULTI").cmd("XGROUP").arg("CREATE").arg("s1");
+        assert_eq!(key_of_pipeline(&group), None);
+    }
+
+    #[test]
+    fn a_multi_block_is_one_unit_from_multi_to_exec_and_every_other_command_its_own() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCRIPT").arg("LOAD").arg("return 1");
+        pipe.cmd("MULTI")
+            .cmd("XADD")
+            .arg("s1")
+            .cmd("PEXPIRE")
+            .arg("s1")
+            .cmd("EXEC");
+        pipe.cmd("GET").arg("k");
+        pipe.cmd("multi").cmd("XADD").arg("s2").cmd("discard");
+        // An unfinished block runs to the end.
+        pipe.cmd("MULTI").cmd("XADD").arg("s3");
+        let cmds: Vec<_> = pipe.cmd_iter().collect();
+        assert_eq!(units(&cmds), vec![0..=0, 1..=4, 5..=5, 6..=8, 9..=10]);
+        assert_eq!(units(&[]), vec![]);
     }
 
     #[test]

@@ -83,9 +83,13 @@ pub(super) async fn append_batch(
         // append begun while a flush waits is not one it waits for, and does not wait for it
         // either: the settles of its turn, sent after it, must not overtake it.
         let _in_flight = shared.publishes.try_read().ok();
-        // One write per shard (on a cluster, where a pipeline may name one hash slot's keys
-        // only, per slot), all at once; a topic's events stay in order: its stream is one key.
-        let groups = via.by_shard(&sent, |event| event.1.as_bytes());
+        // One write per node, all at once; a topic's events stay in order: its stream is one
+        // key. Under an idle TTL each append is a `MULTI` block, which a cluster takes in one
+        // pipeline per hash slot only.
+        let groups = match shared.options.idle_ttl_ms() {
+            0 => via.by_node(&sent, stream_of),
+            _ => via.by_shard(&sent, stream_of),
+        };
         let writes = groups
             .iter()
             .map(|group| append_group(shared, via, group, started, deadline));
@@ -115,8 +119,13 @@ pub(super) async fn append_batch(
         .collect()
 }
 
-/// Appends one pipeline's worth of events (one shard's), sending them again, each once, when
-/// the connection broke under the write.
+/// The stream an append goes to, by which appends are grouped.
+fn stream_of<'a>(append: &&'a Append) -> &'a [u8] {
+    append.1.as_bytes()
+}
+
+/// Appends one pipeline's worth of events (one node's, or one slot's), sending them again,
+/// each once, when the connection broke under the write.
 async fn append_group(
     shared: &Arc<Shared>,
     via: &Connection,
