@@ -503,6 +503,34 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     }
   })
 
+  it('RedisStreamsPubSub: a master frozen, a turn’s publishes to topics of every master: the other masters’ resolve without waiting for it, its own reject ERR_LEASE_TIMEOUT within their bound', async () => {
+    const keyPrefix = `node-loop-cluster-publish-frozen:${RUN}`
+    const commandTimeoutMs = 1_000
+    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, commandTimeoutMs }))
+    const topics = Array.from({ length: 12 }, (_, i) => `frozen-${i}`)
+    const masters = await Promise.all(topics.map(async (topic) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:${topic}`))))
+    expect(new Set(masters.map((m) => m.port)).size).toBe(3)
+    // Every master's link open first.
+    await Promise.all(topics.map((topic) => pubsub.publish(topic, { type: 't', runId: 'r', data: { n: 0 } })))
+    const frozen = masters[0]!
+    frozen.freeze()
+    let outcomes: unknown[]
+    try {
+      const started = performance.now()
+      outcomes = await Promise.all(topics.map((topic) =>
+        pubsub.publish(topic, { type: 't', runId: 'r', data: { n: 1 } }).then(() => performance.now() - started, (err: unknown) => err)))
+    } finally {
+      frozen.thaw()
+    }
+    for (const [i, outcome] of outcomes.entries()) {
+      if (masters[i]!.port === frozen.port) expect(outcome, topics[i]).toMatchObject({ code: 'ERR_LEASE_TIMEOUT' })
+      else expect(outcome, topics[i]).toBeLessThan(commandTimeoutMs / 2)
+    }
+    for (const [i, topic] of topics.entries()) {
+      if (masters[i]!.port !== frozen.port) expect(await masters[i]!.cli('XLEN', `${keyPrefix}:${topic}`), topic).toBe(2)
+    }
+  })
+
   it('a master killed: the calls of its slots reach the replica promoted in its place, on Node’s loop again once they do', async ({ skip }) => {
     const keyPrefix = `node-loop-cluster-failover:${RUN}`
     const [, make] = onCluster[0]!

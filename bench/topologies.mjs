@@ -1,6 +1,6 @@
 // Leases beyond one plain server: over TLS, on a 3-master Redis Cluster, behind Sentinel, and
 // failover-safe grants (`minReplicas`), each against Mastra's algorithm on node-redis in the
-// same run, at 1 and 64 in flight. Starts its own servers: a master with one replica and a
+// same run, at 1 and 64 in flight; then publishes on the cluster, with and without an idle TTL. Starts its own servers: a master with one replica and a
 // sentinel watching them, a TLS-only server (a CA and a certificate made with openssl), and a
 // cluster of 3 masters (no replicas: the routing is what is measured).
 // Run with `npm run bench:topologies` (builds first) or `node bench/topologies.mjs`.
@@ -198,7 +198,70 @@ for (const w of workloads) {
     console.log(`  ${nm.padEnd(34)}${r.serverUsPerCall.toFixed(2).padStart(8)}${r.processUsPerCall.toFixed(2).padStart(8)}`);
   }
 }
+// ---------- publishes on the cluster, as the agent stream makes them -------------------------
+// Mastra's publish (one XADD, MAXLEN ~) on node-redis' cluster client against ours; and ours
+// under an idle TTL (each append a MULTI block: XADD, PEXPIRE, EXEC) against that block sent
+// by node-redis' cluster client. 64 topics, over every master.
+const { RedisStreamsPubSub } = await import('../dist/esm/index.js');
+const IDLE_TTL = 60_000;
+const P_OURS = 'ours', P_PEER = "Mastra's XADD, node-redis cluster", P_OURS_TTL = 'ours, streamIdleTtlMs', P_PEER_TTL = 'MULTI XADD PEXPIRE, node-redis cl.';
+const seeds = clusterPorts.map((p) => `redis://127.0.0.1:${p}`);
+const publishers = {
+  [P_OURS]: new RedisStreamsPubSub({ cluster: { nodes: seeds }, keyPrefix: 'p1' }),
+  [P_PEER]: { publish: (topic, event) => clusterClient.xAdd(`p2:${topic}`, '*', { event: JSON.stringify(event) }, { TRIM: { strategy: 'MAXLEN', strategyModifier: '~', threshold: 10_000 } }) },
+  [P_OURS_TTL]: new RedisStreamsPubSub({ cluster: { nodes: seeds }, keyPrefix: 'p3', streamIdleTtlMs: IDLE_TTL }),
+  [P_PEER_TTL]: {
+    publish: (topic, event) => {
+      const key = `p4:${topic}`;
+      return clusterClient.multi(key).xAdd(key, '*', { event: JSON.stringify(event) }).pExpire(key, IDLE_TTL).exec();
+    },
+  },
+};
+async function measurePublishes(name, units, inFlight) {
+  const publisher = publishers[name];
+  const lat = new Float64Array(units);
+  let li = 0, bad = 0, next = 0;
+  const cpu0 = (await Promise.all(nodeAdmins.map(cpuOf))).reduce((x, y) => x + y, 0);
+  const own0 = process.cpuUsage();
+  const t0 = hr();
+  await Promise.all(Array.from({ length: inFlight }, async () => {
+    for (let i; (i = next++) < units;) {
+      const t = hr();
+      try {
+        await publisher.publish(`t${i % 64}`, { type: 'chunk', runId: 'run', data: { i } });
+      } catch { bad++; }
+      lat[li++] = Number(hr() - t) / 1e3;
+    }
+  }));
+  const secs = Number(hr() - t0) / 1e9;
+  const own = process.cpuUsage(own0);
+  const cpu = (await Promise.all(nodeAdmins.map(cpuOf))).reduce((x, y) => x + y, 0) - cpu0;
+  const sorted = lat.subarray(0, li).sort();
+  return { opsPerSec: li / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), calls: li, bad, serverUsPerCall: (cpu * 1e6) / li, processUsPerCall: (own.user + own.system) / li };
+}
+const published = [];
+for (const [inFlight, units] of [[1, n(4_000)], [64, n(40_000)]]) {
+  process.stdout.write(`publishes on the cluster @${inFlight} in flight ...`);
+  const results = await medianOf(Object.keys(publishers), {
+    warmup: (nm) => measurePublishes(nm, Math.ceil(units / 10), inFlight),
+    run: (nm) => measurePublishes(nm, units, inFlight),
+    between: async () => {
+      for (const a of nodeAdmins) await a.flushAll();
+    },
+  });
+  console.log(' done');
+  published.push({ label: 'publish, 3-master cluster', inFlight, results });
+}
+printResults(published, { unit: 'publishes/s', nameWidth: 36 });
+for (const w of published) {
+  console.log(`\nCPU per publish @${w.inFlight} (µs): Redis's (all masters), this process's`);
+  for (const [nm, r] of Object.entries(w.results)) {
+    console.log(`  ${nm.padEnd(36)}${r.serverUsPerCall.toFixed(2).padStart(8)}${r.processUsPerCall.toFixed(2).padStart(8)}`);
+  }
+}
+
 const [at1, at64] = workloads;
+const [published1, published64] = published;
 printRatios([
   ratioRow(at1, OURS, PEER, 0.95), ratioRow(at64, OURS, PEER),
   ratioRow(at1, OURS_TLS, PEER_TLS, 1.1), ratioRow(at64, OURS_TLS, PEER_TLS, 1.5),
@@ -206,9 +269,12 @@ printRatios([
   ratioRow(at1, OURS_CLUSTER, PEER_CLUSTER, 1.1), ratioRow(at64, OURS_CLUSTER, PEER_CLUSTER, 1.5),
   ratioRow(at64, OURS_CLUSTER, OURS),
   ratioRow(at64, OURS_WAIT, OURS),
-], 84);
+  ratioRow(published1, P_OURS, P_PEER), ratioRow(published64, P_OURS, P_PEER),
+  ratioRow(published1, P_OURS_TTL, P_PEER_TTL), ratioRow(published64, P_OURS_TTL, P_PEER_TTL),
+], 96);
 
 // Mastra's algorithm closes its client.
 for (const { p } of Object.values(contestants)) await p.close();
+for (const name of [P_OURS, P_OURS_TTL]) await publishers[name].close();
 for (const a of admins) await a.close();
 stopAll();

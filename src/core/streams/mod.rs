@@ -2,7 +2,7 @@
 //!
 //! Each topic is a stream `<keyPrefix>:<topic>` whose entries hold one field, `event`, with
 //! the event as JSON: the layout of Mastra's own Redis Streams backend, so processes running
-//! either can share topics. [`StreamsPubSub::publish_stamped_batch`] appends events the
+//! either can share topics. [`StreamsPubSub::publish_stamped_each`] appends events the
 //! caller stamped; [`StreamsPubSub::subscribe`] returns a [`Subscription`] whose deliveries
 //! arrive on a channel. A [`Delivery`] is held by its consumer until it is acked or nacked;
 //! its handler may say it is still alive ([`Delivery::extend`]).

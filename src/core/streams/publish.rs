@@ -2,7 +2,7 @@
 //! appends a broken connection cut off.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use redis::{Pipeline, RedisResult, Value};
@@ -11,6 +11,7 @@ use super::event::EVENT_FIELD;
 use super::{Shared, StreamsPubSub};
 use crate::core::connection::{parse, Connection};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
+use crate::core::lock;
 use crate::core::log::Level;
 use crate::core::scripts;
 
@@ -21,12 +22,14 @@ const AGAIN_SCAN: usize = 5_000;
 impl StreamsPubSub {
     /// Appends events whose JSON already carries `id`, `createdAt` and `deliveryAttempt`, as
     /// the TypeScript shell stamps them: the text goes to Redis as it is, never parsed and
-    /// written again. Each must be an object's JSON (it starts with `{`). Answers the entry
-    /// ids Redis assigned, in order.
-    pub async fn publish_stamped_batch(
+    /// written again. Each must be an object's JSON (it starts with `{`). Hands `answered`
+    /// the entry ids Redis assigned, each with its event's place in `events`, as each
+    /// pipeline's are known (on a cluster, a master's do not wait for another's).
+    pub async fn publish_stamped_each(
         &self,
         events: Vec<(String, String)>,
-    ) -> Vec<Result<String>> {
+        answered: &Appended<'_>,
+    ) {
         let checked = events
             .into_iter()
             .map(|(topic, json)| {
@@ -40,15 +43,59 @@ impl StreamsPubSub {
                 }
             })
             .collect();
-        append_batch(&self.shared, self.shared.front(), checked).await
+        append_each(&self.shared, self.shared.front(), checked, answered).await
+    }
+
+    /// [`StreamsPubSub::publish_stamped_each`], its answers in order (for tests; the glue
+    /// hands each answer on as it comes).
+    #[cfg(test)]
+    pub async fn publish_stamped_batch(
+        &self,
+        events: Vec<(String, String)>,
+    ) -> Vec<Result<String>> {
+        let gathered = InOrder::new(events.len());
+        self.publish_stamped_each(events, &|each| gathered.take(each))
+            .await;
+        gathered.answers()
+    }
+}
+
+/// Where appends' answers go: each entry id (or error) with its event's place in the batch.
+pub type Appended<'a> = dyn Fn(Vec<(usize, Result<String>)>) + Send + Sync + 'a;
+
+/// Appends' answers gathered in their places, for a caller that takes them all at once.
+struct InOrder(Mutex<Vec<Option<Result<String>>>>);
+
+impl InOrder {
+    fn new(count: usize) -> Self {
+        Self(Mutex::new((0..count).map(|_| None).collect()))
+    }
+
+    fn take(&self, each: Vec<(usize, Result<String>)>) {
+        let mut answers = lock(&self.0);
+        for (i, answer) in each {
+            if let Some(place) = answers.get_mut(i) {
+                *place = Some(answer);
+            }
+        }
+    }
+
+    fn answers(self) -> Vec<Result<String>> {
+        let unanswered = || Err(Error::Internal("an append went unanswered".into()));
+        let answers = self.0.into_inner().unwrap_or_else(|e| e.into_inner());
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(unanswered))
+            .collect()
     }
 }
 
 /// An event on its way: the index of its answer, its stream key, its JSON.
 type Append = (usize, String, String);
 
-/// XADDs every `Ok((stream key, json))` in one pipelined write on `via`, in order; an `Err`
-/// answers for itself. Answers each appended entry's id.
+/// XADDs every `Ok((stream key, json))` on `via`, in order, in one pipelined write per node
+/// (per slot under an idle TTL); an `Err` answers for itself. Hands `answered` each appended
+/// entry's id as its write is answered.
 ///
 /// A connection that breaks under the write (a server restart, an idle connection closed by
 /// the server or a proxy, a killed client) leaves unknown which appends ran. They go once
@@ -56,53 +103,49 @@ type Append = (usize, String, String);
 /// `append_again.lua`, which first looks for each payload among the entries appended since:
 /// every event lands exactly once. Only when too much came since to tell (over
 /// [`AGAIN_SCAN`] entries or 4 MiB) does the append fail, as at first.
-pub(super) async fn append_batch(
+pub(super) async fn append_each(
     shared: &Arc<Shared>,
     via: &Connection,
     events: Vec<Result<(String, String)>>,
-) -> Vec<Result<String>> {
+    answered: &Appended<'_>,
+) {
     if shared.closed.load(Ordering::Acquire) {
         let closed = || Err(Error::Closed(Subject::StreamsPublish));
-        return events.iter().map(|_| closed()).collect();
+        return answered((0..events.len()).map(|i| (i, closed())).collect());
     }
     let started = Instant::now();
     let deadline = started + via.timeout();
-    let mut answers: Vec<Option<Result<String>>> = Vec::with_capacity(events.len());
+    let mut refused = Vec::new();
     let mut sent: Vec<Append> = Vec::new();
     for (i, event) in events.into_iter().enumerate() {
         match event {
-            Ok((key, json)) => {
-                sent.push((i, key, json));
-                answers.push(None);
-            }
-            Err(err) => answers.push(Some(Err(err))),
+            Ok((key, json)) => sent.push((i, key, json)),
+            Err(err) => refused.push((i, Err(err))),
         }
     }
-    if !sent.is_empty() {
-        // Held across the writes so `flush` and `close` can wait for them to settle. An
-        // append begun while a flush waits is not one it waits for, and does not wait for it
-        // either: the settles of its turn, sent after it, must not overtake it.
-        let _in_flight = shared.publishes.try_read().ok();
-        // One write per node, all at once; a topic's events stay in order: its stream is one
-        // key. Under an idle TTL each append is a `MULTI` block, which a cluster takes in one
-        // pipeline per hash slot only.
-        let groups = match shared.options.idle_ttl_ms() {
-            0 => via.by_node(&sent, stream_of),
-            _ => via.by_shard(&sent, stream_of),
-        };
-        let writes = groups
-            .iter()
-            .map(|group| append_group(shared, via, group, started, deadline));
-        let written = futures::future::join_all(writes).await;
-        for (group, results) in groups.iter().zip(written) {
-            for ((i, _, _), result) in group.iter().zip(results) {
-                answers[*i] = Some(result);
-            }
-        }
-        // Counted per stream: a batch mostly goes to a few.
+    if !refused.is_empty() {
+        answered(refused);
+    }
+    if sent.is_empty() {
+        return;
+    }
+    // Held across the writes so `flush` and `close` can wait for them to settle. An append
+    // begun while a flush waits is not one it waits for, and does not wait for it either: the
+    // settles of its turn, sent after it, must not overtake it.
+    let _in_flight = shared.publishes.try_read().ok();
+    // One write per node, all at once; a topic's events stay in order: its stream is one key.
+    // Under an idle TTL each append is a `MULTI` block, which a cluster takes in one pipeline
+    // per hash slot only.
+    let groups = match shared.options.idle_ttl_ms() {
+        0 => via.by_node(&sent, stream_of),
+        _ => via.by_shard(&sent, stream_of),
+    };
+    let writes = groups.iter().map(|group| async move {
+        let results = append_group(shared, via, group, started, deadline).await;
+        // Counted per stream: a group mostly goes to a few.
         let mut appended: Vec<(&str, u64)> = Vec::new();
-        for (i, key, _) in &sent {
-            if answers[*i].as_ref().is_some_and(Result::is_ok) {
+        for ((_, key, _), result) in group.iter().zip(&results) {
+            if result.is_ok() {
                 match appended.iter_mut().find(|(k, _)| *k == key.as_str()) {
                     Some((_, count)) => *count += 1,
                     None => appended.push((key, 1)),
@@ -112,11 +155,9 @@ pub(super) async fn append_batch(
         for (key, count) in appended {
             shared.appended(key, count);
         }
-    }
-    answers
-        .into_iter()
-        .map(|a| a.unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into()))))
-        .collect()
+        answered(group.iter().map(|(i, _, _)| *i).zip(results).collect());
+    });
+    futures::future::join_all(writes).await;
 }
 
 /// The stream an append goes to, by which appends are grouped.
@@ -200,7 +241,7 @@ fn append(
     *replies - 1
 }
 
-/// The second send of appends a broken connection cut off (see [`append_batch`]): one
+/// The second send of appends a broken connection cut off (see [`append_each`]): one
 /// `append_again.lua` per stream, pipelined. `None` for an event whose fate cannot be told
 /// (too many entries since, or this send failed too).
 async fn append_again(
@@ -261,15 +302,18 @@ async fn append_again(
     answers
 }
 
-/// Appends one payload (a redelivery) on `via`, exactly once as [`append_batch`] does.
+/// Appends one payload (a redelivery) on `via`, exactly once as [`append_each`] does.
 pub(super) async fn append_one(
     shared: &Arc<Shared>,
     via: &Connection,
     key: &str,
     payload: String,
 ) -> Result<String> {
-    append_batch(shared, via, vec![Ok((key.to_owned(), payload))])
-        .await
+    let gathered = InOrder::new(1);
+    let event = vec![Ok((key.to_owned(), payload))];
+    append_each(shared, via, event, &|each| gathered.take(each)).await;
+    let mut answers = gathered.answers();
+    answers
         .pop()
         .unwrap_or_else(|| Err(Error::Internal("an append went unanswered".into())))
 }

@@ -452,8 +452,7 @@ impl Delivery {
             }
         };
         // XACK twice is harmless: a connection that breaks under it costs nothing. One
-        // pipeline per shard (on a cluster, where a pipeline may name one slot's keys only,
-        // per slot), all at once.
+        // pipeline per node, all at once.
         let send = |pipe: redis::Pipeline| {
             let shared = &shared;
             async move {
@@ -469,7 +468,7 @@ impl Delivery {
         };
         let groups = shared
             .front()
-            .by_shard(&xacks, |(consumer, _)| consumer.key.as_bytes());
+            .by_node(&xacks, |(consumer, _)| consumer.key.as_bytes());
         let batch = async {
             let sends = groups.iter().map(|group| {
                 let mut pipe = redis::pipe();

@@ -112,21 +112,28 @@ async fn send(pubsub: Arc<StreamsPubSub>, batch: Vec<Sent>, answers: Arc<Answers
     );
 }
 
-/// The turn's publishes, answered in one go once written; a panic is a bug, answered as one.
+/// The turn's publishes, each answered once its write is (on a cluster, a master's do not
+/// wait for another's); a panic is a bug, answered as one to those not answered yet.
 async fn publish_all(pubsub: &StreamsPubSub, batch: Vec<(usize, Publish)>, answers: &Answers) {
     if batch.is_empty() {
         return;
     }
     let (at, events, guards) = split(batch, |p| ((p.topic, p.json), p.guard));
-    let count = at.len();
-    let written = guarded(async { Ok(pubsub.publish_stamped_batch(events).await) })
-        .await
-        .unwrap_or_else(|err| vec![Err(err); count]);
-    answers.answer(
-        at.into_iter()
-            .zip(written.into_iter().map(|w| w.map(|_| Reply::Undefined))),
-    );
-    // The guards drop here, after the write: a flush waiting on them sees the publishes done.
+    let answered = |written: Vec<(usize, crate::core::error::Result<String>)>| {
+        answers.answer(
+            written
+                .into_iter()
+                .filter_map(|(i, w)| Some((*at.get(i)?, w.map(|_| Reply::Undefined)))),
+        )
+    };
+    let written = guarded(async {
+        pubsub.publish_stamped_each(events, &answered).await;
+        Ok(())
+    });
+    if let Err(err) = written.await {
+        answers.answer(at.iter().map(|&i| (i, Err(err.clone()))));
+    }
+    // The guards drop here, after the writes: a flush waiting on them sees the publishes done.
     drop(guards);
 }
 
