@@ -531,6 +531,35 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     }
   })
 
+  it('RedisStreamsPubSub: a master frozen, a turn’s acks of deliveries from every master: the other masters’ resolve without waiting for it, and their entries are settled', async () => {
+    const keyPrefix = `node-loop-cluster-ack-frozen:${RUN}`
+    const commandTimeoutMs = 1_000
+    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, commandTimeoutMs }))
+    const topics = Array.from({ length: 12 }, (_, i) => `acks-${i}`)
+    const masters = await Promise.all(topics.map(async (topic) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:${topic}`))))
+    expect(new Set(masters.map((m) => m.port)).size).toBe(3)
+    // Each topic's delivery held, its ack kept for later.
+    const acks = new Map<string, () => Promise<void>>()
+    const held = new Inbox((event, ack) => void acks.set(event.runId!, ack))
+    for (const topic of topics) await pubsub.subscribe(topic, held.cb, { group: 'workers' })
+    await Promise.all(topics.map((topic) => pubsub.publish(topic, { type: 't', runId: topic, data: {} })))
+    await held.count(topics.length)
+    const frozen = masters[0]!
+    frozen.freeze()
+    let took: number[]
+    try {
+      const started = performance.now()
+      took = await Promise.all(topics.map((topic) => acks.get(topic)!().then(() => performance.now() - started)))
+    } finally {
+      frozen.thaw()
+    }
+    for (const [i, topic] of topics.entries()) {
+      if (masters[i]!.port === frozen.port) continue
+      expect(took[i], topic).toBeLessThan(commandTimeoutMs / 2)
+      expect((await masters[i]!.cli('XPENDING', `${keyPrefix}:${topic}`, 'workers'))[0], topic).toBe(0)
+    }
+  })
+
   it('a master killed: the calls of its slots reach the replica promoted in its place, on Node’s loop again once they do', async ({ skip }) => {
     const keyPrefix = `node-loop-cluster-failover:${RUN}`
     const [, make] = onCluster[0]!

@@ -72,7 +72,7 @@ use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::lock;
 use crate::core::log::{Level, Logger, Notice, Throttle};
 
-pub use delivery::Delivery;
+pub use delivery::{Delivery, Settled};
 pub use subscription::Subscription;
 pub use trim_topic::RunEntries;
 

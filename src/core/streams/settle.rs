@@ -1,4 +1,4 @@
-//! How a delivery settles (`Delivery::ack`, `nack`, `returned`, `ack_all`): ack, nack,
+//! How a delivery settles (`Delivery::ack`, `nack`, `returned`, `ack_each`): ack, nack,
 //! redelivery and the attempt cap, a hand-back of what was never handed out, and settles
 //! that could not reach Redis, sent again in the background until they land. Every way of
 //! settling is safe to run twice: an XACK, an ownership-checked script (`settle.lua`), an
@@ -414,25 +414,35 @@ impl Delivery {
     }
 
     /// Acks many deliveries in one round trip: one XACK per consumer, naming all its
-    /// entries, the XACKs pipelined. Answers, in order, what [`Delivery::ack`] would have
-    /// answered for each; a failed XACK is retried in the background for the deliveries it
-    /// named, which answer [`Settled::Retrying`].
-    pub async fn ack_all(deliveries: &[Delivery]) -> Vec<Settled> {
+    /// entries, the XACKs pipelined (one pipeline per node). Hands `answered` what
+    /// [`Delivery::ack`] would have answered for each, with its place in `deliveries`, as
+    /// each pipeline's are known (on a cluster, a master's do not wait for another's); a
+    /// failed XACK is retried in the background for the deliveries it named, which answer
+    /// [`Settled::Retrying`].
+    pub async fn ack_each(
+        deliveries: &[Delivery],
+        answered: &(dyn Fn(Vec<(usize, Settled)>) + Sync),
+    ) {
         let Some(shared) = deliveries.first().map(|d| Arc::clone(&d.shared)) else {
-            return Vec::new();
+            return;
         };
-        let mut answers = vec![Settled::Already; deliveries.len()];
         if shared.closed.load(Ordering::Acquire) {
-            return vec![Settled::Closed; deliveries.len()];
+            return answered(
+                (0..deliveries.len())
+                    .map(|i| (i, Settled::Closed))
+                    .collect(),
+            );
         }
         let _on_their_way = OnItsWay::new(&shared);
         // A group's entries go in its consumer's XACK; the rest (fan-out, which holds
         // nothing in Redis, or another pubsub's delivery) settle on their own.
         let mut xacks: Vec<(&Arc<Consumer>, Vec<usize>)> = Vec::new();
         let mut lone = Vec::new();
+        let mut already = Vec::new();
         for (i, delivery) in deliveries.iter().enumerate() {
             let state = &delivery.state;
             if !state.begin() {
+                already.push((i, Settled::Already));
                 continue;
             }
             match &state.origin {
@@ -444,6 +454,9 @@ impl Delivery {
                 }
                 _ => lone.push(i),
             }
+        }
+        if !already.is_empty() {
+            answered(already);
         }
         let xack = |consumer: &Consumer, members: &[usize], pipe: &mut redis::Pipeline| {
             let cmd = pipe.cmd("XACK").arg(&consumer.key).arg(&consumer.group);
@@ -469,69 +482,77 @@ impl Delivery {
         let groups = shared
             .front()
             .by_node(&xacks, |(consumer, _)| consumer.key.as_bytes());
-        let batch = async {
-            let sends = groups.iter().map(|group| {
-                let mut pipe = redis::pipe();
-                for (consumer, members) in group {
-                    xack(consumer, members, &mut pipe);
-                }
-                send(pipe)
-            });
-            let sent = futures::future::join_all(sends).await;
-            let mut replies: Vec<Result<Value>> = Vec::with_capacity(xacks.len());
-            for (group, reply) in groups.iter().zip(sent) {
-                match reply {
-                    Ok(values) => {
-                        let mut values = values.into_iter();
-                        replies.extend(group.iter().map(|_| Ok(values.next().unwrap_or_default())));
-                    }
-                    Err(err) => replies.extend(group.iter().map(|_| Err(err.clone()))),
-                }
+        let each_group = groups.iter().map(|group| {
+            let mut pipe = redis::pipe();
+            for (consumer, members) in group {
+                xack(consumer, members, &mut pipe);
             }
-            replies
-        };
-        let singles = futures::future::join_all(lone.iter().map(|&i| async move {
-            let delivery = &deliveries[i];
-            (
-                i,
-                conclude(
-                    &delivery.shared,
-                    delivery.shared.front(),
-                    &delivery.state,
-                    Settle::Ack,
-                )
-                .await,
-            )
-        }));
-        let (replies, singles) = futures::join!(batch, singles);
-        for (i, answer) in singles {
-            answers[i] = answer;
-        }
-        for ((_, members), reply) in groups.iter().flatten().zip(replies) {
-            let result = match reply {
-                Ok(reply) => match parse::<Value>(reply) {
-                    Ok(_) => Ok(Settled::Acked),
-                    // The stream or group is gone, and with it every pending entry.
-                    Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
-                    Err(err) => Err(shared.front().classify(err)),
-                },
-                Err(err) => Err(err),
-            };
-            for &i in members {
-                let state = &deliveries[i].state;
-                answers[i] = match &result {
-                    Ok(settled) => {
-                        state.phase.store(DONE, Ordering::Release);
-                        finish(&shared, state);
-                        *settled
-                    }
-                    Err(err) => {
-                        retry_later(&shared, state, Settle::Ack, err, OnItsWay::new(&shared))
-                    }
+            let shared = &shared;
+            async move {
+                let replies: Vec<Result<Value>> = match send(pipe).await {
+                    Ok(values) => values.into_iter().map(Ok).collect(),
+                    Err(err) => vec![Err(err); group.len()],
                 };
+                let mut replies = replies.into_iter();
+                let mut answers = Vec::new();
+                for (_, members) in group {
+                    let result = match replies.next().unwrap_or(Ok(Value::Nil)) {
+                        Ok(reply) => match parse::<Value>(reply) {
+                            Ok(_) => Ok(Settled::Acked),
+                            // The stream or group is gone, and with it every pending entry.
+                            Err(err) if err.code() == Some("NOGROUP") => Ok(Settled::Acked),
+                            Err(err) => Err(shared.front().classify(err)),
+                        },
+                        Err(err) => Err(err),
+                    };
+                    for &i in members {
+                        let state = &deliveries[i].state;
+                        let answer = match &result {
+                            Ok(settled) => {
+                                state.phase.store(DONE, Ordering::Release);
+                                finish(shared, state);
+                                *settled
+                            }
+                            Err(err) => {
+                                retry_later(shared, state, Settle::Ack, err, OnItsWay::new(shared))
+                            }
+                        };
+                        answers.push((i, answer));
+                    }
+                }
+                answered(answers);
             }
-        }
-        answers
+        });
+        let each_lone = lone.iter().map(|&i| async move {
+            let delivery = &deliveries[i];
+            let answer = conclude(
+                &delivery.shared,
+                delivery.shared.front(),
+                &delivery.state,
+                Settle::Ack,
+            )
+            .await;
+            answered(vec![(i, answer)]);
+        });
+        futures::join!(
+            futures::future::join_all(each_group),
+            futures::future::join_all(each_lone)
+        );
+    }
+
+    /// [`Delivery::ack_each`], its answers in order (for tests; the glue hands each answer on
+    /// as it comes).
+    #[cfg(test)]
+    pub async fn ack_all(deliveries: &[Delivery]) -> Vec<Settled> {
+        let answers = std::sync::Mutex::new(vec![Settled::Already; deliveries.len()]);
+        Self::ack_each(deliveries, &|each| {
+            let mut answers = lock(&answers);
+            for (i, answer) in each {
+                answers[i] = answer;
+            }
+        })
+        .await;
+        answers.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 }
 

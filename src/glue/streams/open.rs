@@ -12,7 +12,7 @@ use napi::bindgen_prelude::{Env, Unknown};
 use tokio::sync::oneshot;
 
 use crate::core::lock;
-use crate::core::streams::{Delivery, StreamsPubSub};
+use crate::core::streams::{Delivery, Settled, StreamsPubSub};
 use crate::glue::crossing::{guarded, Answers, Crossing, Queue};
 use crate::glue::js;
 use crate::glue::reply::Reply;
@@ -137,14 +137,27 @@ async fn publish_all(pubsub: &StreamsPubSub, batch: Vec<(usize, Publish)>, answe
     drop(guards);
 }
 
-/// The turn's acks. They resolve whatever happened: one that could not land is retried in the
-/// background, and a panic is a bug, reported as one on stderr.
+/// The turn's acks, each resolved once its pipeline is answered (on a cluster, a master's do
+/// not wait for another's). They resolve whatever happened: one that could not land is
+/// retried in the background, and a panic is a bug, reported as one on stderr.
 async fn ack_all(batch: Vec<(usize, Settling<Delivery>)>, answers: &Answers) {
     if batch.is_empty() {
         return;
     }
     let (at, deliveries, guards) = split(batch, |ack| (ack.work, ack.guard));
-    let _ = guarded(async { Ok(Delivery::ack_all(&deliveries).await) }).await;
+    let answered = |acked: Vec<(usize, Settled)>| {
+        answers.answer(
+            acked
+                .into_iter()
+                .filter_map(|(i, _)| Some((*at.get(i)?, Ok(Reply::Undefined)))),
+        )
+    };
+    let acked = guarded(async {
+        Delivery::ack_each(&deliveries, &answered).await;
+        Ok(())
+    });
+    let _ = acked.await;
+    // Those a panic left unanswered resolve too.
     answers.answer(at.into_iter().map(|i| (i, Ok(Reply::Undefined))));
     drop(guards);
 }
