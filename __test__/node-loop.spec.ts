@@ -503,13 +503,19 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     }
   })
 
-  it('RedisStreamsPubSub: a master frozen, a turn’s publishes to topics of every master: the other masters’ resolve without waiting for it, its own reject ERR_LEASE_TIMEOUT within their bound', async () => {
-    const keyPrefix = `node-loop-cluster-publish-frozen:${RUN}`
+  /** A RedisStreamsPubSub (`commandTimeoutMs` 1 s) and 12 topics with their masters, all three among them. */
+  async function topicsOnEveryMaster(keyPrefix: string) {
     const commandTimeoutMs = 1_000
     const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, commandTimeoutMs }))
-    const topics = Array.from({ length: 12 }, (_, i) => `frozen-${i}`)
+    const topics = Array.from({ length: 12 }, (_, i) => `topic-${i}`)
     const masters = await Promise.all(topics.map(async (topic) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:${topic}`))))
     expect(new Set(masters.map((m) => m.port)).size).toBe(3)
+    return { pubsub, commandTimeoutMs, topics, masters }
+  }
+
+  it('RedisStreamsPubSub: a master frozen, a turn’s publishes to topics of every master: the other masters’ resolve without waiting for it, its own reject ERR_LEASE_TIMEOUT within their bound', async () => {
+    const keyPrefix = `node-loop-cluster-publish-frozen:${RUN}`
+    const { pubsub, commandTimeoutMs, topics, masters } = await topicsOnEveryMaster(keyPrefix)
     // Every master's link open first.
     await Promise.all(topics.map((topic) => pubsub.publish(topic, { type: 't', runId: 'r', data: { n: 0 } })))
     const frozen = masters[0]!
@@ -533,11 +539,7 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
 
   it('RedisStreamsPubSub: a master frozen, a turn’s acks of deliveries from every master: the other masters’ resolve without waiting for it, and their entries are settled', async () => {
     const keyPrefix = `node-loop-cluster-ack-frozen:${RUN}`
-    const commandTimeoutMs = 1_000
-    const pubsub = closing(new RedisStreamsPubSub({ cluster: { nodes: cluster.urls }, keyPrefix, commandTimeoutMs }))
-    const topics = Array.from({ length: 12 }, (_, i) => `acks-${i}`)
-    const masters = await Promise.all(topics.map(async (topic) => cluster.masterOfSlot(await cluster.keySlot(`${keyPrefix}:${topic}`))))
-    expect(new Set(masters.map((m) => m.port)).size).toBe(3)
+    const { pubsub, commandTimeoutMs, topics, masters } = await topicsOnEveryMaster(keyPrefix)
     // Each topic's delivery held, its ack kept for later.
     const acks = new Map<string, () => Promise<void>>()
     const held = new Inbox((event, ack) => void acks.set(event.runId!, ack))
@@ -556,7 +558,7 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     for (const [i, topic] of topics.entries()) {
       if (masters[i]!.port === frozen.port) continue
       expect(took[i], topic).toBeLessThan(commandTimeoutMs / 2)
-      expect((await masters[i]!.cli('XPENDING', `${keyPrefix}:${topic}`, 'workers'))[0], topic).toBe(0)
+      expect(((await masters[i]!.cli('XPENDING', `${keyPrefix}:${topic}`, 'workers')) as unknown[])[0], topic).toBe(0)
     }
   })
 

@@ -164,15 +164,27 @@ async function measure(name, units, inFlight) {
       } catch { bad++; }
     }
   };
-  const cpu0 = (await Promise.all(servers.map(cpuOf))).reduce((x, y) => x + y, 0);
+  const { secs, serverSecs, ownUs } = await timed(servers, () => Promise.all(Array.from({ length: inFlight }, (_, w) => worker(w))));
+  return figures(lat.subarray(0, li), secs, serverSecs, ownUs, bad);
+}
+
+/** Runs `work`, answering how long it took, the CPU seconds `servers` spent and this process's µs. */
+async function timed(servers, work) {
+  const serverCpu = async () => (await Promise.all(servers.map(cpuOf))).reduce((x, y) => x + y, 0);
+  const cpu0 = await serverCpu();
   const own0 = process.cpuUsage();
   const t0 = hr();
-  await Promise.all(Array.from({ length: inFlight }, (_, w) => worker(w)));
+  await work();
   const secs = Number(hr() - t0) / 1e9;
   const own = process.cpuUsage(own0);
-  const cpu = (await Promise.all(servers.map(cpuOf))).reduce((x, y) => x + y, 0) - cpu0;
-  const sorted = lat.subarray(0, li).sort();
-  return { opsPerSec: li / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), calls: li, bad, serverUsPerCall: (cpu * 1e6) / li, processUsPerCall: (own.user + own.system) / li };
+  return { secs, serverSecs: (await serverCpu()) - cpu0, ownUs: own.user + own.system };
+}
+
+/** A run's figures from its calls' latencies (µs). */
+function figures(lat, secs, serverSecs, ownUs, bad) {
+  const sorted = lat.sort();
+  const calls = sorted.length;
+  return { opsPerSec: calls / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), calls, bad, serverUsPerCall: (serverSecs * 1e6) / calls, processUsPerCall: ownUs / calls };
 }
 
 const workloads = [];
@@ -221,10 +233,7 @@ async function measurePublishes(name, units, inFlight) {
   const publisher = publishers[name];
   const lat = new Float64Array(units);
   let li = 0, bad = 0, next = 0;
-  const cpu0 = (await Promise.all(nodeAdmins.map(cpuOf))).reduce((x, y) => x + y, 0);
-  const own0 = process.cpuUsage();
-  const t0 = hr();
-  await Promise.all(Array.from({ length: inFlight }, async () => {
+  const { secs, serverSecs, ownUs } = await timed(nodeAdmins, () => Promise.all(Array.from({ length: inFlight }, async () => {
     for (let i; (i = next++) < units;) {
       const t = hr();
       try {
@@ -232,12 +241,8 @@ async function measurePublishes(name, units, inFlight) {
       } catch { bad++; }
       lat[li++] = Number(hr() - t) / 1e3;
     }
-  }));
-  const secs = Number(hr() - t0) / 1e9;
-  const own = process.cpuUsage(own0);
-  const cpu = (await Promise.all(nodeAdmins.map(cpuOf))).reduce((x, y) => x + y, 0) - cpu0;
-  const sorted = lat.subarray(0, li).sort();
-  return { opsPerSec: li / secs, p50Us: pct(sorted, 0.5), p99Us: pct(sorted, 0.99), calls: li, bad, serverUsPerCall: (cpu * 1e6) / li, processUsPerCall: (own.user + own.system) / li };
+  })));
+  return figures(lat.subarray(0, li), secs, serverSecs, ownUs, bad);
 }
 const published = [];
 for (const [inFlight, units] of [[1, n(4_000)], [64, n(40_000)]]) {

@@ -10,9 +10,9 @@
 //! scripts it loads first, which go with it, and `MULTI` blocks of them), and the commands a
 //! master answered MOVED, ASK, TRYAGAIN, CLUSTERDOWN, MASTERDOWN or READONLY (with the rest
 //! of their block): it follows the redirections. Those answers mean the command did not run
-//! there (nor did its block), so sending it on is sending it once. The map is then read again. A link that broke is given up, as on one
-//! server: the request's error goes to the caller, whose rules for a broken connection say
-//! what goes again.
+//! there (nor did its block), so sending it on is sending it once. The map is then read
+//! again. A link that broke is given up, as on one server: the request's error goes to the
+//! caller, whose rules for a broken connection say what goes again.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::RangeInclusive;
