@@ -513,6 +513,30 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     return { pubsub, commandTimeoutMs, topics, masters }
   }
 
+  it('RedisStreamsPubSub: 64 publishers each awaiting its publish, on topics of every master: what the masters’ answers make leaves together, one write to each, so Redis reads 10 or more publishes at a time', async ({ annotate }) => {
+    const keyPrefix = `node-loop-cluster-publish-reads:${RUN}`
+    const { pubsub, topics, masters } = await topicsOnEveryMaster(keyPrefix)
+    const each = [...new Map(masters.map((m) => [m.port, m])).values()]
+    const publishes = async (count: number) => {
+      let next = 0
+      await Promise.all(Array.from({ length: 64 }, async () => {
+        for (let i; (i = next++) < count;) await pubsub.publish(topics[i % topics.length]!, { type: 't', runId: 'r', data: { i } })
+      }))
+    }
+    await publishes(1_000) // every master's link open
+    const reads = async () => {
+      let total = 0
+      for (const master of each) total += Number(/total_reads_processed:(\d+)/.exec(String(await master.cli('INFO', 'stats')))![1])
+      return total
+    }
+    const before = await reads()
+    await publishes(6_000)
+    // The test's own INFO is one read more on each master.
+    const perPublish = (await reads() - before - each.length) / 6_000
+    await annotate(`Redis's reads per publish over the masters: ${perPublish.toFixed(3)} (one per ${Math.round(1 / perPublish)} publishes)`)
+    expect(perPublish).toBeLessThan(1 / 10)
+  })
+
   it('RedisStreamsPubSub: a master frozen, a turn’s publishes to topics of every master: the other masters’ resolve without waiting for it, its own reject ERR_LEASE_TIMEOUT within their bound', async () => {
     const keyPrefix = `node-loop-cluster-publish-frozen:${RUN}`
     const { pubsub, commandTimeoutMs, topics, masters } = await topicsOnEveryMaster(keyPrefix)

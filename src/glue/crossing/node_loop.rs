@@ -28,7 +28,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures::future::BoxFuture;
 
-use super::uv::{self, Signal};
+use super::turn::Job;
+use super::uv::{self, Check, Signal};
 use super::{give_back, thread_mark, Crossing};
 use crate::core::connection::{Reactor, Socket};
 use crate::core::lock;
@@ -107,12 +108,19 @@ struct Local {
     /// The sockets polled here, for [`catch_up`]; a dropped one is forgotten as the next is
     /// made.
     sockets: Vec<Weak<Io>>,
+    /// Runs the jobs deferred by [`after_poll`] once the loop is done with its poll.
+    after_poll: Check,
 }
 
 thread_local! {
     static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
     /// Woken tasks are being polled on this thread now.
     static DRAINING: Cell<bool> = const { Cell::new(false) };
+    /// What a socket's answers settle runs now: libuv is calling back the sockets it found
+    /// ready, and more may follow before its poll is done.
+    static IN_POLL: Cell<bool> = const { Cell::new(false) };
+    /// Jobs for the end of the loop's poll ([`after_poll`]).
+    static AFTER_POLL: RefCell<Vec<Job>> = const { RefCell::new(Vec::new()) };
     /// Crossings with outcomes to settle once the tasks are polled.
     static SETTLE: RefCell<Vec<Arc<Crossing>>> = const { RefCell::new(Vec::new()) };
     /// The lists [`drain`] swaps with the shared ones, empty, their room kept between drains.
@@ -184,6 +192,7 @@ impl NodeLoop {
             incoming: Mutex::new(Vec::new()),
             signal: Mutex::new(Some(Signal::open(uv_loop, on_signal)?)),
         });
+        let after_poll = Check::open(uv_loop, run_after_poll)?;
         js::on_teardown(env, teardown);
         LOCAL.with(|local| {
             *local.borrow_mut() = Some(Local {
@@ -193,6 +202,7 @@ impl NodeLoop {
                 next: 0,
                 context,
                 sockets: Vec::new(),
+                after_poll,
             })
         });
         Some(Arc::new(Self { shared }))
@@ -341,6 +351,46 @@ fn drain() {
     DRAINING.set(false);
 }
 
+/// Settles what the tasks just polled answered, from a socket's callback: the JavaScript
+/// that runs then is in [`after_poll`]'s reach.
+pub(super) fn settle_in_poll() {
+    IN_POLL.set(true);
+    settle(true);
+    IN_POLL.set(false);
+}
+
+/// On Node's thread, while a socket's answers settle (JavaScript reacting to them): runs
+/// `job` once the loop has called back every socket it found ready, with the jobs the other
+/// sockets' answers deferred, as node-redis writes on `setImmediate`. So the calls that the
+/// answers of several connections make leave together: one write per connection, where each
+/// answer's turn of JavaScript wrote its own. Anywhere else, hands `job` back.
+pub(super) fn after_poll(job: Job) -> Result<(), Job> {
+    if !IN_POLL.get() {
+        return Err(job);
+    }
+    let started = LOCAL.with(|l| l.borrow().as_ref().is_some_and(|l| l.after_poll.start()));
+    if !started {
+        return Err(job);
+    }
+    AFTER_POLL.with(|jobs| jobs.borrow_mut().push(job));
+    Ok(())
+}
+
+/// The check's callback: the loop's poll is done; the deferred jobs run, in a callback scope
+/// (what they settle runs its reactions as it closes).
+fn run_after_poll() {
+    let Some((env, context)) = LOCAL.with(|l| {
+        let local = l.borrow();
+        let local = local.as_ref()?;
+        local.after_poll.stop();
+        Some((local.env, local.context))
+    }) else {
+        return;
+    };
+    let jobs = AFTER_POLL.with(|jobs| std::mem::take(&mut *jobs.borrow_mut()));
+    js::in_callback_scope(env, &context, || jobs.into_iter().for_each(|job| job()));
+}
+
 /// The signal's callback: work was woken or handed in on another thread.
 fn on_signal() {
     drain();
@@ -356,6 +406,8 @@ unsafe extern "C" fn teardown(_arg: *mut c_void) {
         };
         lock(&local.shared.incoming).clear();
         drop(local.tasks);
+        AFTER_POLL.with(|jobs| jobs.borrow_mut().clear());
+        local.after_poll.close();
         let signal = lock(&local.shared.signal).take();
         if let Some(signal) = signal {
             signal.close();

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::{give_back, panic_message, turn, Crossing};
+use super::{give_back, node_loop, panic_message, turn, Crossing};
 use crate::core::connection::Reactor;
 use crate::core::{lock, Error};
 use crate::glue::js::{Deferred, Env, Value};
@@ -26,6 +26,10 @@ pub struct Queue<T> {
     send: Box<Sender<T>>,
     /// Where batches run when not on the runtime: the event loop the connection runs on.
     reactor: Option<Arc<dyn Reactor>>,
+    /// Whether what the answers of Node's loop's sockets queue leaves once the loop has
+    /// called back every socket it found ready ([`node_loop::after_poll`]), not at the end of
+    /// each answer's turn.
+    after_poll: bool,
 }
 
 impl<T: Send + 'static> Queue<T> {
@@ -44,7 +48,27 @@ impl<T: Send + 'static> Queue<T> {
             items: Mutex::new(Vec::new()),
             send: Box::new(move |items, answers| send(items, answers).boxed()),
             reactor,
+            after_poll: false,
         })
+    }
+
+    /// As [`Queue::new`], but what the answers of several of Node's loop's sockets queue
+    /// leaves together, once the loop is done polling them ([`node_loop::after_poll`]): on a
+    /// Cluster, the publishes and acks that three masters' answers make go as one write to
+    /// each, where each master's answers made three.
+    pub fn after_poll<F>(
+        crossing: &Arc<Crossing>,
+        reactor: Option<Arc<dyn Reactor>>,
+        send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
+    ) -> Arc<Self>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut queue = Self::new(crossing, reactor, send);
+        if let Some(queue) = Arc::get_mut(&mut queue) {
+            queue.after_poll = true;
+        }
+        queue
     }
 
     /// On Node's thread: queues `item` and answers its promise.
@@ -57,7 +81,14 @@ impl<T: Send + 'static> Queue<T> {
         };
         if first {
             let queue = self.clone();
-            turn::at_end(env, Box::new(move || queue.send()));
+            let job: turn::Job = Box::new(move || queue.send());
+            let job = match self.after_poll {
+                true => node_loop::after_poll(job).err(),
+                false => Some(job),
+            };
+            if let Some(job) = job {
+                turn::at_end(env, job);
+            }
         }
         promise
     }

@@ -6,6 +6,7 @@
 //! Two kinds of handle are used, each owning the memory libuv is handed and freeing it in
 //! libuv's close callback, once libuv let it go:
 //! - [`Signal`] (`uv_async_t`): wakes the loop's thread from any thread.
+//! - [`Check`] (`uv_check_t`): runs on the loop's thread once the loop's poll for I/O is done.
 //! - [`Poll`] (`uv_poll_t`): reports a socket ready to what watches it ([`Ready`]).
 //!
 //! Both are unref'd: they never keep the process alive by themselves.
@@ -28,12 +29,16 @@ struct Uv {
     poll_init: unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int,
     poll_start: unsafe extern "C" fn(*mut c_void, c_int, PollCallback) -> c_int,
     poll_stop: unsafe extern "C" fn(*mut c_void) -> c_int,
+    check_init: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    check_start: unsafe extern "C" fn(*mut c_void, unsafe extern "C" fn(*mut c_void)) -> c_int,
+    check_stop: unsafe extern "C" fn(*mut c_void) -> c_int,
 }
 
 type PollCallback = unsafe extern "C" fn(*mut c_void, c_int, c_int);
 
 // libuv's `uv_handle_type` and `uv_poll_event` values, stable across its 1.x releases.
 const UV_ASYNC: c_int = 1;
+const UV_CHECK: c_int = 2;
 const UV_POLL: c_int = 8;
 const UV_READABLE: c_int = 1;
 const UV_WRITABLE: c_int = 2;
@@ -54,6 +59,9 @@ fn uv() -> Option<&'static Uv> {
                 poll_init: find(c"uv_poll_init")?,
                 poll_start: find(c"uv_poll_start")?,
                 poll_stop: find(c"uv_poll_stop")?,
+                check_init: find(c"uv_check_init")?,
+                check_start: find(c"uv_check_start")?,
+                check_stop: find(c"uv_check_stop")?,
             })
         }
     })
@@ -141,7 +149,7 @@ impl Signal {
         let uv = uv()?;
         let handle = Handle::new(uv, UV_ASYNC, callback as *const c_void)?;
         // SAFETY: a fresh zeroed handle of the async kind, on the loop's own thread.
-        if unsafe { (uv.async_init)(on.0, handle.0, on_signal) } != 0 {
+        if unsafe { (uv.async_init)(on.0, handle.0, call_back) } != 0 {
             handle.free();
             return None;
         }
@@ -161,20 +169,65 @@ impl Signal {
     /// On the loop's thread: closed for good.
     pub fn close(self) {
         if let Some(uv) = uv() {
-            self.0.close(uv, closed_signal);
+            self.0.close(uv, closed_plain);
         }
     }
 }
 
-unsafe extern "C" fn on_signal(raw: *mut c_void) {
+/// A `uv_check_t`: once [`Check::start`]ed, `callback` runs on the loop's thread each time the
+/// loop is done with its poll for I/O (every callback of the sockets found ready has run),
+/// until [`Check::stop`]. Made, used and closed on the loop's thread.
+pub struct Check(Handle);
+
+impl Check {
+    /// On the loop's thread: a check, stopped, that runs `callback` there once started.
+    pub fn open(on: Loop, callback: fn()) -> Option<Self> {
+        let uv = uv()?;
+        let handle = Handle::new(uv, UV_CHECK, callback as *const c_void)?;
+        // SAFETY: a fresh zeroed handle of the check kind, on the loop's own thread.
+        if unsafe { (uv.check_init)(on.0, handle.0) } != 0 {
+            handle.free();
+            return None;
+        }
+        // SAFETY: an initialized handle, on its loop's thread.
+        unsafe { (uv.unref)(handle.0) };
+        Some(Self(handle))
+    }
+
+    /// `callback` runs once this turn of the loop is done polling, and each turn after; a
+    /// started check is left as it is. `false` if libuv refused.
+    pub fn start(&self) -> bool {
+        // SAFETY: open while `self` lives, on its loop's thread.
+        uv().is_some_and(|uv| unsafe { (uv.check_start)(self.0 .0, call_back) } == 0)
+    }
+
+    /// `callback` no longer runs.
+    pub fn stop(&self) {
+        if let Some(uv) = uv() {
+            // SAFETY: open while `self` lives, on its loop's thread.
+            unsafe { (uv.check_stop)(self.0 .0) };
+        }
+    }
+
+    /// Closed for good.
+    pub fn close(self) {
+        if let Some(uv) = uv() {
+            self.0.close(uv, closed_plain);
+        }
+    }
+}
+
+/// The callback of a [`Signal`] or a [`Check`]: the `fn()` in its `data`.
+unsafe extern "C" fn call_back(raw: *mut c_void) {
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: an open signal's `data` is the `fn()` it was opened with.
+        // SAFETY: an open signal's or check's `data` is the `fn()` it was opened with.
         let callback: fn() = unsafe { std::mem::transmute(Handle::data(raw)) };
         callback();
     });
 }
 
-unsafe extern "C" fn closed_signal(raw: *mut c_void) {
+/// A [`Signal`]'s or a [`Check`]'s memory, freed once libuv let it go.
+unsafe extern "C" fn closed_plain(raw: *mut c_void) {
     let _ = std::panic::catch_unwind(|| Handle(raw).free());
 }
 

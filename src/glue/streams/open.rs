@@ -74,7 +74,7 @@ impl Open {
         // Run where their connection does: on Node's loop when it runs there.
         let reactor = pubsub.connection().reactor();
         let sender = pubsub.clone();
-        let sends = Queue::new(&crossing, reactor, move |batch: Vec<Sent>, answers| {
+        let sends = Queue::after_poll(&crossing, reactor, move |batch: Vec<Sent>, answers| {
             send(sender.clone(), batch, answers)
         });
         Ok(Self {

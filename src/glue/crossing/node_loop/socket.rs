@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 
 use redis::io::tcp::socket2::SockRef;
 
-use super::{drain, settle, DRAINING};
+use super::{drain, settle_in_poll, DRAINING};
 use crate::core::connection::Socket;
 use crate::core::lock;
 use crate::glue::crossing::uv;
@@ -78,7 +78,7 @@ impl uv::Ready for Io {
         DRAINING.set(true);
         read.into_iter().chain(write).for_each(Waker::wake);
         drain();
-        settle(true);
+        settle_in_poll();
     }
 }
 
