@@ -354,9 +354,15 @@ fn drain() {
 /// Settles what the tasks just polled answered, from a socket's callback: the JavaScript
 /// that runs then is in [`after_poll`]'s reach.
 pub(super) fn settle_in_poll() {
-    IN_POLL.set(true);
+    /// Puts `IN_POLL` back as it was, however the settling ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_POLL.set(self.0);
+        }
+    }
+    let _restore = Restore(IN_POLL.replace(true));
     settle(true);
-    IN_POLL.set(false);
 }
 
 /// On Node's thread, while a socket's answers settle (JavaScript reacting to them): runs

@@ -17,9 +17,10 @@ use crate::glue::runtime;
 type Sender<T> = dyn Fn(Vec<T>, Arc<Answers>) -> BoxFuture<'static, ()> + Send + Sync;
 
 /// Items of one kind (lease calls, publishes, acks, nacks), each with a promise, queued on
-/// Node's thread. The first item of a turn schedules the send for the turn's end; the send
-/// takes everything queued by then, in order, and runs `send` with it: on the runtime, or on
-/// Node's own loop for a connection that runs there.
+/// Node's thread. The first item of a turn schedules the send for the turn's end (or, made
+/// as a socket's answers settle, for the end of the loop's poll: [`Queue::after_poll`]);
+/// the send takes everything queued by then, in order, and runs `send` with it: on the
+/// runtime, or on Node's own loop for a connection that runs there.
 pub struct Queue<T> {
     crossing: Arc<Crossing>,
     items: Mutex<Vec<(Deferred, T)>>,
@@ -43,19 +44,13 @@ impl<T: Send + 'static> Queue<T> {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        Arc::new(Self {
-            crossing: crossing.clone(),
-            items: Mutex::new(Vec::new()),
-            send: Box::new(move |items, answers| send(items, answers).boxed()),
-            reactor,
-            after_poll: false,
-        })
+        Self::make(crossing, reactor, send, false)
     }
 
     /// As [`Queue::new`], but what the answers of several of Node's loop's sockets queue
     /// leaves together, once the loop is done polling them ([`node_loop::after_poll`]): on a
-    /// Cluster, the publishes and acks that three masters' answers make go as one write to
-    /// each, where each master's answers made three.
+    /// Cluster, the calls that three masters' answers make go as one write to each, where
+    /// each master's answers made three.
     pub fn after_poll<F>(
         crossing: &Arc<Crossing>,
         reactor: Option<Arc<dyn Reactor>>,
@@ -64,11 +59,25 @@ impl<T: Send + 'static> Queue<T> {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let mut queue = Self::new(crossing, reactor, send);
-        if let Some(queue) = Arc::get_mut(&mut queue) {
-            queue.after_poll = true;
-        }
-        queue
+        Self::make(crossing, reactor, send, true)
+    }
+
+    fn make<F>(
+        crossing: &Arc<Crossing>,
+        reactor: Option<Arc<dyn Reactor>>,
+        send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
+        after_poll: bool,
+    ) -> Arc<Self>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        Arc::new(Self {
+            crossing: crossing.clone(),
+            items: Mutex::new(Vec::new()),
+            send: Box::new(move |items, answers| send(items, answers).boxed()),
+            reactor,
+            after_poll,
+        })
     }
 
     /// On Node's thread: queues `item` and answers its promise.

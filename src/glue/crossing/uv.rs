@@ -3,13 +3,13 @@
 //! does not, or whose libuv is not the loop it runs (Bun, Deno: `node_loop.rs` asks), keeps
 //! the runtime's thread.
 //!
-//! Two kinds of handle are used, each owning the memory libuv is handed and freeing it in
+//! Three kinds of handle are used, each owning the memory libuv is handed and freeing it in
 //! libuv's close callback, once libuv let it go:
 //! - [`Signal`] (`uv_async_t`): wakes the loop's thread from any thread.
 //! - [`Check`] (`uv_check_t`): runs on the loop's thread once the loop's poll for I/O is done.
 //! - [`Poll`] (`uv_poll_t`): reports a socket ready to what watches it ([`Ready`]).
 //!
-//! Both are unref'd: they never keep the process alive by themselves.
+//! All are unref'd: they never keep the process alive by themselves.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::marker::PhantomData;
