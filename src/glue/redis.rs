@@ -12,7 +12,6 @@ use super::log::JsLog;
 use super::options;
 use super::reply::{LeaseStats, Reply};
 use super::{runtime, unknown};
-use crate::core::connection::Keyspace;
 use crate::core::lease::stats::{Operation, Stats};
 use crate::core::{Answer, Call, Error, RedisStore, Result, Subject};
 
@@ -43,18 +42,11 @@ impl Open {
         let crossing = Crossing::new(env.raw())?;
         let batch_store = store.clone();
         let reactor = store.connection().reactor();
-        let send = move |calls, answers: Arc<Answers>| {
+        let keyspace = store.connection().keyspace();
+        let calls = Queue::new(&crossing, reactor, keyspace, move |calls, answers| {
             let (store, stats) = (batch_store.clone(), stats.clone());
             async move { execute(&store, &stats, calls, &answers).await }
-        };
-        // On a Cluster each master answers on a socket of its own: the calls their answers
-        // make leave together, once the loop has called them all back. On one server and
-        // behind Sentinel the turn's end stays: there two connections' answers, made one
-        // batch, would go whole on one connection where two pipelines alternate.
-        let calls = match store.connection().keyspace() {
-            Keyspace::Slotted => Queue::after_poll(&crossing, reactor, send),
-            Keyspace::Single => Queue::new(&crossing, reactor, send),
-        };
+        });
         Ok(Self {
             store,
             crossing,

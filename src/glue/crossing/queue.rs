@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::{give_back, node_loop, panic_message, turn, Crossing};
-use crate::core::connection::Reactor;
+use crate::core::connection::{Keyspace, Reactor};
 use crate::core::{lock, Error};
 use crate::glue::js::{Deferred, Env, Value};
 use crate::glue::reply::Outcome;
@@ -17,8 +17,8 @@ use crate::glue::runtime;
 type Sender<T> = dyn Fn(Vec<T>, Arc<Answers>) -> BoxFuture<'static, ()> + Send + Sync;
 
 /// Items of one kind (lease calls, publishes, acks, nacks), each with a promise, queued on
-/// Node's thread. The first item of a turn schedules the send for the turn's end (or, made
-/// as a socket's answers settle, for the end of the loop's poll: [`Queue::after_poll`]);
+/// Node's thread. The first item of a turn schedules the send for the turn's end (or, on a
+/// Cluster, made as a socket's answers settle, for the end of the loop's poll: [`Queue::new`]);
 /// the send takes everything queued by then, in order, and runs `send` with it: on the
 /// runtime, or on Node's own loop for a connection that runs there.
 pub struct Queue<T> {
@@ -35,38 +35,17 @@ pub struct Queue<T> {
 
 impl<T: Send + 'static> Queue<T> {
     /// A queue whose batches `send` runs on `reactor` (the runtime when `None`), answering
-    /// each item's promise through the [`Answers`] it is given.
+    /// each item's promise through the [`Answers`] it is given. On a Cluster (`keyspace`),
+    /// what the answers of several of Node's loop's sockets queue leaves together, once the
+    /// loop is done polling them ([`node_loop::after_poll`]): the calls three masters'
+    /// answers make go as one write to each, where each master's answers made three. On one
+    /// server and behind Sentinel a turn's calls leave at its end: two connections' answers,
+    /// made one batch, would go whole on one connection where two pipelines alternate.
     pub fn new<F>(
         crossing: &Arc<Crossing>,
         reactor: Option<Arc<dyn Reactor>>,
+        keyspace: Keyspace,
         send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
-    ) -> Arc<Self>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        Self::make(crossing, reactor, send, false)
-    }
-
-    /// As [`Queue::new`], but what the answers of several of Node's loop's sockets queue
-    /// leaves together, once the loop is done polling them ([`node_loop::after_poll`]): on a
-    /// Cluster, the calls that three masters' answers make go as one write to each, where
-    /// each master's answers made three.
-    pub fn after_poll<F>(
-        crossing: &Arc<Crossing>,
-        reactor: Option<Arc<dyn Reactor>>,
-        send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
-    ) -> Arc<Self>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        Self::make(crossing, reactor, send, true)
-    }
-
-    fn make<F>(
-        crossing: &Arc<Crossing>,
-        reactor: Option<Arc<dyn Reactor>>,
-        send: impl Fn(Vec<T>, Arc<Answers>) -> F + Send + Sync + 'static,
-        after_poll: bool,
     ) -> Arc<Self>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -76,7 +55,7 @@ impl<T: Send + 'static> Queue<T> {
             items: Mutex::new(Vec::new()),
             send: Box::new(move |items, answers| send(items, answers).boxed()),
             reactor,
-            after_poll,
+            after_poll: keyspace == Keyspace::Slotted,
         })
     }
 

@@ -11,7 +11,6 @@ use futures::FutureExt;
 use napi::bindgen_prelude::{Env, Unknown};
 use tokio::sync::oneshot;
 
-use crate::core::connection::Keyspace;
 use crate::core::lock;
 use crate::core::streams::{Delivery, Settled, StreamsPubSub};
 use crate::glue::crossing::{guarded, Answers, Crossing, Queue};
@@ -75,13 +74,13 @@ impl Open {
         // Run where their connection does: on Node's loop when it runs there.
         let reactor = pubsub.connection().reactor();
         let sender = pubsub.clone();
-        let send_batch = move |batch: Vec<Sent>, answers| send(sender.clone(), batch, answers);
-        // On a Cluster each master answers on a socket of its own: what their answers make
-        // leaves together, once the loop has called them all back. One server answers on one.
-        let sends = match pubsub.connection().keyspace() {
-            Keyspace::Slotted => Queue::after_poll(&crossing, reactor, send_batch),
-            Keyspace::Single => Queue::new(&crossing, reactor, send_batch),
-        };
+        let keyspace = pubsub.connection().keyspace();
+        let sends = Queue::new(
+            &crossing,
+            reactor,
+            keyspace,
+            move |batch: Vec<Sent>, answers| send(sender.clone(), batch, answers),
+        );
         Ok(Self {
             pubsub,
             crossing,
