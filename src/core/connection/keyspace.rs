@@ -20,6 +20,60 @@ pub fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % SLOTS
 }
 
+/// The hash slots of keys that share a prefix, each found from the rest of its key: the
+/// prefix is read once, not again with every key (a lease's key is mostly its prefix).
+#[derive(Debug, Clone)]
+pub enum PrefixSlots {
+    /// The prefix holds a hash tag: it decides every key's slot.
+    Tagged(u16),
+    /// The prefix's first `{}` is empty: every key is hashed whole, the rest's braces too.
+    Whole(Crc),
+    /// The prefix holds no `{`: the rest's own tag decides, else the whole key is hashed.
+    Plain(Crc),
+    /// The prefix opens a `{` it does not close: the rest may close it, so each key is read
+    /// whole, the prefix again.
+    Open(Vec<u8>),
+}
+
+type Crc = crc16::State<crc16::XMODEM>;
+
+impl PrefixSlots {
+    /// For the keys that start with `prefix`.
+    pub fn new(prefix: &[u8]) -> Self {
+        let hashed = || {
+            let mut crc = Crc::new();
+            crc.update(prefix);
+            crc
+        };
+        let Some(open) = prefix.iter().position(|&b| b == b'{') else {
+            return Self::Plain(hashed());
+        };
+        match prefix[open + 1..].iter().position(|&b| b == b'}') {
+            None => Self::Open(prefix.to_vec()),
+            Some(0) => Self::Whole(hashed()),
+            Some(_) => Self::Tagged(slot(prefix)),
+        }
+    }
+
+    /// The slot of the prefix followed by `rest`.
+    pub fn of(&self, rest: &[u8]) -> u16 {
+        let go_on = |crc: &Crc| {
+            let mut crc = *crc;
+            crc.update(rest);
+            crc.get() % SLOTS
+        };
+        match self {
+            Self::Tagged(slot) => *slot,
+            Self::Whole(crc) => go_on(crc),
+            Self::Plain(crc) => match hash_tag(rest) {
+                Some(tag) => slot(tag),
+                None => go_on(crc),
+            },
+            Self::Open(prefix) => slot(&[prefix, rest].concat()),
+        }
+    }
+}
+
 /// A key's hash tag: what lies between its first `{` and the next `}`, when not empty.
 pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     let open = key.iter().position(|&b| b == b'{')?;
@@ -137,19 +191,24 @@ impl Connection {
     }
 
     /// Splits `items` into groups that may share one pipeline (neither a transaction nor one
-    /// script): as [`Connection::by_shard`], but on a cluster whose masters are on the
-    /// embedder's event loop, one group per master by the slot map last read there (a master
-    /// runs the commands of every slot it serves). Each group keeps the items' order.
-    pub fn by_node<T, K, F>(&self, items: impl IntoIterator<Item = T>, key: F) -> Vec<Vec<T>>
-    where
-        K: AsRef<[u8]>,
-        F: Fn(&T) -> K,
-    {
-        if self.keyspace() == Keyspace::Single {
-            return self.by_shard(items, key);
-        }
+    /// script), by the hash slot `slot_of` tells for each (asked only on a cluster): all in
+    /// one group on one node; on a cluster whose masters are on the embedder's event loop,
+    /// one group per master by the slot map last read there (a master runs the commands of
+    /// every slot it serves), else one per slot. Each group keeps the items' order; no group
+    /// is empty.
+    pub fn by_node<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        slot_of: impl Fn(&T) -> u16,
+    ) -> Vec<Vec<T>> {
         let items: Vec<T> = items.into_iter().collect();
-        let slots: Vec<u16> = items.iter().map(|item| slot(key(item).as_ref())).collect();
+        if items.is_empty() {
+            return Vec::new();
+        }
+        if self.keyspace() == Keyspace::Single {
+            return vec![items];
+        }
+        let slots: Vec<u16> = items.iter().map(slot_of).collect();
         // `grouped` asks for each item's group once, in order.
         match self.target.masters_of(&slots) {
             Some(masters) => {
@@ -196,6 +255,42 @@ mod tests {
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
         assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+    }
+
+    #[test]
+    fn a_prefix_read_once_gives_each_key_the_slot_of_the_whole_key() {
+        let prefixes = [
+            "mastra:topic:lease:",
+            "",
+            "app{users}:lease:",
+            "app{}:lease:",
+            "app{open:lease:",
+            "app}{:lease:",
+            "{t}",
+        ];
+        let rests = [
+            "thread-1",
+            "",
+            "{",
+            "}",
+            "{}",
+            "a{b}c",
+            "{tag}rest",
+            "x}y",
+            "{}{z}",
+            "é{ü}",
+        ];
+        for prefix in prefixes {
+            let slots = PrefixSlots::new(prefix.as_bytes());
+            for rest in rests {
+                let whole = [prefix, rest].concat();
+                assert_eq!(
+                    slots.of(rest.as_bytes()),
+                    slot(whole.as_bytes()),
+                    "{whole:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ use crate::core::log::{Logger, Notice};
 
 use address::Protocol;
 use exclusive::Exclusive;
-pub use keyspace::{hash_tag, in_slot, slot, slot_tag, Keyspace, Shard, SLOTS};
+pub use keyspace::{hash_tag, in_slot, slot, slot_tag, Keyspace, PrefixSlots, Shard, SLOTS};
 pub use link::Link;
 use link::Target;
 use listener::Listener;

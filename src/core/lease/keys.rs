@@ -23,7 +23,7 @@
 //! when the slot migrates), whatever characters the key holds. There is one counter per slot
 //! in use: at most 16,384 per key prefix, however many keys were ever leased.
 
-use crate::core::connection::{hash_tag, slot, slot_tag, Keyspace};
+use crate::core::connection::{hash_tag, slot_tag, Keyspace, PrefixSlots};
 use crate::core::error::{Error, InputErrorKind, Result};
 
 /// The Redis keys of one lease.
@@ -43,6 +43,8 @@ pub struct LeaseKeys {
 pub struct Layout {
     lease_prefix: Vec<u8>,
     fence_prefix: Vec<u8>,
+    /// The lease keys' hash slots, from the key alone.
+    lease_slots: PrefixSlots,
 }
 
 impl Layout {
@@ -57,8 +59,10 @@ impl Layout {
                  land in different slots",
             ));
         }
+        let lease_prefix = [key_prefix.as_bytes(), b":lease:"].concat();
         Ok(Self {
-            lease_prefix: [key_prefix.as_bytes(), b":lease:"].concat(),
+            lease_slots: PrefixSlots::new(&lease_prefix),
+            lease_prefix,
             fence_prefix: [key_prefix.as_bytes(), b":fence:{"].concat(),
         })
     }
@@ -84,6 +88,11 @@ impl Layout {
         [&self.lease_prefix[..], key.as_bytes()].concat()
     }
 
+    /// The hash slot of the lease key of `key`, and so of all three (found without them).
+    pub fn slot(&self, key: &[u8]) -> u16 {
+        self.lease_slots.of(key)
+    }
+
     /// All three keys of the lease on `key`.
     pub fn keys(&self, key: &str) -> LeaseKeys {
         self.keys_of(key.as_bytes())
@@ -93,7 +102,7 @@ impl Layout {
     /// another client wrote (not UTF-8, or longer than the limits take).
     pub fn keys_of(&self, key: &[u8]) -> LeaseKeys {
         let lease = [&self.lease_prefix[..], key].concat();
-        let tag = slot_tag(slot(&lease)).as_bytes();
+        let tag = slot_tag(self.slot(key)).as_bytes();
         let counter = [&self.fence_prefix[..], tag, b"}"].concat();
         let companion = [&counter[..], b":", key].concat();
         LeaseKeys {
@@ -107,6 +116,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::connection::slot;
 
     #[test]
     fn the_three_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {
@@ -128,6 +138,7 @@ mod tests {
             for key in keys {
                 let k = layout.keys(key);
                 let lease = slot(&k.lease);
+                assert_eq!(layout.slot(key.as_bytes()), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.companion), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.counter), lease, "{prefix} / {key:?}");
             }

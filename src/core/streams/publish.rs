@@ -9,7 +9,7 @@ use redis::{Pipeline, RedisResult, Value};
 
 use super::event::EVENT_FIELD;
 use super::{Shared, StreamsPubSub};
-use crate::core::connection::{parse, Connection};
+use crate::core::connection::{parse, slot, Connection};
 use crate::core::error::{Error, InputErrorKind, Result, Subject};
 use crate::core::lock;
 use crate::core::log::Level;
@@ -137,7 +137,7 @@ pub(super) async fn append_each(
     // Under an idle TTL each append is a `MULTI` block, which a cluster takes in one pipeline
     // per hash slot only.
     let groups = match shared.options.idle_ttl_ms() {
-        0 => via.by_node(&sent, stream_of),
+        0 => via.by_node(&sent, |e| slot(stream_of(e))),
         _ => via.by_shard(&sent, stream_of),
     };
     let writes = groups.iter().map(|group| async move {

@@ -16,7 +16,7 @@ use super::delivery::{Delivery, Origin, Settled, State, DONE, HELD, RETRYING};
 use super::event::{self, EVENT_FIELD};
 use super::group::Consumer;
 use super::{delivery, publish, Shared, StreamsPubSub};
-use crate::core::connection::{parse, Connection};
+use crate::core::connection::{parse, slot, Connection};
 use crate::core::error::{Error, Result};
 use crate::core::lock;
 use crate::core::log::{Level, Throttle};
@@ -481,7 +481,7 @@ impl Delivery {
         };
         let groups = shared
             .front()
-            .by_node(&xacks, |(consumer, _)| consumer.key.as_bytes());
+            .by_node(&xacks, |(consumer, _)| slot(consumer.key.as_bytes()));
         let each_group = groups.iter().map(|group| {
             let mut pipe = redis::pipe();
             for (consumer, members) in group {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use redis::{Pipeline, Value};
+use redis::{Cmd, Pipeline, Value};
 use serde_json::Value as Json;
 
 use super::{RedisStore, Sent};
@@ -64,7 +64,7 @@ impl RedisStore {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
                 // whose PX expiry has passed.
-                pipe.cmd("GET").arg(self.layout.lease(key));
+                command(pipe, "GET").arg(self.layout.lease(key));
             }
             Call::Lease { key } => {
                 let k = self.layout.keys(key);
@@ -88,9 +88,9 @@ impl RedisStore {
             } if holder.metadata.is_none() && how == How::Plain => {
                 // Answers nil when it claimed the key, else the holder (and writes nothing).
                 let k = self.layout.keys(key);
-                let cmd = pipe.cmd("SET").arg(k.lease).arg(&holder.owner);
+                let cmd = command(pipe, "SET").arg(k.lease).arg(&holder.owner);
                 cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
-                pipe.cmd("EXISTS").arg(k.companion);
+                command(pipe, "EXISTS").arg(k.companion);
                 return true;
             }
             Call::Acquire {
@@ -192,12 +192,18 @@ impl RedisStore {
         keys: [Vec<u8>; N],
     ) -> &'p mut Pipeline {
         let sha = lua(call).map_or("", |lua| lua.script().get_hash());
-        let cmd = pipe.cmd("EVALSHA").arg(sha).arg(N);
+        let cmd = command(pipe, "EVALSHA").arg(sha).arg(N);
         for key in keys {
             cmd.arg(key);
         }
         cmd
     }
+}
+
+/// Starts the command `name` in `pipe`, with room for what a lease call's command holds
+/// (a dozen arguments, a few hundred bytes), so its arguments go in without regrowing it.
+fn command<'p>(pipe: &'p mut Pipeline, name: &str) -> &'p mut Pipeline {
+    pipe.add_command(Cmd::with_capacity(12, 256)).arg(name)
 }
 
 /// How often a command may reach Redis for one send of it.

@@ -98,7 +98,7 @@ impl RedisStore {
             false => HashSet::default(),
         };
         let nodes = self.connection.by_node(good.iter().copied(), |&i| {
-            self.layout.lease(calls[i].call.key())
+            self.layout.slot(calls[i].call.key().as_bytes())
         });
         // Held while the batch's calls are counted in flight, below (the guards of `flying`
         // count them out): a batch made meanwhile must find this one's keys where they went.
