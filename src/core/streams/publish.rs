@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use redis::{Pipeline, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisResult, Value};
 
 use super::event::EVENT_FIELD;
 use super::{Shared, StreamsPubSub};
@@ -227,7 +227,10 @@ fn append(
     if ttl > 0 {
         pipe.cmd("MULTI");
     }
-    pipe.cmd("XADD")
+    // Room for every argument, so a long payload goes in without regrowing the command.
+    let size = "XADD*".len() + key.len() + EVENT_FIELD.len() + payload.len();
+    pipe.add_command(Cmd::with_capacity(5, size))
+        .arg("XADD")
         .arg(key)
         .arg("*")
         .arg(EVENT_FIELD)
