@@ -23,6 +23,10 @@
 //! when the slot migrates), whatever characters the key holds. There is one counter per slot
 //! in use: at most 16,384 per key prefix, however many keys were ever leased.
 
+use std::io::Write;
+
+use redis::{RedisWrite, ToRedisArgs};
+
 use crate::core::connection::{hash_tag, slot_tag, Keyspace, PrefixSlots};
 use crate::core::error::{Error, InputErrorKind, Result};
 
@@ -93,22 +97,60 @@ impl Layout {
         self.lease_slots.of(key)
     }
 
-    /// All three keys of the lease on `key`.
-    pub fn keys(&self, key: &str) -> LeaseKeys {
-        self.keys_of(key.as_bytes())
+    /// All three keys of the lease on `key`, any bytes (a listing finds keys another client
+    /// wrote: not UTF-8, or longer than the limits take).
+    pub fn keys_of(&self, key: &[u8]) -> LeaseKeys {
+        let args = self.args(key);
+        LeaseKeys {
+            lease: args.lease.to_vec(),
+            companion: args.companion.to_vec(),
+            counter: args.counter.to_vec(),
+        }
     }
 
-    /// [`Layout::keys`] of a key as Redis holds it: any bytes, for a listing that finds keys
-    /// another client wrote (not UTF-8, or longer than the limits take).
-    pub fn keys_of(&self, key: &[u8]) -> LeaseKeys {
-        let lease = [&self.lease_prefix[..], key].concat();
+    /// [`Layout::lease`] as a command's argument.
+    pub fn lease_arg<'a>(&'a self, key: &'a [u8]) -> Joined<'a> {
+        Joined([&self.lease_prefix, key, b"", b""])
+    }
+
+    /// The three keys of the lease on `key` as a command's arguments, each written into the
+    /// command from its parts: a call's keys are never built apart from its command.
+    pub fn args<'a>(&'a self, key: &'a [u8]) -> KeyArgs<'a> {
         let tag = slot_tag(self.slot(key)).as_bytes();
-        let counter = [&self.fence_prefix[..], tag, b"}"].concat();
-        let companion = [&counter[..], b":", key].concat();
-        LeaseKeys {
-            lease,
-            companion,
-            counter,
+        let fence = &self.fence_prefix[..];
+        KeyArgs {
+            lease: self.lease_arg(key),
+            companion: Joined([fence, tag, b"}:", key]),
+            counter: Joined([fence, tag, b"}", b""]),
+        }
+    }
+}
+
+/// [`LeaseKeys`] as a command's arguments ([`Layout::args`]).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyArgs<'a> {
+    pub lease: Joined<'a>,
+    pub companion: Joined<'a>,
+    pub counter: Joined<'a>,
+}
+
+/// One argument made of parts, written one after the other into the command.
+#[derive(Debug, Clone, Copy)]
+pub struct Joined<'a>([&'a [u8]; 4]);
+
+impl Joined<'_> {
+    /// The argument's bytes.
+    pub fn to_vec(self) -> Vec<u8> {
+        self.0.concat()
+    }
+}
+
+impl ToRedisArgs for Joined<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        for part in self.0 {
+            // Into the command's own buffer: a `Vec`, which takes every byte.
+            let _ = arg.write_all(part);
         }
     }
 }
@@ -117,6 +159,30 @@ impl Layout {
 mod tests {
     use super::*;
     use crate::core::connection::slot;
+
+    #[test]
+    fn a_command_given_the_keys_as_arguments_holds_the_keys_themselves() {
+        let layout = Layout::new("mastra:topic", Keyspace::Slotted).unwrap();
+        for key in ["thread-1", "", "res\0thread", "a{b}c"] {
+            let args = layout.args(key.as_bytes());
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(args.lease).arg(args.companion).arg(args.counter);
+            let written: Vec<Vec<u8>> = cmd
+                .args_iter()
+                .skip(1)
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            let keys = layout.keys_of(key.as_bytes());
+            assert_eq!(
+                written,
+                [keys.lease, keys.companion, keys.counter],
+                "{key:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_three_keys_share_the_lease_key_slot_on_a_cluster_whatever_the_key_holds() {
@@ -136,7 +202,7 @@ mod tests {
             assert!(Layout::cluster_safe(prefix));
             let layout = Layout::new(prefix, Keyspace::Slotted).unwrap();
             for key in keys {
-                let k = layout.keys(key);
+                let k = layout.keys_of(key.as_bytes());
                 let lease = slot(&k.lease);
                 assert_eq!(layout.slot(key.as_bytes()), lease, "{prefix} / {key:?}");
                 assert_eq!(slot(&k.companion), lease, "{prefix} / {key:?}");
@@ -147,7 +213,7 @@ mod tests {
         // key is named alike on one server.
         let single = Layout::new("mastra:topic", Keyspace::Single)
             .unwrap()
-            .keys("thread-1");
+            .keys_of(b"thread-1");
         assert_eq!(single.lease, b"mastra:topic:lease:thread-1");
         let tag = slot_tag(slot(b"mastra:topic:lease:thread-1"));
         assert_eq!(

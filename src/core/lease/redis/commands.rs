@@ -8,6 +8,7 @@ use serde_json::Value as Json;
 
 use super::{RedisStore, Sent};
 use crate::core::connection::parse;
+use crate::core::lease::keys::Joined;
 use crate::core::lease::{Answer, Call, Grant, Holder, Lease};
 use crate::core::log::{Level, Notice};
 use crate::core::scripts::{self, Lua};
@@ -64,20 +65,20 @@ impl RedisStore {
             Call::Owner { key } => {
                 // A plain GET: one read is already atomic, and Redis never returns a key
                 // whose PX expiry has passed.
-                command(pipe, "GET").arg(self.layout.lease(key));
+                command(pipe, "GET").arg(self.layout.lease_arg(key.as_bytes()));
             }
             Call::Lease { key } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 // A waiter reads the lease it was refused before it waits: a key this process
                 // listens to is marked waited for, so its release publishes (lease.lua).
-                let waiting = self.connection.listens(&k.lease);
+                let waiting = self.connection.listens(&k.lease.to_vec());
                 let cmd = self.evalsha(pipe, call, [k.lease, k.companion]);
                 if waiting {
                     cmd.arg("waiting");
                 }
             }
             Call::Record { key } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 self.evalsha(pipe, call, [k.lease, k.companion]);
             }
             Call::Acquire {
@@ -87,7 +88,7 @@ impl RedisStore {
                 fenced: false,
             } if holder.metadata.is_none() && how == How::Plain => {
                 // Answers nil when it claimed the key, else the holder (and writes nothing).
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 let cmd = command(pipe, "SET").arg(k.lease).arg(&holder.owner);
                 cmd.arg("NX").arg("PX").arg(*ttl_ms).arg("GET");
                 command(pipe, "EXISTS").arg(k.companion);
@@ -99,7 +100,7 @@ impl RedisStore {
                 ttl_ms,
                 fenced,
             } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 // Only a fenced acquire takes a token: the others leave the counter out
                 // (every key costs Redis to hand the script).
                 let cmd = match fenced {
@@ -118,7 +119,7 @@ impl RedisStore {
                 holder,
                 ttl_ms,
             } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 let keys = [k.lease, k.companion];
                 let cmd = self
                     .evalsha(pipe, call, keys)
@@ -130,7 +131,7 @@ impl RedisStore {
                 }
             }
             Call::Release { key, holder } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 let keys = [k.lease, k.companion];
                 let cmd = self.evalsha(pipe, call, keys).arg(&holder.owner);
                 if let Some(metadata) = &holder.metadata {
@@ -143,7 +144,7 @@ impl RedisStore {
                 to,
                 ttl_ms,
             } => {
-                let k = self.layout.keys(key);
+                let k = self.layout.args(key.as_bytes());
                 let keys = [k.lease, k.companion, k.counter];
                 let cmd = self
                     .evalsha(pipe, call, keys)
@@ -189,7 +190,7 @@ impl RedisStore {
         &self,
         pipe: &'p mut Pipeline,
         call: &Call,
-        keys: [Vec<u8>; N],
+        keys: [Joined; N],
     ) -> &'p mut Pipeline {
         let sha = lua(call).map_or("", |lua| lua.script().get_hash());
         let cmd = command(pipe, "EVALSHA").arg(sha).arg(N);

@@ -80,7 +80,9 @@ fn lease(key: &str) -> Call {
 /// A lease key's companion keys under the tests' prefix, as text for redis-cli: its
 /// companion key (token, transfer id, holder, metadata), the slot's counter.
 fn companions(key: &str) -> [String; 2] {
-    let keys = Layout::new("t", Keyspace::Single).unwrap().keys(key);
+    let keys = Layout::new("t", Keyspace::Single)
+        .unwrap()
+        .keys_of(key.as_bytes());
     [keys.companion, keys.counter].map(|bytes| String::from_utf8(bytes).unwrap())
 }
 
@@ -1010,7 +1012,7 @@ async fn a_lease_nobody_waits_for_publishes_nothing_and_a_waiters_read_marks_it_
         !woken(&mut heard, 1).await,
         "Mastra's lifecycle, with nobody reading the lease to wait, publishes nothing"
     );
-    let token_key = String::from_utf8(store.layout().keys("k").companion).unwrap();
+    let token_key = String::from_utf8(store.layout().keys_of(b"k").companion).unwrap();
     let token_key = token_key.as_str();
     store
         .execute_one(plain("k", Holder::new("a"), 10_000))
