@@ -89,7 +89,7 @@ impl Layout {
 
     /// `<keyPrefix>:lease:<key>`.
     pub fn lease(&self, key: &str) -> Vec<u8> {
-        [&self.lease_prefix[..], key.as_bytes()].concat()
+        self.lease_arg(key.as_bytes()).to_vec()
     }
 
     /// The hash slot of the lease key of `key`, and so of all three (found without them).
@@ -108,7 +108,7 @@ impl Layout {
         }
     }
 
-    /// [`Layout::lease`] as a command's argument.
+    /// [`Layout::lease`] as a command's argument, its parts written into the command.
     pub fn lease_arg<'a>(&'a self, key: &'a [u8]) -> Joined<'a> {
         Joined([&self.lease_prefix, key, b"", b""])
     }
