@@ -6,6 +6,7 @@
 //! reader shares with it: sending reads, gathering their entries, backoff, interrupting a
 //! blocking read and stopping a reader.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,6 +118,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
 
         if let Some(interval) = options.reclaim_interval {
             if Instant::now() >= reclaim_at {
+                let held_before = held(consumer);
                 match reclaim::reclaim(shared, consumer, &reclaim_cursor, count).await {
                     Ok((cursor, entries)) => {
                         // A cursor other than 0-0 means more to scan: continue promptly.
@@ -126,7 +128,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                             Instant::now()
                         };
                         reclaim_cursor = cursor;
-                        deliver(shared, consumer, entries, Source::Reclaim).await;
+                        deliver(shared, consumer, entries, Source::Reclaim, &held_before).await;
                     }
                     Err(err) => {
                         reclaim_at = later(interval);
@@ -156,6 +158,11 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
         };
         let (pipe, reads, epoch) =
             read_commands(shared, consumer, free, backlog, history.as_deref());
+        // New entries (`>`) are nobody's yet: only a read-back may find one held.
+        let held_before = match history {
+            Some(_) => held(consumer),
+            None => HashSet::new(),
+        };
         let outcome = tokio::time::timeout(
             options
                 .block
@@ -181,7 +188,7 @@ async fn read(shared: &Arc<Shared>, consumer: &Arc<Consumer>, generation: u64) {
                     backlog = full;
                     Source::Read
                 };
-                deliver(shared, consumer, entries, source).await;
+                deliver(shared, consumer, entries, source, &held_before).await;
             }
             Ok(Err(err)) if group_gone(&err) => {
                 connection = Some(conn);
@@ -371,21 +378,33 @@ fn read_commands(
     (pipe, reads, epoch)
 }
 
+/// The entries `consumer` holds now, for a read that may find them ([`deliver`]).
+fn held(consumer: &Consumer) -> HashSet<String> {
+    consumer.held_entries().into_iter().collect()
+}
+
 /// Hands entries to the consumer's subscriptions.
 ///
 /// A reclaimed entry was delivered `deliveries` times by Redis, each a consumer that never
 /// settled it: its attempt is the one it was appended with plus the deliveries after the
 /// first, and the event handed out carries that `deliveryAttempt`. Past the cap it is
 /// dropped (acked, with the cap's warning) instead of handed out. An entry this consumer
-/// holds already (a reclaim pass or a read-back found it) is skipped.
+/// holds (a reclaim pass or a read-back found it) is skipped, and so is one it held when
+/// the read was sent (`held_before`): its settle may have landed while the reply was on its
+/// way, and that settle decided the entry's fate (acked, or appended anew by a nack), so
+/// handing it out again would have it handled twice.
 async fn deliver(
     shared: &Arc<Shared>,
     consumer: &Arc<Consumer>,
     entries: Vec<Entry>,
     source: Source,
+    held_before: &HashSet<String>,
 ) {
     let mut settles = Vec::new();
     for entry in entries {
+        if held_before.contains(&entry.id) {
+            continue;
+        }
         let parsed = entry.event.and_then(event::parse);
         if source == Source::Read {
             let mut cursor = consumer.cursor();
